@@ -1,0 +1,64 @@
+// Package records defines kiln's record kinds (DESIGN §3): their schemas,
+// their encodings at rest (Parquet for tables of records, Arrow IPC for token
+// data), validation on write, and a JSON view of every row for show/export.
+// Each kind lives in its own file; adding a kind means adding a file and a
+// line to the kinds table below.
+package records
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"sort"
+)
+
+// Encoding of a kind's shards.
+const (
+	Parquet = "parquet"
+	Arrow   = "arrow"
+)
+
+// Kind describes one record kind.
+type Kind struct {
+	Name     string // "tasks", "trajectories", ...
+	Encoding string // Parquet or Arrow
+	Ext      string // shard file extension, with the dot
+	// Schema is the canonical text of the schema; Fingerprint hashes it, so
+	// a reader can refuse data written under another schema before decoding.
+	Schema string
+	// EachJSON decodes one shard and calls fn with each row as a JSON object,
+	// fields in schema order; JSON-valued columns are embedded, not quoted.
+	EachJSON func(shard []byte, fn func(row json.RawMessage) error) error
+}
+
+// Fingerprint is "sha256:" and the hex digest of the kind's schema text.
+func (k Kind) Fingerprint() string {
+	sum := sha256.Sum256([]byte(k.Schema))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+func kinds() map[string]Kind {
+	return map[string]Kind{
+		TasksKind.Name:        TasksKind,
+		TrajectoriesKind.Name: TrajectoriesKind,
+	}
+}
+
+// Lookup returns the kind with the given name.
+func Lookup(name string) (Kind, error) {
+	if k, ok := kinds()[name]; ok {
+		return k, nil
+	}
+	return Kind{}, fmt.Errorf("unknown record kind %q (known: %v)", name, Names())
+}
+
+// Names lists the known kinds, sorted.
+func Names() []string {
+	var names []string
+	for n := range kinds() {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}

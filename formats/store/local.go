@@ -1,0 +1,434 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Local is a Store in a directory on a POSIX filesystem. Objects are plain
+// files under the root, so a dataset can be inspected with ls and read by any
+// Parquet or Arrow tool. Writes go to a temporary file under .kiln-tmp/ in the
+// same root, are fsynced, and are published with rename(2) (Put) or link(2)
+// (PutIfAbsent, atomic create-if-absent), followed by an fsync of the parent
+// directory. PutIfAbsent, PutIfMatch and Delete of one key serialize on an
+// flock(2) so compare-and-swap is atomic across processes on one host and
+// over NFS with working locks.
+type Local struct {
+	root string
+}
+
+var _ Store = (*Local)(nil)
+var _ Sweeper = (*Local)(nil)
+
+const localTmp = ".kiln-tmp"
+
+// NewLocal returns a store rooted at dir. The directory is created on the
+// first write.
+func NewLocal(dir string) (*Local, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("local store %q: %w", dir, err)
+	}
+	return &Local{root: abs}, nil
+}
+
+// Root is the absolute directory of the store.
+func (l *Local) Root() string { return l.root }
+
+func (l *Local) URI() string { return "file://" + l.root }
+
+func (l *Local) path(key string) (string, error) {
+	if err := CheckKey(key); err != nil {
+		return "", err
+	}
+	return filepath.Join(l.root, filepath.FromSlash(key)), nil
+}
+
+func (l *Local) info(key string, fi fs.FileInfo) Info {
+	var ino uint64
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		ino = st.Ino
+	}
+	return Info{
+		Key:     key,
+		Size:    fi.Size(),
+		ModTime: fi.ModTime(),
+		ETag:    fmt.Sprintf("%x-%x-%x", ino, fi.ModTime().UnixNano(), fi.Size()),
+	}
+}
+
+func notExist(err error, key string) error {
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+		return fmt.Errorf("%q: %w", key, ErrNotExist)
+	}
+	return err
+}
+
+func (l *Local) Get(ctx context.Context, key string) (io.ReadCloser, Info, error) {
+	p, err := l.path(key)
+	if err != nil {
+		return nil, Info{}, err
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, Info{}, notExist(err, key)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, Info{}, err
+	}
+	if fi.IsDir() {
+		f.Close()
+		return nil, Info{}, fmt.Errorf("%q: %w", key, ErrNotExist)
+	}
+	return f, l.info(key, fi), nil
+}
+
+func (l *Local) GetRange(ctx context.Context, key string, offset, length int64) (io.ReadCloser, error) {
+	rc, info, err := l.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if offset < 0 || offset > info.Size || (offset == info.Size && info.Size > 0) {
+		rc.Close()
+		return nil, fmt.Errorf("range at %d of %q: object has %d bytes", offset, key, info.Size)
+	}
+	f := rc.(*os.File)
+	if length < 0 {
+		length = info.Size - offset
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.NewSectionReader(f, offset, length), f}, nil
+}
+
+func (l *Local) Stat(ctx context.Context, key string) (Info, error) {
+	p, err := l.path(key)
+	if err != nil {
+		return Info{}, err
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return Info{}, notExist(err, key)
+	}
+	if fi.IsDir() {
+		return Info{}, fmt.Errorf("%q: %w", key, ErrNotExist)
+	}
+	return l.info(key, fi), nil
+}
+
+// writeTemp writes r to a new fsynced temporary file and returns its path
+// and Info: rename(2) and link(2) keep what the ETag is made of, so the Info
+// is the published object's even if another writer replaces it at once.
+func (l *Local) writeTemp(ctx context.Context, key string, r io.Reader, size int64) (string, Info, error) {
+	dir := filepath.Join(l.root, localTmp)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", Info{}, fmt.Errorf("local store %q: %w", l.root, err)
+	}
+	var rnd [8]byte
+	rand.Read(rnd[:])
+	// The name embeds the final key so a leftover tells what it was for.
+	name := hex.EncodeToString(rnd[:]) + "-" + strings.ReplaceAll(key, "/", "%")
+	if len(name) > 200 {
+		name = name[:200]
+	}
+	tmp := filepath.Join(dir, name)
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		return "", Info{}, err
+	}
+	n, err := io.Copy(f, ctxReader{ctx, r})
+	if err == nil && size >= 0 && n != size {
+		err = fmt.Errorf("writing %q: got %d bytes, want %d", key, n, size)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	var fi fs.FileInfo
+	if err == nil {
+		fi, err = f.Stat()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return "", Info{}, err
+	}
+	return tmp, l.info(key, fi), nil
+}
+
+// publish makes sure the parent directory of p exists, runs op, and fsyncs
+// the parent so the new directory entry survives a crash.
+func publish(p string, op func() error) error {
+	parent := filepath.Dir(p)
+	var err error
+	// A concurrent Delete may remove the parent between MkdirAll and op.
+	for try := 0; try < 5; try++ {
+		if err = os.MkdirAll(parent, 0o755); err != nil {
+			return err
+		}
+		if err = op(); !errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+	}
+	if err != nil {
+		return err
+	}
+	return syncDir(parent)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+func (l *Local) Put(ctx context.Context, key string, r io.Reader, size int64) (Info, error) {
+	p, err := l.path(key)
+	if err != nil {
+		return Info{}, err
+	}
+	tmp, info, err := l.writeTemp(ctx, key, r, size)
+	if err != nil {
+		return Info{}, err
+	}
+	if err := publish(p, func() error { return os.Rename(tmp, p) }); err != nil {
+		os.Remove(tmp)
+		return Info{}, err
+	}
+	return info, nil
+}
+
+func (l *Local) PutIfAbsent(ctx context.Context, key string, r io.Reader, size int64) (Info, error) {
+	p, err := l.path(key)
+	if err != nil {
+		return Info{}, err
+	}
+	tmp, info, err := l.writeTemp(ctx, key, r, size)
+	if err != nil {
+		return Info{}, err
+	}
+	defer os.Remove(tmp)
+	unlock, err := l.lock(key)
+	if err != nil {
+		return Info{}, err
+	}
+	defer unlock()
+	err = publish(p, func() error { return os.Link(tmp, p) })
+	if errors.Is(err, fs.ErrExist) {
+		return Info{}, fmt.Errorf("%q: %w", key, ErrExist)
+	}
+	if err != nil {
+		return Info{}, err
+	}
+	return info, nil
+}
+
+func (l *Local) PutIfMatch(ctx context.Context, key string, r io.Reader, size int64, etag string) (Info, error) {
+	p, err := l.path(key)
+	if err != nil {
+		return Info{}, err
+	}
+	tmp, info, err := l.writeTemp(ctx, key, r, size)
+	if err != nil {
+		return Info{}, err
+	}
+	defer os.Remove(tmp)
+	unlock, err := l.lock(key)
+	if err != nil {
+		return Info{}, err
+	}
+	defer unlock()
+	cur, err := l.Stat(ctx, key)
+	if errors.Is(err, ErrNotExist) || (err == nil && cur.ETag != etag) {
+		return Info{}, fmt.Errorf("%q: %w", key, ErrPrecondition)
+	}
+	if err != nil {
+		return Info{}, err
+	}
+	if err := publish(p, func() error { return os.Rename(tmp, p) }); err != nil {
+		return Info{}, err
+	}
+	return info, nil
+}
+
+func (l *Local) Delete(ctx context.Context, key string) error {
+	p, err := l.path(key)
+	if err != nil {
+		return err
+	}
+	unlock, err := l.lock(key)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := os.Remove(p); errors.Is(err, syscall.ENOTDIR) {
+		return nil // a parent is an object, so key is absent
+	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if fi, serr := os.Lstat(p); serr == nil && fi.IsDir() {
+			return nil // a directory holds keys under a prefix; it is not an object
+		}
+		return err
+	}
+	// Tidy empty parents so listings stay fast; a concurrent writer that loses
+	// its directory here retries MkdirAll in publish.
+	for dir := filepath.Dir(p); dir != l.root && strings.HasPrefix(dir, l.root); dir = filepath.Dir(dir) {
+		if os.Remove(dir) != nil {
+			break
+		}
+	}
+	return nil
+}
+
+// lock takes an exclusive flock for key. Lock files live under .kiln-tmp/locks
+// and are never removed: removing a lock file another process holds would let
+// a third process lock a different inode.
+func (l *Local) lock(key string) (func(), error) {
+	dir := filepath.Join(l.root, localTmp, "locks")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, lockName(key)), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("locking %q: %w", key, err)
+	}
+	return func() { f.Close() }, nil
+}
+
+func lockName(key string) string {
+	h := fnv64(key)
+	return fmt.Sprintf("%016x", h)
+}
+
+func fnv64(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	return h
+}
+
+func (l *Local) List(ctx context.Context, prefix string, fn func(Info) error) error {
+	if err := checkPrefix(prefix); err != nil {
+		return err
+	}
+	// Walk the deepest directory the prefix names completely.
+	start := l.root
+	if i := strings.LastIndex(prefix, "/"); i >= 0 {
+		start = filepath.Join(l.root, filepath.FromSlash(prefix[:i]))
+	}
+	// The trailing "/." makes WalkDir descend into start when it is a
+	// symlink to a directory, as a store root often is.
+	walkRoot := start + string(filepath.Separator) + "."
+	err := filepath.WalkDir(walkRoot, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+				return nil
+			}
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(l.root, p)
+		key := filepath.ToSlash(rel)
+		if d.IsDir() {
+			if p == walkRoot {
+				return nil
+			}
+			if strings.HasPrefix(key, ".kiln") {
+				return filepath.SkipDir
+			}
+			// Prune directories that cannot hold a matching key.
+			if !strings.HasPrefix(key+"/", prefix) && !strings.HasPrefix(prefix, key+"/") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasPrefix(key, prefix) || !d.Type().IsRegular() {
+			return nil
+		}
+		fi, err := d.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // deleted while listing
+		}
+		if err != nil {
+			return err
+		}
+		return fn(l.info(key, fi))
+	})
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
+}
+
+// Leftovers reports temporary files of writers that died mid-Put.
+func (l *Local) Leftovers(ctx context.Context, olderThan time.Time, fn func(Info) error) error {
+	entries, err := os.ReadDir(filepath.Join(l.root, localTmp))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil || !fi.ModTime().Before(olderThan) {
+			continue
+		}
+		if err := fn(Info{Key: localTmp + "/" + e.Name(), Size: fi.Size(), ModTime: fi.ModTime()}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (l *Local) RemoveLeftover(ctx context.Context, leftover Info) error {
+	name := strings.TrimPrefix(leftover.Key, localTmp+"/")
+	if name == leftover.Key || strings.Contains(name, "/") {
+		return fmt.Errorf("not a leftover of %s: %q", l.URI(), leftover.Key)
+	}
+	err := os.Remove(filepath.Join(l.root, localTmp, name))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
+}
+
+// ctxReader stops a copy when the context is cancelled.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}

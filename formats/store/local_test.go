@@ -1,0 +1,99 @@
+package store_test
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kilnrl/kiln/formats/store"
+	"github.com/kilnrl/kiln/formats/store/storetest"
+)
+
+func newLocal(t *testing.T, dir string) *store.Local {
+	t.Helper()
+	l, err := store.NewLocal(dir)
+	require.NoError(t, err)
+	return l
+}
+
+func TestLocalConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) store.Store {
+		// A root that does not exist yet: it is created on the first write.
+		return newLocal(t, filepath.Join(t.TempDir(), "store"))
+	})
+}
+
+// A store root that is a symlink to the real directory (a common way to put
+// ./data on a bigger disk) must behave the same.
+func TestLocalSymlinkRoot(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) store.Store {
+		dir := t.TempDir()
+		real := filepath.Join(dir, "real")
+		require.NoError(t, os.Mkdir(real, 0o755))
+		link := filepath.Join(dir, "link")
+		require.NoError(t, os.Symlink(real, link))
+		return newLocal(t, link)
+	})
+}
+
+// Objects are plain files under the root, readable by any tool.
+func TestLocalLayout(t *testing.T) {
+	ctx := t.Context()
+	root := t.TempDir()
+	l := newLocal(t, root)
+	_, err := l.Put(ctx, "ds/v1/part-0.parquet", bytes.NewReader([]byte("PAR1")), 4)
+	require.NoError(t, err)
+	b, err := os.ReadFile(filepath.Join(root, "ds", "v1", "part-0.parquet"))
+	require.NoError(t, err)
+	require.Equal(t, "PAR1", string(b))
+	require.Equal(t, "file://"+root, l.URI())
+	require.Equal(t, root, l.Root())
+}
+
+// Leftovers reports temporary files of dead writers, never objects, and
+// RemoveLeftover removes them.
+func TestLocalLeftovers(t *testing.T) {
+	ctx := t.Context()
+	root := t.TempDir()
+	l := newLocal(t, root)
+	_, err := l.Put(ctx, "a/b", bytes.NewReader([]byte("x")), 1)
+	require.NoError(t, err)
+	_, err = l.PutIfAbsent(ctx, "a/c", bytes.NewReader([]byte("x")), 1) // creates lock files
+	require.NoError(t, err)
+
+	// A writer that died after writing its temporary file.
+	dead := filepath.Join(root, ".kiln-tmp", "0123456789abcdef-a%d")
+	require.NoError(t, os.WriteFile(dead, []byte("partial"), 0o644))
+	old := time.Now().Add(-2 * time.Hour)
+	require.NoError(t, os.Chtimes(dead, old, old))
+
+	collect := func(olderThan time.Time) []store.Info {
+		var got []store.Info
+		require.NoError(t, l.Leftovers(ctx, olderThan, func(i store.Info) error {
+			got = append(got, i)
+			return nil
+		}))
+		return got
+	}
+	require.Empty(t, collect(time.Now().Add(-3*time.Hour)), "a leftover newer than olderThan")
+	got := collect(time.Now().Add(-time.Hour))
+	require.Len(t, got, 1)
+	require.Equal(t, ".kiln-tmp/0123456789abcdef-a%d", got[0].Key)
+	require.Equal(t, int64(7), got[0].Size)
+
+	var keys []string
+	require.NoError(t, l.List(ctx, "", func(i store.Info) error { keys = append(keys, i.Key); return nil }))
+	require.ElementsMatch(t, []string{"a/b", "a/c"}, keys, "leftovers are not objects")
+
+	require.Error(t, l.RemoveLeftover(ctx, store.Info{Key: "a/b"}), "an object is not a leftover")
+	require.Error(t, l.RemoveLeftover(ctx, store.Info{Key: ".kiln-tmp/locks/x"}))
+	require.NoError(t, l.RemoveLeftover(ctx, got[0]))
+	require.NoError(t, l.RemoveLeftover(ctx, got[0]), "removing a removed leftover")
+	require.Empty(t, collect(time.Now().Add(time.Hour)))
+	_, err = os.Stat(filepath.Join(root, "a", "b"))
+	require.NoError(t, err)
+}

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Installs what kiln's test suite needs beyond Go itself, caching under
+# ~/.cache/kiln/ keyed by version: a second run on the same machine is a fast
+# no-op, a fresh machine (or a changed pin) rebuilds.
+#
+#   scripts/install-test-deps.sh
+#
+# Needs go, node (>= 20) and npm in PATH; apt-get (as root or via sudo) only
+# when an apt package below is missing.
+set -euo pipefail
+
+CACHE="$HOME/.cache/kiln"
+
+# --- pins -------------------------------------------------------------------
+
+VERSITYGW_VERSION=v1.8.0
+
+# npm packages of the interop tests (formats/records/testdata/interop), exact
+# versions. apache-arrow JS has no compression codecs of its own: fzstd is
+# the zstd decoder its compressionRegistry is given to read kiln's
+# zstd-compressed Arrow buffers.
+NPM_PACKAGES=(
+	@duckdb/node-api@1.5.6-r.1
+	apache-arrow@21.2.0
+	fzstd@0.1.1
+)
+
+# Debian packages, one a line (e.g. bubblewrap).
+APT_PACKAGES=(
+)
+
+# --- helpers ----------------------------------------------------------------
+
+log() { printf '%s\n' "$*"; }
+die() {
+	printf 'install-test-deps: %s\n' "$*" >&2
+	exit 1
+}
+now_us() { local t=$EPOCHREALTIME; printf '%s' "${t//[!0-9]/}"; }
+
+# step NAME FUNCTION: runs FUNCTION, then prints how long it took.
+step() {
+	local name=$1 start elapsed
+	shift
+	log "==> $name"
+	start=$(now_us)
+	"$@"
+	elapsed=$(($(now_us) - start))
+	printf '    %s: %d.%03ds\n' "$name" $((elapsed / 1000000)) $((elapsed % 1000000 / 1000))
+}
+
+need() { command -v "$1" >/dev/null 2>&1 || die "$1 is not in PATH ($2)"; }
+
+# --- apt --------------------------------------------------------------------
+
+install_apt() {
+	local missing=() pkg
+	for pkg in "${APT_PACKAGES[@]}"; do
+		if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
+			missing+=("$pkg")
+		fi
+	done
+	if ((${#missing[@]} == 0)); then
+		log "    nothing missing (${#APT_PACKAGES[@]} package(s) pinned)"
+		return
+	fi
+	need apt-get "install ${missing[*]} by hand"
+	local sudo=()
+	if ((EUID != 0)); then
+		need sudo "run as root, or install ${missing[*]} by hand"
+		sudo=(sudo)
+	fi
+	log "    missing: ${missing[*]}"
+	log "    apt-get update"
+	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+	log "    apt-get install ${missing[*]}"
+	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+# --- versitygw --------------------------------------------------------------
+
+install_versitygw() {
+	local dir="$CACHE/versitygw-$VERSITYGW_VERSION"
+	if [[ -x "$dir/versitygw" ]]; then
+		log "    cached: $dir/versitygw"
+		return
+	fi
+	need go "install Go"
+	log "    go install github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION -> $dir"
+	mkdir -p "$dir"
+	GOBIN="$dir" go install "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION"
+	[[ -x "$dir/versitygw" ]] || die "go install did not produce $dir/versitygw"
+}
+
+# --- npm --------------------------------------------------------------------
+
+NPM_DIR=
+
+install_npm() {
+	need node "install Node.js >= 20"
+	need npm "install npm"
+	local node_major
+	node_major=$(node -p 'process.versions.node.split(".")[0]')
+	((node_major >= 20)) || die "node $(node --version) is too old: need >= 20"
+	# The key covers the pins, and what the native DuckDB bindings depend on.
+	local key
+	key=$({
+		printf '%s\n' "${NPM_PACKAGES[@]}"
+		printf 'node%s %s\n' "$node_major" "$(node -p 'process.platform + "-" + process.arch')"
+	} | sha256sum | cut -c1-12)
+	NPM_DIR="$CACHE/npm-$key"
+	local marker="$NPM_DIR/.kiln-complete"
+	if [[ -f "$marker" ]]; then
+		log "    cached: $NPM_DIR"
+		return
+	fi
+	if [[ -e "$NPM_DIR" ]]; then
+		log "    removing incomplete $NPM_DIR"
+		rm -rf "$NPM_DIR"
+	fi
+	mkdir -p "$NPM_DIR"
+	printf '{\n  "name": "kiln-test-deps",\n  "private": true\n}\n' >"$NPM_DIR/package.json"
+	log "    npm install ${NPM_PACKAGES[*]} -> $NPM_DIR"
+	(cd "$NPM_DIR" && npm install --no-audit --no-fund --update-notifier=false --save-exact "${NPM_PACKAGES[@]}")
+	# Each package must load, native DuckDB bindings included.
+	local spec names=()
+	for spec in "${NPM_PACKAGES[@]}"; do
+		names+=("${spec%@*}")
+	done
+	(cd "$NPM_DIR" && node -e 'for (const p of process.argv.slice(1)) require(p)' "${names[@]}") ||
+		die "packages installed in $NPM_DIR do not load"
+	printf '%s\n' "${NPM_PACKAGES[@]}" >"$marker"
+}
+
+# --- main -------------------------------------------------------------------
+
+main() {
+	local start elapsed
+	start=$(now_us)
+	mkdir -p "$CACHE"
+	step "apt packages" install_apt
+	step "versitygw $VERSITYGW_VERSION" install_versitygw
+	step "npm packages" install_npm
+	printf '%s\n' "$NPM_DIR" >"$CACHE/npm-current.tmp"
+	mv "$CACHE/npm-current.tmp" "$CACHE/npm-current"
+	elapsed=$(($(now_us) - start))
+	printf 'done in %d.%03ds\n' $((elapsed / 1000000)) $((elapsed % 1000000 / 1000))
+	log "npm directory: $NPM_DIR (recorded in $CACHE/npm-current)"
+}
+
+main "$@"

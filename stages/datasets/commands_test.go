@@ -1,0 +1,246 @@
+package datasets_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/klauspost/compress/zstd"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/formats/store"
+	"github.com/kilnrl/kiln/formats/store/storetest"
+	"github.com/kilnrl/kiln/stages/stage"
+)
+
+const referenceRows = "../../formats/records/testdata/reference-rows.jsonl"
+
+// storeCase is a fresh store both as a URI for the CLI (with the
+// environment a process needs to reach it) and opened.
+type storeCase struct {
+	uri string
+	env []string
+	st  store.Store
+}
+
+// eachStore runs f on a fresh local store and a fresh S3 bucket. The S3
+// settings are also put in this process's environment for in-process runs.
+func eachStore(t *testing.T, f func(t *testing.T, sc storeCase)) {
+	t.Run("local", func(t *testing.T) {
+		dir := t.TempDir()
+		st, err := store.NewLocal(dir)
+		require.NoError(t, err)
+		f(t, storeCase{uri: dir, st: st})
+	})
+	t.Run("s3", func(t *testing.T) {
+		v := storetest.VersityServer(t)
+		for _, kv := range v.Env() {
+			k, val, _ := strings.Cut(kv, "=")
+			t.Setenv(k, val)
+		}
+		uri := "s3://" + v.NewBucket(t) + "/data"
+		f(t, storeCase{uri: uri, env: v.Env(), st: v.Open(t, uri)})
+	})
+}
+
+func readLines(t *testing.T, r io.Reader) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	sc := bufio.NewScanner(r)
+	sc.Buffer(nil, 1<<24)
+	for sc.Scan() {
+		var v map[string]any
+		dec := json.NewDecoder(bytes.NewReader(sc.Bytes()))
+		dec.UseNumber()
+		require.NoError(t, dec.Decode(&v), sc.Text())
+		out = append(out, v)
+	}
+	return out
+}
+
+func TestImportExportRoundTrip(t *testing.T) {
+	eachStore(t, func(t *testing.T, sc storeCase) {
+		printed := kiln(t, "import", "tasks", "--store", sc.uri, "--out", "tasks/ref", "--print-version", referenceRows)
+		require.Equal(t, 0, printed.code, printed.stderr)
+		imp := kiln(t, "import", "tasks", "--store", sc.uri, "--out", "tasks/ref", referenceRows)
+		require.Equal(t, 0, imp.code, imp.stderr)
+		ref := imp.lastLine()
+		assert.Equal(t, printed.lastLine(), ref, "--print-version names the version the run commits")
+		assert.Regexp(t, `^tasks/ref@[0-9a-f]{20}$`, ref)
+
+		f, err := os.Open(referenceRows)
+		require.NoError(t, err)
+		want := readLines(t, f)
+		f.Close()
+		for _, row := range want { // the documented normalization
+			md := row["metadata"].(map[string]any)
+			if _, ok := md["instance_id"]; !ok {
+				md["instance_id"] = row["label"]
+			}
+		}
+
+		exp := kiln(t, "export", "--store", sc.uri, "--format", "jsonl", ref)
+		require.Equal(t, 0, exp.code, exp.stderr)
+		assert.Equal(t, want, readLines(t, strings.NewReader(exp.stdout)))
+
+		out := filepath.Join(t.TempDir(), "tasks.jsonl.zst")
+		exp = kiln(t, "export", "--store", sc.uri, "--out", out, "tasks/ref")
+		require.Equal(t, 0, exp.code, exp.stderr)
+		zf, err := os.Open(out)
+		require.NoError(t, err)
+		defer zf.Close()
+		zr, err := zstd.NewReader(zf)
+		require.NoError(t, err)
+		defer zr.Close()
+		assert.Equal(t, want, readLines(t, zr))
+
+		// Re-importing the export gives the same rows again.
+		again := kiln(t, "import", "tasks", "--store", sc.uri, "--out", "tasks/again", out)
+		require.Equal(t, 0, again.code, again.stderr)
+		exp2 := kiln(t, "export", "--store", sc.uri, again.lastLine())
+		assert.Equal(t, want, readLines(t, strings.NewReader(exp2.stdout)))
+
+		// An identical rerun reports the committed version and writes nothing.
+		rerun := kiln(t, "import", "tasks", "--store", sc.uri, "--out", "tasks/ref", referenceRows)
+		require.Equal(t, 0, rerun.code)
+		assert.Equal(t, ref, rerun.lastLine())
+		assert.Contains(t, rerun.stderr, "already committed")
+
+		ls := kiln(t, "ls", "--store", sc.uri, "tasks/")
+		require.Equal(t, 0, ls.code, ls.stderr)
+		assert.Contains(t, ls.stdout, strings.TrimPrefix(ref, "tasks/ref@"))
+		assert.Contains(t, ls.stdout, "tasks/again")
+
+		show := kiln(t, "show", "--store", sc.uri, "--rows", "2", "--json", ref)
+		require.Equal(t, 0, show.code, show.stderr)
+		var shown struct {
+			Manifest dataset.Manifest
+			Rows     []map[string]any
+		}
+		require.NoError(t, json.Unmarshal([]byte(show.stdout), &shown))
+		assert.Equal(t, int64(4), shown.Manifest.Rows)
+		assert.Len(t, shown.Rows, 2)
+		assert.Equal(t, "format-code-task-002661", shown.Rows[0]["task_id"])
+	})
+}
+
+func TestChangedInputFileGetsNewVersion(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "rows.jsonl")
+	require.NoError(t, os.WriteFile(src, []byte(`{"prompt": "a", "label": "t1", "metadata": {}}`+"\n"), 0o644))
+	first := kiln(t, "import", "tasks", "--store", dir, src)
+	require.Equal(t, 0, first.code, first.stderr)
+	require.NoError(t, os.WriteFile(src, []byte(`{"prompt": "b", "label": "t1", "metadata": {}}`+"\n"), 0o644))
+	second := kiln(t, "import", "tasks", "--store", dir, src)
+	require.Equal(t, 0, second.code, second.stderr)
+	assert.NotEqual(t, first.lastLine(), second.lastLine())
+	newest := kiln(t, "export", "--store", dir, "tasks")
+	assert.Contains(t, newest.stdout, `"prompt":"b"`)
+}
+
+func TestBadInputs(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o644))
+		return p
+	}
+	good := `{"prompt": "p", "label": "a", "metadata": {}}` + "\n"
+	storeDir := filepath.Join(dir, "store")
+	cases := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"malformed line", []string{"import", "tasks", "--store", storeDir, write("bad.jsonl", good+`{"prompt": `+"\n")}, stage.ExitBadInput, "bad.jsonl:2: not a JSON object"},
+		{"duplicate id", []string{"import", "tasks", "--store", storeDir, write("dup.jsonl", good+good)}, stage.ExitBadInput, `duplicate task id "a" (first on line 1)`},
+		{"blank line", []string{"import", "tasks", "--store", storeDir, write("blank.jsonl", good+"\n"+good)}, stage.ExitBadInput, "blank.jsonl:2: empty line"},
+		{"empty file", []string{"import", "tasks", "--store", storeDir, write("empty.jsonl", "")}, stage.ExitBadInput, "has no rows"},
+		{"missing file", []string{"import", "tasks", "--store", storeDir, filepath.Join(dir, "nope.jsonl")}, stage.ExitNotFound, "nope.jsonl"},
+		{"bad shard", []string{"import", "tasks", "--store", storeDir, "--shard", "3/3", write("ok.jsonl", good)}, stage.ExitUsage, `shard "3/3"`},
+		{"bad name", []string{"import", "tasks", "--store", storeDir, "--out", "a/_v", write("ok2.jsonl", good)}, stage.ExitUsage, `segment "_v"`},
+		{"no ref", []string{"show", "--store", storeDir}, stage.ExitUsage, "want REF"},
+		{"unknown dataset", []string{"show", "--store", storeDir, "nope"}, stage.ExitNotFound, "dataset nope: not found"},
+		{"bad scheme", []string{"ls", "--store", "ftp://x"}, stage.ExitUsage, "unknown scheme"},
+		{"bad format", []string{"export", "--store", storeDir, "--format", "csv", "x"}, stage.ExitUsage, `unknown --format "csv"`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := kiln(t, c.args...)
+			assert.Equal(t, c.code, r.code, r.stderr)
+			assert.Contains(t, r.stderr, c.want)
+			assert.NotContains(t, r.stderr, "panic")
+		})
+	}
+	// No failed import left a visible version.
+	all, err := dataset.List(context.Background(), mustLocal(t, storeDir), "")
+	require.NoError(t, err)
+	assert.Empty(t, all)
+}
+
+func mustLocal(t *testing.T, dir string) store.Store {
+	st, err := store.NewLocal(dir)
+	require.NoError(t, err)
+	return st
+}
+
+func TestLogShowsInputs(t *testing.T) {
+	eachStore(t, func(t *testing.T, sc storeCase) {
+		ctx := context.Background()
+		imp := kiln(t, "import", "tasks", "--store", sc.uri, referenceRows)
+		require.Equal(t, 0, imp.code, imp.stderr)
+		in, err := dataset.ParseRef(imp.lastLine())
+		require.NoError(t, err)
+
+		// A derived version, as a later stage would write it.
+		w, err := dataset.NewWriter(ctx, sc.st, dataset.Spec{Name: "trajectories/step-0", Kind: records.TrajectoriesKind,
+			Identity: dataset.Identity{Stage: "rollout", CodeVersion: "1", Inputs: []dataset.Ref{in}}})
+		require.NoError(t, err)
+		_, err = w.WriteShard(ctx, 1, nil, func(out io.Writer) error {
+			enc, err := records.NewTrajectoryEncoder(out, records.ArrowOptions{})
+			if err != nil {
+				return err
+			}
+			if err := enc.Write(records.Trajectory{Tokens: []int32{1, 2}, ResponseLength: 1, LossMask: []uint8{1}, RolloutLogProbs: []float32{-1}}); err != nil {
+				return err
+			}
+			return enc.Close()
+		})
+		require.NoError(t, err)
+		res, err := w.Commit(ctx, nil)
+		require.NoError(t, err)
+
+		lg := kiln(t, "log", "--store", sc.uri, res.Ref.String())
+		require.Equal(t, 0, lg.code, lg.stderr)
+		lines := strings.Split(strings.TrimSpace(lg.stdout), "\n")
+		require.Len(t, lines, 3, lg.stdout)
+		assert.Contains(t, lines[0], res.Ref.String()+" (trajectories, 1 rows) by rollout 1")
+		assert.Contains(t, lines[1], "└── "+in.String()+" (tasks, 4 rows) by import-tasks")
+		assert.Contains(t, lines[2], "    └── rows: /")
+		assert.Contains(t, lines[2], "formats/records/testdata/reference-rows.jsonl")
+
+		exp := kiln(t, "export", "--store", sc.uri, "trajectories/step-0")
+		require.Equal(t, 0, exp.code, exp.stderr)
+		assert.JSONEq(t, `{"rollout_id":0,"index":0,"group_index":0,"segment":0,"tokens":[1,2],"response_length":1,
+			"loss_mask":[1],"rollout_log_probs":[-1],"truncated":false,"use_tool":false,"ill_formed":false,"reward":null}`, exp.stdout)
+	})
+}
+
+func TestHelpIsTheManual(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"import", "tasks", "--help"}, {"gc", "--help"}} {
+		r := kiln(t, args...)
+		require.Equal(t, 0, r.code, r.stderr)
+		assert.Contains(t, r.stdout, "EXIT STATUS", args)
+		assert.Contains(t, r.stdout, "130  interrupted", args)
+	}
+}

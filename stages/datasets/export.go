@@ -1,0 +1,147 @@
+package datasets
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/klauspost/compress/zstd"
+	"github.com/urfave/cli/v2"
+
+	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/stages/stage"
+)
+
+func exportCommand(env *Env) *cli.Command {
+	return &cli.Command{
+		Name:      "export",
+		Usage:     "write a version's rows as JSON lines",
+		ArgsUsage: "REF",
+		Description: `Writes every row of REF as one JSON object per line, to stdout or --out.
+An --out name ending in .zst is zstd-compressed. The file appears only once it
+is complete (written beside it, then renamed).
+
+tasks are written as reference rows {"prompt", "label", "metadata"}, which the
+reference Python stack reads with --input-key prompt --label-key label
+--metadata-key metadata; kiln import tasks reads them back losslessly. Other
+kinds are written with their column names as keys.
+
+Example:
+   kiln export tasks --format jsonl --out tasks.jsonl.zst`,
+		Flags: []cli.Flag{
+			stage.StoreFlag(),
+			&cli.StringFlag{Name: "format", Value: "jsonl", Usage: "output format (jsonl)"},
+			&cli.StringFlag{Name: "out", Usage: "output file (default stdout); .zst compresses"},
+		},
+		Action: func(c *cli.Context) error {
+			if err := stage.RequireArgs(c, 1, "REF"); err != nil {
+				return err
+			}
+			if f := c.String("format"); f != "jsonl" {
+				return stage.Usagef("export: unknown --format %q (want jsonl)", f)
+			}
+			st, err := stage.OpenStore(c)
+			if err != nil {
+				return err
+			}
+			v, err := dataset.OpenString(c.Context, st, c.Args().First())
+			if err != nil {
+				return err
+			}
+			return writeOutput(c.String("out"), env.Stdout, func(w io.Writer) error {
+				bw := bufio.NewWriterSize(w, 1<<20)
+				if err := exportRows(c, v, bw); err != nil {
+					return err
+				}
+				return bw.Flush()
+			})
+		},
+	}
+}
+
+func exportRows(c *cli.Context, v *dataset.Version, w io.Writer) error {
+	if v.Kind().Name == records.TasksKind.Name {
+		for i := range v.Shards {
+			data, err := v.ReadShard(c.Context, i)
+			if err != nil {
+				return err
+			}
+			err = records.EachTask(data, func(t records.Task) error {
+				row, err := t.ReferenceRow()
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintf(w, "%s\n", row)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return v.EachJSON(c.Context, func(row json.RawMessage) error {
+		_, err := fmt.Fprintf(w, "%s\n", row)
+		return err
+	})
+}
+
+// writeOutput runs write against path (or stdout for ""), compressing for a
+// .zst suffix, and publishes the file by rename only when write succeeded.
+func writeOutput(path string, stdout io.Writer, write func(io.Writer) error) error {
+	if path == "" || path == "-" {
+		return write(stdout)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	var w io.Writer = tmp
+	var zw *zstd.Encoder
+	if strings.HasSuffix(path, ".zst") {
+		zw, _ = zstd.NewWriter(tmp)
+		w = zw
+	}
+	err = write(w)
+	if zw != nil {
+		if cerr := zw.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("export to %q: %w", path, err)
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+// openInput opens a local file, decompressing a .zst suffix.
+func openInput(path string) (io.ReadCloser, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	if !strings.HasSuffix(path, ".zst") {
+		return f, nil
+	}
+	zr, err := zstd.NewReader(f)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%q: %w", path, err)
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{zr.IOReadCloser(), f}, nil
+}

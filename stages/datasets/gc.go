@@ -1,0 +1,61 @@
+package datasets
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/stages/stage"
+)
+
+func gcCommand(env *Env) *cli.Command {
+	return &cli.Command{
+		Name:  "gc",
+		Usage: "remove what interrupted or losing writers left behind",
+		Description: `Removes files that no committed version needs: everything in a version that
+never committed (a killed or failed writer), files of a committed version its
+manifest does not name (a losing attempt's shards, receipts), and the store's
+own debris (temporary files, incomplete S3 multipart uploads). Committed
+versions are never touched. Anything younger than --grace is kept, because a
+writer may still be working on it: keep it above the longest a stage's part
+can run, including the time its row receipts wait to be resumed.
+
+Prints one line per orphan ("would remove" with --dry-run) and a total.
+
+Example:
+   kiln gc --dry-run --grace 72h`,
+		Flags: []cli.Flag{
+			stage.StoreFlag(),
+			&cli.BoolFlag{Name: "dry-run", Aliases: []string{"n"}, Usage: "list orphans without removing them"},
+			&cli.DurationFlag{Name: "grace", Value: 24 * time.Hour, Usage: "keep files younger than this"},
+			&cli.StringFlag{Name: "prefix", Usage: "only datasets whose names start with this"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 0 {
+				return stage.Usagef("gc: takes no arguments (did you mean --prefix?)")
+			}
+			st, err := stage.OpenStore(c)
+			if err != nil {
+				return err
+			}
+			verb := "removed"
+			if c.Bool("dry-run") {
+				verb = "would remove"
+			}
+			var n, bytes int64
+			err = dataset.GC(c.Context, st, dataset.GCOptions{Prefix: c.String("prefix"), Grace: c.Duration("grace"), DryRun: c.Bool("dry-run")},
+				func(o dataset.Orphan) {
+					n++
+					bytes += o.Size
+					fmt.Fprintf(env.Stdout, "%s %s (%s, %d bytes)\n", verb, o.Key, o.Reason, o.Size)
+				})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(env.Stdout, "%s %d file(s), %d bytes\n", verb, n, bytes)
+			return nil
+		},
+	}
+}

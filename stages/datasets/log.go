@@ -1,0 +1,78 @@
+package datasets
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/formats/store"
+	"github.com/kilnrl/kiln/stages/stage"
+)
+
+func logCommand(env *Env) *cli.Command {
+	return &cli.Command{
+		Name:      "log",
+		Usage:     "show the lineage of a version as a tree",
+		ArgsUsage: "REF",
+		Description: `Prints REF and, below it, the versions and external files it was computed
+from, recursively: which stage made each version, with which code, from what.
+A version reached twice is expanded once.`,
+		Flags: []cli.Flag{stage.StoreFlag()},
+		Action: func(c *cli.Context) error {
+			if err := stage.RequireArgs(c, 1, "REF"); err != nil {
+				return err
+			}
+			st, err := stage.OpenStore(c)
+			if err != nil {
+				return err
+			}
+			ref, err := dataset.ParseRef(c.Args().First())
+			if err != nil {
+				return stage.UsageError{Err: err}
+			}
+			v, err := dataset.Open(c.Context, st, ref)
+			if err != nil {
+				return err
+			}
+			return lineage(c.Context, st, env.Stdout, v, "", map[string]bool{})
+		},
+	}
+}
+
+func lineage(ctx context.Context, st store.Store, w io.Writer, v *dataset.Version, indent string, seen map[string]bool) error {
+	m := v.Manifest
+	fmt.Fprintf(w, "%s (%s, %d rows) by %s %s at %s\n", v.Ref(), m.Kind, m.Rows, m.Producer.Stage, m.Producer.CodeVersion, v.Committed.UTC().Format(time.RFC3339))
+	ref := v.Ref().String()
+	if seen[ref] {
+		return nil
+	}
+	seen[ref] = true
+	n := len(m.Inputs) + len(m.External)
+	for i, in := range m.Inputs {
+		branch, next := "├── ", "│   "
+		if i == n-1 {
+			branch, next = "└── ", "    "
+		}
+		fmt.Fprint(w, indent+branch)
+		iv, err := dataset.Open(ctx, st, in)
+		if err != nil {
+			fmt.Fprintf(w, "%s (unreadable: %v)\n", in, err)
+			continue
+		}
+		if err := lineage(ctx, st, w, iv, indent+next, seen); err != nil {
+			return err
+		}
+	}
+	for i, e := range m.External {
+		branch := "├── "
+		if len(m.Inputs)+i == n-1 {
+			branch = "└── "
+		}
+		fmt.Fprintf(w, "%s%s: %s (%s)\n", indent+branch, e.Role, e.URI, externalID(e))
+	}
+	return nil
+}

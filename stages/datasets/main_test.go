@@ -1,0 +1,69 @@
+package datasets_test
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/kilnrl/kiln/stages/datasets"
+	"github.com/kilnrl/kiln/stages/stage"
+)
+
+// The test binary doubles as a kiln writer process for the crash tests:
+// with KILN_TEST_HELPER=1 it runs the dataset commands on its arguments.
+// KILN_TEST_PAUSE_AT names a writer hook point at which it prints
+// "PAUSED <point>" on stderr and waits, for SIGKILL, or until the file
+// KILN_TEST_RESUME_FILE appears.
+func TestMain(m *testing.M) {
+	if os.Getenv("KILN_TEST_HELPER") == "1" {
+		env := &datasets.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stage.NewLogger(os.Stderr, false), Hook: pauseHook}
+		os.Exit(stage.Main(newApp(env), append([]string{"kiln"}, os.Args[1:]...), os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+func pauseHook(point string) {
+	if point != os.Getenv("KILN_TEST_PAUSE_AT") {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "PAUSED %s\n", point)
+	resume := os.Getenv("KILN_TEST_RESUME_FILE")
+	for {
+		if resume != "" {
+			if _, err := os.Stat(resume); err == nil {
+				return
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func newApp(env *datasets.Env) *cli.App {
+	return stage.CommonApp(&cli.App{Name: "kiln", Commands: datasets.Commands(env)}, env.Stdout, env.Stderr)
+}
+
+// result is one finished kiln invocation.
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// lastLine is the last line of stdout: a writing command's reference.
+func (r result) lastLine() string {
+	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
+	return lines[len(lines)-1]
+}
+
+// kiln runs the dataset commands in-process.
+func kiln(t *testing.T, args ...string) result {
+	t.Helper()
+	var out, errb bytes.Buffer
+	env := &datasets.Env{Stdout: &out, Stderr: &errb, Log: stage.NewLogger(&errb, false)}
+	code := stage.Main(newApp(env), append([]string{"kiln"}, args...), &errb)
+	return result{out.String(), errb.String(), code}
+}

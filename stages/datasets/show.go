@@ -1,0 +1,101 @@
+package datasets
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/stages/stage"
+)
+
+func showCommand(env *Env) *cli.Command {
+	return &cli.Command{
+		Name:      "show",
+		Usage:     "describe a version and print its first rows",
+		ArgsUsage: "REF",
+		Description: `Prints the manifest summary of REF (name = newest version, name@version =
+exactly that one): kind, schema, rows, shards, producer, inputs, metrics, then
+its first --rows rows as JSON lines. Shards are checksummed as they are read.
+
+--json prints one JSON object {"manifest": ..., "committed": ..., "rows": [...]}.`,
+		Flags: []cli.Flag{
+			stage.StoreFlag(),
+			&cli.IntFlag{Name: "rows", Value: 5, Usage: "how many rows to print"},
+			&cli.BoolFlag{Name: "json", Usage: "print one JSON object"},
+		},
+		Action: func(c *cli.Context) error {
+			if err := stage.RequireArgs(c, 1, "REF"); err != nil {
+				return err
+			}
+			st, err := stage.OpenStore(c)
+			if err != nil {
+				return err
+			}
+			v, err := dataset.OpenString(c.Context, st, c.Args().First())
+			if err != nil {
+				return err
+			}
+			rows := []json.RawMessage{}
+			if n := c.Int("rows"); n > 0 {
+				err := v.EachJSON(c.Context, func(row json.RawMessage) error {
+					rows = append(rows, row)
+					if len(rows) >= n {
+						return io.EOF
+					}
+					return nil
+				})
+				if err != nil && !errors.Is(err, io.EOF) {
+					return err
+				}
+			}
+			if c.Bool("json") {
+				b, err := json.MarshalIndent(map[string]any{"manifest": v.Manifest, "committed": v.Committed.UTC(), "rows": rows}, "", "  ")
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintln(env.Stdout, string(b))
+				return err
+			}
+			m := v.Manifest
+			w := env.Stdout
+			fmt.Fprintf(w, "dataset    %s\n", v.Ref())
+			fmt.Fprintf(w, "kind       %s (%s, schema %s)\n", m.Kind, m.Encoding, m.Schema)
+			fmt.Fprintf(w, "rows       %d in %d shard(s), %d bytes, %d part(s)\n", m.Rows, len(m.Shards), m.Bytes, m.Parts)
+			fmt.Fprintf(w, "committed  %s\n", v.Committed.UTC().Format(time.RFC3339))
+			fmt.Fprintf(w, "producer   %s (code %s, build %s, host %s)\n", m.Producer.Stage, m.Producer.CodeVersion, m.Producer.Build, m.Producer.Host)
+			if len(m.Producer.Args) > 0 {
+				b, _ := json.Marshal(m.Producer.Args)
+				fmt.Fprintf(w, "args       %s\n", b)
+			}
+			for _, in := range m.Inputs {
+				fmt.Fprintf(w, "input      %s\n", in)
+			}
+			for _, e := range m.External {
+				fmt.Fprintf(w, "external   %s %s (%s)\n", e.Role, e.URI, externalID(e))
+			}
+			if len(m.Metrics) > 0 {
+				b, _ := json.Marshal(m.Metrics)
+				fmt.Fprintf(w, "metrics    %s\n", b)
+			}
+			if len(rows) > 0 {
+				fmt.Fprintf(w, "first %d row(s):\n", len(rows))
+				for _, r := range rows {
+					fmt.Fprintln(w, string(r))
+				}
+			}
+			return nil
+		},
+	}
+}
+
+func externalID(e dataset.External) string {
+	if e.SHA256 != "" {
+		return "sha256:" + e.SHA256[:16]
+	}
+	return fmt.Sprintf("etag %s, %d bytes", e.ETag, e.Size)
+}
