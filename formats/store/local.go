@@ -216,31 +216,31 @@ func (l *Local) Put(ctx context.Context, key string, r io.Reader, size int64) (I
 }
 
 func (l *Local) PutIfAbsent(ctx context.Context, key string, r io.Reader, size int64) (Info, error) {
-	p, err := l.path(key)
-	if err != nil {
-		return Info{}, err
-	}
-	tmp, info, err := l.writeTemp(ctx, key, r, size)
-	if err != nil {
-		return Info{}, err
-	}
-	defer os.Remove(tmp)
-	unlock, err := l.lock(key)
-	if err != nil {
-		return Info{}, err
-	}
-	defer unlock()
-	err = publish(p, func() error { return os.Link(tmp, p) })
-	if errors.Is(err, fs.ErrExist) {
-		return Info{}, fmt.Errorf("%q: %w", key, ErrExist)
-	}
-	if err != nil {
-		return Info{}, err
-	}
-	return info, nil
+	return l.putLocked(ctx, key, r, size, func(p, tmp string) error {
+		err := publish(p, func() error { return os.Link(tmp, p) })
+		if errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("%q: %w", key, ErrExist)
+		}
+		return err
+	})
 }
 
 func (l *Local) PutIfMatch(ctx context.Context, key string, r io.Reader, size int64, etag string) (Info, error) {
+	return l.putLocked(ctx, key, r, size, func(p, tmp string) error {
+		cur, err := l.Stat(ctx, key)
+		if errors.Is(err, ErrNotExist) || (err == nil && (etag == "" || cur.ETag != etag)) {
+			return fmt.Errorf("%q: %w", key, ErrPrecondition)
+		}
+		if err != nil {
+			return err
+		}
+		return publish(p, func() error { return os.Rename(tmp, p) })
+	})
+}
+
+// putLocked writes r to a temporary file, then runs publish (which moves
+// it to p, or refuses) holding key's lock, and returns the new object's Info.
+func (l *Local) putLocked(ctx context.Context, key string, r io.Reader, size int64, publish func(p, tmp string) error) (Info, error) {
 	p, err := l.path(key)
 	if err != nil {
 		return Info{}, err
@@ -255,14 +255,7 @@ func (l *Local) PutIfMatch(ctx context.Context, key string, r io.Reader, size in
 		return Info{}, err
 	}
 	defer unlock()
-	cur, err := l.Stat(ctx, key)
-	if errors.Is(err, ErrNotExist) || (err == nil && cur.ETag != etag) {
-		return Info{}, fmt.Errorf("%q: %w", key, ErrPrecondition)
-	}
-	if err != nil {
-		return Info{}, err
-	}
-	if err := publish(p, func() error { return os.Rename(tmp, p) }); err != nil {
+	if err := publish(p, tmp); err != nil {
 		return Info{}, err
 	}
 	return info, nil

@@ -22,6 +22,8 @@ func Open(uri string) (Store, error) {
 		return NewLocal(strings.TrimPrefix(uri, "file://"))
 	case strings.Contains(uri, "://"):
 		return nil, fmt.Errorf("store %q: unknown scheme (want a directory, file:// or s3://)", uri)
+	case strings.HasPrefix(uri, "s3:") || strings.HasPrefix(uri, "file:"):
+		return nil, fmt.Errorf("store %q: malformed URI (want s3://bucket/prefix or file:///dir)", uri)
 	}
 	return NewLocal(uri)
 }

@@ -353,14 +353,15 @@ func (s *sizedReader) Read(p []byte) (int, error) {
 // PutIfAbsent and PutIfMatch of unknown-size or big objects unconditional.
 // An object that fits in one part goes in a single conditional PUT.
 func (s *S3) putParts(ctx context.Context, obj string, r io.Reader, opts minio.PutObjectOptions) (minio.UploadInfo, error) {
-	buf := make([]byte, s3PartSize)
-	n, err := io.ReadFull(ctxReader{ctx, r}, buf)
-	if err == io.EOF || err == io.ErrUnexpectedEOF {
-		return s.client.PutObject(ctx, s.bucket, obj, bytes.NewReader(buf[:n]), int64(n), opts)
-	}
+	// Small objects (pointers, manifests) do not get a whole part's buffer.
+	buf, err := io.ReadAll(io.LimitReader(ctxReader{ctx, r}, s3PartSize))
 	if err != nil {
 		return minio.UploadInfo{}, err
 	}
+	if int64(len(buf)) < s3PartSize {
+		return s.client.PutObject(ctx, s.bucket, obj, bytes.NewReader(buf), int64(len(buf)), opts)
+	}
+	n := len(buf)
 	core := minio.Core{Client: s.client}
 	id, err := core.NewMultipartUpload(ctx, s.bucket, obj, minio.PutObjectOptions{ContentType: opts.ContentType})
 	if err != nil {

@@ -17,15 +17,20 @@ import (
 	"github.com/kilnrl/kiln/formats/store/storetest"
 )
 
+// versityQuirks: versitygw v1.8.0's posix back end reads an object's ETag
+// by path and then opens the file, so a GET racing a replacement can pair
+// one version's bytes with the next version's ETag.
+var versityQuirks = storetest.Quirks{StaleGetETag: "versitygw v1.8.0 posix reads the ETag and the file separately"}
+
 func TestS3Conformance(t *testing.T) {
 	v := storetest.VersityServer(t)
 	t.Run("prefix", func(t *testing.T) {
-		storetest.Run(t, func(t *testing.T) store.Store {
+		storetest.RunWithQuirks(t, versityQuirks, func(t *testing.T) store.Store {
 			return v.Open(t, "s3://"+v.NewBucket(t)+"/some/prefix")
 		})
 	})
 	t.Run("bucket-root", func(t *testing.T) {
-		storetest.Run(t, func(t *testing.T) store.Store {
+		storetest.RunWithQuirks(t, versityQuirks, func(t *testing.T) store.Store {
 			return v.Open(t, "s3://"+v.NewBucket(t))
 		})
 	})

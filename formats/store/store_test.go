@@ -81,6 +81,7 @@ func TestOpen(t *testing.T) {
 			"s3://", "s3:///prefix", // no bucket
 			"s3://bucket/a//b", "s3://bucket/../x", "s3://bucket/.kiln-tmp", // bad prefix
 			"gs://bucket/x", "http://host/x", "ftp://x", "mem://", // unknown schemes
+			"s3:/bucket/x", "s3:bucket", "file:relative", // malformed
 		} {
 			s, err := store.Open(uri)
 			require.Error(t, err, "Open(%q) = %v", uri, s)

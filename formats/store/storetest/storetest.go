@@ -59,17 +59,39 @@ var conformance = []conformanceTest{
 	{"Leftovers", testLeftovers},
 }
 
+// Quirks names known, documented deviations of a server from the contract
+// that kiln does not depend on. Each is a reason string: empty means the
+// server must conform. A quirk weakens exactly one assertion and the test
+// logs the reason, so a deviation is never silently accepted.
+type Quirks struct {
+	// StaleGetETag: under concurrent replacement, Get may report the ETag
+	// of another version than the bytes it yields (the bytes are still one
+	// whole version). Kiln never replaces an object it also reads: shards
+	// and manifests are written once under unique keys.
+	StaleGetETag string
+}
+
 // Run checks the store.Store contract. newStore must return a fresh, empty
 // store each time; it is called once per subtest with that subtest's t, so
 // it can use t.TempDir and t.Cleanup.
 func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Helper()
+	RunWithQuirks(t, Quirks{}, newStore)
+}
+
+// RunWithQuirks is Run for a server with known deviations.
+func RunWithQuirks(t *testing.T, q Quirks, newStore func(t *testing.T) store.Store) {
+	t.Helper()
 	for _, tc := range conformance {
+		fn := tc.fn
+		if tc.name == "GetUnderOverwrite" && q.StaleGetETag != "" {
+			fn = func(t *testing.T, s store.Store) { getUnderOverwrite(t, s, q.StaleGetETag) }
+		}
 		t.Run(tc.name, func(t *testing.T) {
 			s := newStore(t)
 			require.NotNil(t, s, "newStore returned nil")
 			require.NotEmpty(t, s.URI(), "URI")
-			tc.fn(t, s)
+			fn(t, s)
 		})
 	}
 }
@@ -276,7 +298,11 @@ func testGetSnapshot(t *testing.T, s store.Store) {
 // replacing it: every Get's Info (ETag, Size) must describe the bytes that
 // Get yields, or a read-modify-write loop would pair one version's bytes
 // with another's ETag and PutIfMatch would lose updates.
-func testGetUnderOverwrite(t *testing.T, s store.Store) {
+func testGetUnderOverwrite(t *testing.T, s store.Store) { getUnderOverwrite(t, s, "") }
+
+// getUnderOverwrite: every Get yields one whole written version, and (unless
+// staleETag explains why not) an Info describing that version.
+func getUnderOverwrite(t *testing.T, s store.Store, staleETag string) {
 	const writes = 300
 	ctx := t.Context()
 	content := func(i int) []byte { return []byte(fmt.Sprintf("version %d %s", i, bytes.Repeat([]byte{'x'}, i%17))) }
@@ -336,11 +362,19 @@ func testGetUnderOverwrite(t *testing.T, s store.Store) {
 		want, ok := byContent[string(o.body)]
 		require.True(t, ok, "Get yielded %q, which was never written", o.body)
 		if o.info.ETag != want || o.info.Size != int64(len(o.body)) {
+			if staleETag != "" && o.info.Size == int64(len(o.body)) {
+				bad++
+				continue
+			}
 			if bad < 5 {
 				t.Errorf("Get yielded %q (ETag %s when written) but reported ETag %s, Size %d", o.body, want, o.info.ETag, o.info.Size)
 			}
 			bad++
 		}
+	}
+	if staleETag != "" {
+		t.Logf("known deviation (%s): %d of %d Gets reported another version's ETag", staleETag, bad, len(seen))
+		bad = 0
 	}
 	require.Zero(t, bad, "of %d Gets during %d replacements, %d reported an Info that does not describe their bytes", len(seen), writes, bad)
 	t.Logf("%d Gets during %d replacements", len(seen), writes)
@@ -792,21 +826,25 @@ func (f *failingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// testReaderError writes from readers that fail (after all their bytes, in
+// the exact-size case): the write fails and publishes nothing.
 func testReaderError(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	data := payload(7, 200<<10)
 	boom := errors.New("reader failed")
+	fail := func() io.Reader { return &failingReader{bytes.NewReader(data), boom} }
 	put(t, s, "re/existing", []byte("old"))
-	for _, size := range []int64{int64(len(data)) + 10, -1} {
-		for _, key := range []string{"re/new", "re/existing"} {
-			_, err := s.Put(ctx, key, &failingReader{bytes.NewReader(data), boom}, size)
-			require.Error(t, err, "Put(size %d) from a reader that fails", size)
-			_, err = s.PutIfAbsent(ctx, "re/new", &failingReader{bytes.NewReader(data), boom}, size)
-			require.Error(t, err, "PutIfAbsent(size %d) from a reader that fails", size)
-		}
+	for _, size := range []int64{int64(len(data)), int64(len(data)) + 10, -1} {
+		_, err := s.Put(ctx, "re/new", fail(), size)
+		require.Error(t, err, "Put(size %d) from a reader that fails", size)
+		_, err = s.PutIfAbsent(ctx, "re/new", fail(), size)
+		require.Error(t, err, "PutIfAbsent(size %d) from a reader that fails", size)
 		requireAbsent(t, s, "re/new")
+
+		_, err = s.Put(ctx, "re/existing", fail(), size)
+		require.Error(t, err, "Put(size %d) over an object, from a reader that fails", size)
 		info := requireContent(t, s, "re/existing", []byte("old"))
-		_, err := s.PutIfMatch(ctx, "re/existing", &failingReader{bytes.NewReader(data), boom}, size, info.ETag)
+		_, err = s.PutIfMatch(ctx, "re/existing", fail(), size, info.ETag)
 		require.Error(t, err, "PutIfMatch(size %d) from a reader that fails", size)
 		requireContent(t, s, "re/existing", []byte("old"))
 	}
