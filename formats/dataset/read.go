@@ -180,28 +180,59 @@ func (v *Version) ReadShard(ctx context.Context, i int) ([]byte, error) {
 	return buf, nil
 }
 
-// EachJSON calls fn with every row of the version as JSON, shard by shard,
-// until fn returns an error (io.EOF stops quietly).
-func (v *Version) EachJSON(ctx context.Context, fn func(row json.RawMessage) error) error {
+// EachShard reads every shard in order, checksummed, and calls fn with its
+// bytes. The next shard is fetched while fn works on the current one, so
+// I/O and hashing overlap decoding.
+func (v *Version) EachShard(ctx context.Context, fn func(i int, data []byte) error) error {
+	type fetched struct {
+		data []byte
+		err  error
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	fetch := func(i int) <-chan fetched {
+		ch := make(chan fetched, 1)
+		go func() {
+			data, err := v.ReadShard(ctx, i)
+			ch <- fetched{data, err}
+		}()
+		return ch
+	}
+	var next <-chan fetched
+	if len(v.Shards) > 0 {
+		next = fetch(0)
+	}
 	for i := range v.Shards {
-		data, err := v.ReadShard(ctx, i)
-		if err != nil {
+		f := <-next
+		if f.err != nil {
+			return f.err
+		}
+		if i+1 < len(v.Shards) {
+			next = fetch(i + 1)
+		}
+		if err := fn(i, f.data); err != nil {
 			return err
-		}
-		var fnErr error
-		err = v.kind.EachJSON(data, func(row json.RawMessage) error {
-			fnErr = fn(row)
-			return fnErr
-		})
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if fnErr != nil {
-			return fnErr
-		}
-		if err != nil {
-			return fmt.Errorf("dataset %s@%s: shard %q: %w: %w", v.Dataset, v.Version, v.Shards[i].Key, err, ErrCorrupt)
 		}
 	}
 	return nil
+}
+
+// EachJSON calls fn with every row of the version as JSON, shard by shard,
+// until fn returns an error (io.EOF stops quietly).
+func (v *Version) EachJSON(ctx context.Context, fn func(row json.RawMessage) error) error {
+	var fnErr error
+	err := v.EachShard(ctx, func(i int, data []byte) error {
+		err := v.kind.EachJSON(data, func(row json.RawMessage) error {
+			fnErr = fn(row)
+			return fnErr
+		})
+		if err != nil && fnErr == nil {
+			return fmt.Errorf("dataset %s@%s: shard %q: %w: %w", v.Dataset, v.Version, v.Shards[i].Key, err, ErrCorrupt)
+		}
+		return err
+	})
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	return err
 }

@@ -110,20 +110,21 @@ func (t *Trajectory) Validate() error {
 	case len(t.RolloutLogProbs) != n:
 		return where("rollout_log_probs has %d entries, response_length is %d", len(t.RolloutLogProbs), n)
 	}
+	// One pass over both columns: this runs on every row read and written.
 	trained := 0
-	for i, m := range t.LossMask {
+	lps := t.RolloutLogProbs[:n]
+	for i, m := range t.LossMask[:n] {
 		if m > 1 {
 			return where("loss_mask[%d] = %d, want 0 or 1", i, m)
 		}
 		trained += int(m)
+		// NaN fails lp <= 0; -Inf is the only value below -MaxFloat32.
+		if lp := lps[i]; !(lp <= 0) || lp < -math.MaxFloat32 {
+			return where("rollout_log_probs[%d] = %v is not a finite logprob", i, lp)
+		}
 	}
 	if trained == 0 {
 		return where("no trained token (loss_mask is all 0)")
-	}
-	for i, lp := range t.RolloutLogProbs {
-		if math.IsNaN(float64(lp)) || math.IsInf(float64(lp), 0) || lp > 0 {
-			return where("rollout_log_probs[%d] = %v is not a finite logprob", i, lp)
-		}
 	}
 	if t.TopPTokenOffsets != nil || t.TopPTokenIDs != nil || t.TopPLogProbs != nil {
 		off := t.TopPTokenOffsets
