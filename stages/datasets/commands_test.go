@@ -244,3 +244,31 @@ func TestHelpIsTheManual(t *testing.T) {
 		assert.Contains(t, r.stdout, "130  interrupted", args)
 	}
 }
+
+func TestImportFromS3Object(t *testing.T) {
+	v := storetest.VersityServer(t)
+	for _, kv := range v.Env() {
+		k, val, _ := strings.Cut(kv, "=")
+		t.Setenv(k, val)
+	}
+	bucket := v.NewBucket(t)
+	src := v.Open(t, "s3://"+bucket)
+	put := func(rows string) {
+		_, err := src.Put(context.Background(), "in/rows.jsonl", strings.NewReader(rows), int64(len(rows)))
+		require.NoError(t, err)
+	}
+	dir := t.TempDir()
+	put(`{"prompt": "a", "label": "t1", "metadata": {}}` + "\n")
+	first := kiln(t, "import", "tasks", "--store", dir, "s3://"+bucket+"/in/rows.jsonl")
+	require.Equal(t, 0, first.code, first.stderr)
+	again := kiln(t, "import", "tasks", "--store", dir, "s3://"+bucket+"/in/rows.jsonl")
+	assert.Equal(t, first.lastLine(), again.lastLine())
+	put(`{"prompt": "b", "label": "t1", "metadata": {}}` + "\n")
+	changed := kiln(t, "import", "tasks", "--store", dir, "s3://"+bucket+"/in/rows.jsonl")
+	require.Equal(t, 0, changed.code, changed.stderr)
+	assert.NotEqual(t, first.lastLine(), changed.lastLine(), "a changed object is a new version")
+	lg := kiln(t, "log", "--store", dir, changed.lastLine())
+	assert.Contains(t, lg.stdout, "rows: s3://"+bucket+"/in/rows.jsonl (etag ")
+	missing := kiln(t, "import", "tasks", "--store", dir, "s3://"+bucket+"/in/nope.jsonl")
+	assert.Equal(t, stage.ExitNotFound, missing.code, missing.stderr)
+}

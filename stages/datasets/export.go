@@ -126,22 +126,3 @@ func writeOutput(path string, stdout io.Writer, write func(io.Writer) error) err
 	return os.Rename(tmp.Name(), path)
 }
 
-// openInput opens a local file, decompressing a .zst suffix.
-func openInput(path string) (io.ReadCloser, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	if !strings.HasSuffix(path, ".zst") {
-		return f, nil
-	}
-	zr, err := zstd.NewReader(f)
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("%q: %w", path, err)
-	}
-	return struct {
-		io.Reader
-		io.Closer
-	}{zr.IOReadCloser(), f}, nil
-}

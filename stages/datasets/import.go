@@ -29,7 +29,7 @@ func importCommand(env *Env) *cli.Command {
 		Subcommands: []*cli.Command{{
 			Name:      "tasks",
 			Usage:     "import reference JSONL rows {prompt, label, metadata} as tasks",
-			ArgsUsage: "FILE.jsonl[.zst]",
+			ArgsUsage: "FILE.jsonl[.zst] | s3://bucket/key.jsonl[.zst]",
 			Description: `Reads rows of the reference Python stack, one JSON object per line, and
 writes them as a tasks version. Nothing is lost: metadata keys with a column of
 their own (image, workdir, problem_statement, eval_user, dataset, repo, split,
@@ -41,7 +41,8 @@ metadata.instance_id, else metadata.remote_env_info.instance_id, else the label.
 
 Every line is checked before the version commits: a malformed line, a row
 without a task id or a duplicate task id fails the import (exit 5) and no
-version appears. The version id covers the file's content, not its name.
+version appears. The version id covers the input's content, not its name: a
+file's sha256, an S3 object's ETag and size.
 
 Example:
    kiln import tasks --out tasks/mimo train.jsonl`,
@@ -69,7 +70,11 @@ func importTasks(c *cli.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
-	file, err := dataset.FileInput("rows", path)
+	src, err := parseInput(path)
+	if err != nil {
+		return stage.UsageError{Err: err}
+	}
+	file, err := src.identify(c.Context, "rows")
 	if err != nil {
 		return fmt.Errorf("import tasks: %w", err)
 	}
@@ -79,13 +84,14 @@ func importTasks(c *cli.Context, env *Env) error {
 			Args: map[string]any{"format": "reference-jsonl"}, External: []dataset.External{file}},
 	}
 	_, err = stage.Write(c.Context, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
-		return importRows(ctx, env, path, part, w)
+		return importRows(ctx, env, src, part, w)
 	})
 	return err
 }
 
-func importRows(ctx context.Context, env *Env, path string, part dataset.Part, w *dataset.Writer) (map[string]any, error) {
-	in, err := openInput(path)
+func importRows(ctx context.Context, env *Env, src input, part dataset.Part, w *dataset.Writer) (map[string]any, error) {
+	path := src.name
+	in, err := src.open(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("import tasks: %w", err)
 	}
