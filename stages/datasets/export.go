@@ -125,4 +125,3 @@ func writeOutput(path string, stdout io.Writer, write func(io.Writer) error) err
 	}
 	return os.Rename(tmp.Name(), path)
 }
-
