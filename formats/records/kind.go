@@ -42,6 +42,7 @@ func kinds() map[string]Kind {
 	return map[string]Kind{
 		TasksKind.Name:        TasksKind,
 		TrajectoriesKind.Name: TrajectoriesKind,
+		TurnsKind.Name:        TurnsKind,
 	}
 }
 

@@ -363,6 +363,9 @@ func listInt32(a arrow.Array, r int) []int32 {
 	if !ok {
 		return nil
 	}
+	if s == e {
+		return []int32{} // present but empty, unlike a null list
+	}
 	return l.ListValues().(*array.Int32).Int32Values()[s:e:e]
 }
 
@@ -371,6 +374,9 @@ func listUint8(a arrow.Array, r int) []uint8 {
 	if !ok {
 		return nil
 	}
+	if s == e {
+		return []uint8{} // present but empty, unlike a null list
+	}
 	return l.ListValues().(*array.Uint8).Uint8Values()[s:e:e]
 }
 
@@ -378,6 +384,9 @@ func listFloat32(a arrow.Array, r int) []float32 {
 	l, s, e, ok := listBounds(a, r)
 	if !ok {
 		return nil
+	}
+	if s == e {
+		return []float32{} // present but empty, unlike a null list
 	}
 	return l.ListValues().(*array.Float32).Float32Values()[s:e:e]
 }
@@ -424,10 +433,15 @@ func (t *Trajectory) MarshalRow() (json.RawMessage, error) {
 		k := t.TopK
 		row.TopK = &k
 	}
+	return marshalNoEscape(row)
+}
+
+// marshalNoEscape is json.Marshal without HTML escaping.
+func marshalNoEscape(v any) (json.RawMessage, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(row); err != nil {
+	if err := enc.Encode(v); err != nil {
 		return nil, err
 	}
 	return bytes.TrimRight(buf.Bytes(), "\n"), nil

@@ -5,19 +5,13 @@
 package datasets
 
 import (
-	"io"
-	"log/slog"
-
 	"github.com/urfave/cli/v2"
+
+	"github.com/kilnrl/kiln/stages/stage"
 )
 
-// Env is what commands share: their output streams and logger.
-type Env struct {
-	Stdout, Stderr io.Writer
-	Log            *slog.Logger
-	// Hook is passed to dataset writers (tests kill writers at its points).
-	Hook func(point string)
-}
+// Env is what commands share.
+type Env = stage.Env
 
 // Commands returns the dataset commands.
 func Commands(env *Env) []*cli.Command {

@@ -70,11 +70,11 @@ func importTasks(c *cli.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
-	src, err := parseInput(path)
+	src, err := stage.ParseInput(path)
 	if err != nil {
 		return stage.UsageError{Err: err}
 	}
-	file, err := src.identify(c.Context, "rows")
+	file, err := src.Identify(c.Context, "rows")
 	if err != nil {
 		return fmt.Errorf("import tasks: %w", err)
 	}
@@ -89,9 +89,9 @@ func importTasks(c *cli.Context, env *Env) error {
 	return err
 }
 
-func importRows(ctx context.Context, env *Env, src input, part dataset.Part, w *dataset.Writer) (map[string]any, error) {
-	path := src.name
-	in, err := src.open(ctx)
+func importRows(ctx context.Context, env *Env, src stage.Input, part dataset.Part, w *dataset.Writer) (map[string]any, error) {
+	path := src.Name
+	in, err := src.Open(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("import tasks: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -13,6 +14,16 @@ import (
 
 	"github.com/urfave/cli/v2"
 )
+
+// Env is what a binary's commands share: their output streams and logger.
+// Commands receive it from their constructor, never from globals, so tests
+// run them in-process with captured output.
+type Env struct {
+	Stdout, Stderr io.Writer
+	Log            *slog.Logger
+	// Hook is passed to dataset writers (tests kill writers at its points).
+	Hook func(point string)
+}
 
 // Main runs app with a context cancelled by SIGINT/SIGTERM, prints a failure
 // as one "name: error" line on stderr, and returns the exit status.

@@ -1,0 +1,384 @@
+package records
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/ipc"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+)
+
+// Turn is one model call of an agent session (the turns kind, Arrow IPC):
+// the complete prompt sent to the engine, the sampled output and its
+// logprobs, and the messages the adapter translated and parsed. Rows of one
+// session are contiguous and in call order.
+type Turn struct {
+	RolloutID  int64
+	Index      int64
+	GroupIndex int64
+	Session    string
+	Turn       int32 // 0-based call number within the session
+	PromptIDs  []int32
+	OutputIDs  []int32
+	// OutputLogProbs is empty or one sampler logprob per output token.
+	OutputLogProbs []float32
+	FinishReason   string
+	IllFormed      bool
+	// PromptMessages is the JSON array of chat messages after protocol
+	// translation; ResponseMessage the parsed assistant message (JSON, nil
+	// when the output did not parse into one).
+	PromptMessages   string
+	ResponseMessage  *string
+	MaxContextTokens int32
+	// Reward is set only for turns imported from systems that carry one.
+	Reward *float64
+	// Optional replay data over the outputs, as in Trajectory.
+	TopPTokenIDs       []int32
+	TopPTokenOffsets   []int32
+	TopPLogProbs       []float32
+	TopKTokenIDs       []int32
+	TopKLogProbs       []float32
+	TopK               int32
+	RoutedExperts      []int32
+	RoutedExpertsShape []int32
+	StartedMs          *int64 // unix milliseconds when the call started
+	DurationMs         *int64
+}
+
+var turnSchema = arrow.NewSchema([]arrow.Field{
+	{Name: "rollout_id", Type: arrow.PrimitiveTypes.Int64},
+	{Name: "index", Type: arrow.PrimitiveTypes.Int64},
+	{Name: "group_index", Type: arrow.PrimitiveTypes.Int64},
+	{Name: "session", Type: arrow.BinaryTypes.String},
+	{Name: "turn", Type: arrow.PrimitiveTypes.Int32},
+	{Name: "prompt_ids", Type: arrow.ListOf(arrow.PrimitiveTypes.Int32)},
+	{Name: "output_ids", Type: arrow.ListOf(arrow.PrimitiveTypes.Int32)},
+	{Name: "output_log_probs", Type: arrow.ListOf(arrow.PrimitiveTypes.Float32)},
+	{Name: "finish_reason", Type: arrow.BinaryTypes.String},
+	{Name: "ill_formed", Type: arrow.FixedWidthTypes.Boolean},
+	{Name: "prompt_messages", Type: arrow.BinaryTypes.String},
+	{Name: "response_message", Type: arrow.BinaryTypes.String, Nullable: true},
+	{Name: "max_context_tokens", Type: arrow.PrimitiveTypes.Int32},
+	{Name: "reward", Type: arrow.PrimitiveTypes.Float64, Nullable: true},
+	{Name: "rollout_top_p_token_ids", Type: arrow.ListOf(arrow.PrimitiveTypes.Int32), Nullable: true},
+	{Name: "rollout_top_p_token_offsets", Type: arrow.ListOf(arrow.PrimitiveTypes.Int32), Nullable: true},
+	{Name: "rollout_top_p_log_probs", Type: arrow.ListOf(arrow.PrimitiveTypes.Float32), Nullable: true},
+	{Name: "rollout_topk_token_ids", Type: arrow.ListOf(arrow.PrimitiveTypes.Int32), Nullable: true},
+	{Name: "rollout_topk_log_probs", Type: arrow.ListOf(arrow.PrimitiveTypes.Float32), Nullable: true},
+	{Name: "rollout_topk_k", Type: arrow.PrimitiveTypes.Int32, Nullable: true},
+	{Name: "rollout_routed_experts", Type: arrow.ListOf(arrow.PrimitiveTypes.Int32), Nullable: true},
+	{Name: "rollout_routed_experts_shape", Type: arrow.ListOf(arrow.PrimitiveTypes.Int32), Nullable: true},
+	{Name: "started_ms", Type: arrow.PrimitiveTypes.Int64, Nullable: true},
+	{Name: "duration_ms", Type: arrow.PrimitiveTypes.Int64, Nullable: true},
+}, nil)
+
+// TurnsKind is the turns record kind.
+var TurnsKind = Kind{
+	Name:     "turns",
+	Encoding: Arrow,
+	Ext:      ".arrow",
+	Schema:   turnSchema.String(),
+	EachJSON: func(shard []byte, fn func(json.RawMessage) error) error {
+		return EachTurn(shard, func(t *Turn) error {
+			row, err := t.MarshalRow()
+			if err != nil {
+				return err
+			}
+			return fn(row)
+		})
+	},
+}
+
+// Validate checks what every turn must hold on write. Replay data is
+// checked in depth by trajectory assembly, which fails closed.
+func (t *Turn) Validate() error {
+	where := func(format string, args ...any) error {
+		return fmt.Errorf("turn %d of session %q: %s", t.Turn, t.Session, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case t.Session == "":
+		return where("empty session")
+	case len(t.OutputLogProbs) != 0 && len(t.OutputLogProbs) != len(t.OutputIDs):
+		return where("output_log_probs has %d entries for %d output ids", len(t.OutputLogProbs), len(t.OutputIDs))
+	case t.TopPTokenOffsets != nil && len(t.TopPTokenOffsets) != len(t.OutputIDs)+1:
+		return where("rollout_top_p_token_offsets has %d entries, want %d", len(t.TopPTokenOffsets), len(t.OutputIDs)+1)
+	}
+	var msgs []json.RawMessage
+	if err := json.Unmarshal([]byte(t.PromptMessages), &msgs); err != nil {
+		return where("prompt_messages is not a JSON array: %v", err)
+	}
+	if t.ResponseMessage != nil && !json.Valid([]byte(*t.ResponseMessage)) {
+		return where("response_message is not valid JSON")
+	}
+	return nil
+}
+
+// TurnEncoder streams turns into one Arrow IPC file.
+type TurnEncoder struct {
+	w    *ipc.FileWriter
+	b    *array.RecordBuilder
+	rows int
+	toks int
+}
+
+// NewTurnEncoder writes an Arrow IPC file of turns to w; Close finishes it.
+func NewTurnEncoder(w io.Writer, opts ArrowOptions) (*TurnEncoder, error) {
+	ipcOpts := []ipc.Option{ipc.WithSchema(turnSchema)}
+	if !opts.Uncompressed {
+		ipcOpts = append(ipcOpts, ipc.WithZstd())
+	}
+	fw, err := ipc.NewFileWriter(w, ipcOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return &TurnEncoder{w: fw, b: array.NewRecordBuilder(memory.DefaultAllocator, turnSchema)}, nil
+}
+
+// Write validates and appends turns.
+func (e *TurnEncoder) Write(turns ...Turn) error {
+	for i := range turns {
+		t := &turns[i]
+		if err := t.Validate(); err != nil {
+			return err
+		}
+		f := e.b.Fields()
+		f[0].(*array.Int64Builder).Append(t.RolloutID)
+		f[1].(*array.Int64Builder).Append(t.Index)
+		f[2].(*array.Int64Builder).Append(t.GroupIndex)
+		f[3].(*array.StringBuilder).Append(t.Session)
+		f[4].(*array.Int32Builder).Append(t.Turn)
+		appendInt32s(f[5], t.PromptIDs, false)
+		appendInt32s(f[6], t.OutputIDs, false)
+		appendFloat32s(f[7], t.OutputLogProbs, false)
+		f[8].(*array.StringBuilder).Append(t.FinishReason)
+		f[9].(*array.BooleanBuilder).Append(t.IllFormed)
+		f[10].(*array.StringBuilder).Append(t.PromptMessages)
+		appendOptString(f[11], t.ResponseMessage)
+		f[12].(*array.Int32Builder).Append(t.MaxContextTokens)
+		appendOptFloat64(f[13], t.Reward)
+		appendInt32s(f[14], t.TopPTokenIDs, true)
+		appendInt32s(f[15], t.TopPTokenOffsets, true)
+		appendFloat32s(f[16], t.TopPLogProbs, true)
+		appendInt32s(f[17], t.TopKTokenIDs, true)
+		appendFloat32s(f[18], t.TopKLogProbs, true)
+		appendOptInt32(f[19], t.TopK, t.TopKTokenIDs != nil)
+		appendInt32s(f[20], t.RoutedExperts, true)
+		appendInt32s(f[21], t.RoutedExpertsShape, true)
+		appendOptInt64(f[22], t.StartedMs)
+		appendOptInt64(f[23], t.DurationMs)
+		e.rows++
+		e.toks += len(t.PromptIDs) + len(t.OutputIDs)
+		if e.toks >= 4<<20 {
+			if err := e.flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (e *TurnEncoder) flush() error {
+	if e.rows == 0 {
+		return nil
+	}
+	rec := e.b.NewRecordBatch()
+	defer rec.Release()
+	e.rows, e.toks = 0, 0
+	return e.w.Write(rec)
+}
+
+// Close flushes the last batch and writes the footer.
+func (e *TurnEncoder) Close() error {
+	defer e.b.Release()
+	if err := e.flush(); err != nil {
+		return err
+	}
+	return e.w.Close()
+}
+
+// EachTurn decodes a turns shard; the *Turn passed to fn is reused and its
+// slices alias the shard's buffers.
+func EachTurn(shard []byte, fn func(*Turn) error) error {
+	r, err := ipc.NewMappedFileReader(shard)
+	if err != nil {
+		return fmt.Errorf("turns shard: %w", err)
+	}
+	defer r.Close()
+	if !r.Schema().Equal(turnSchema) {
+		return fmt.Errorf("turns shard: schema differs from the turns kind:\n%s", r.Schema())
+	}
+	var t Turn
+	for i := 0; i < r.NumRecords(); i++ {
+		rec, err := r.RecordAt(i)
+		if err != nil {
+			return fmt.Errorf("turns shard: batch %d: %w", i, err)
+		}
+		err = eachTurnRow(rec, &t, fn)
+		rec.Release()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func eachTurnRow(rec arrow.RecordBatch, t *Turn, fn func(*Turn) error) error {
+	c := rec.Columns()
+	i64 := func(j int) *array.Int64 { return c[j].(*array.Int64) }
+	i32 := func(j int) *array.Int32 { return c[j].(*array.Int32) }
+	str := func(j int) *array.String { return c[j].(*array.String) }
+	for r := 0; r < int(rec.NumRows()); r++ {
+		*t = Turn{
+			RolloutID: i64(0).Value(r), Index: i64(1).Value(r), GroupIndex: i64(2).Value(r),
+			Session: str(3).Value(r), Turn: i32(4).Value(r),
+			PromptIDs: listInt32(c[5], r), OutputIDs: listInt32(c[6], r), OutputLogProbs: listFloat32(c[7], r),
+			FinishReason: str(8).Value(r), IllFormed: c[9].(*array.Boolean).Value(r),
+			PromptMessages: str(10).Value(r), MaxContextTokens: i32(12).Value(r),
+			TopPTokenIDs: listInt32(c[14], r), TopPTokenOffsets: listInt32(c[15], r), TopPLogProbs: listFloat32(c[16], r),
+			TopKTokenIDs: listInt32(c[17], r), TopKLogProbs: listFloat32(c[18], r),
+			RoutedExperts: listInt32(c[20], r), RoutedExpertsShape: listInt32(c[21], r),
+		}
+		if s := str(11); s.IsValid(r) {
+			v := s.Value(r)
+			t.ResponseMessage = &v
+		}
+		if f := c[13].(*array.Float64); f.IsValid(r) {
+			v := f.Value(r)
+			t.Reward = &v
+		}
+		if k := i32(19); k.IsValid(r) {
+			t.TopK = k.Value(r)
+		}
+		if v := i64(22); v.IsValid(r) {
+			x := v.Value(r)
+			t.StartedMs = &x
+		}
+		if v := i64(23); v.IsValid(r) {
+			x := v.Value(r)
+			t.DurationMs = &x
+		}
+		if err := fn(t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// TurnJSON is the JSON form of a turn: the turns columns by name, messages
+// embedded as JSON. kiln-rollout assemble --turns-jsonl reads it; kiln
+// export writes it.
+type TurnJSON struct {
+	RolloutID          *int64          `json:"rollout_id,omitempty"`
+	Index              int64           `json:"index"`
+	GroupIndex         int64           `json:"group_index"`
+	Session            string          `json:"session"`
+	Turn               *int32          `json:"turn,omitempty"`
+	PromptIDs          []int32         `json:"prompt_ids"`
+	OutputIDs          []int32         `json:"output_ids"`
+	OutputLogProbs     []float32       `json:"output_log_probs"`
+	FinishReason       string          `json:"finish_reason"`
+	IllFormed          bool            `json:"ill_formed"`
+	PromptMessages     json.RawMessage `json:"prompt_messages"`
+	ResponseMessage    json.RawMessage `json:"response_message"`
+	MaxContextTokens   int32           `json:"max_context_tokens"`
+	Reward             *float64        `json:"reward"`
+	TopPTokenIDs       []int32         `json:"rollout_top_p_token_ids,omitempty"`
+	TopPTokenOffsets   []int32         `json:"rollout_top_p_token_offsets,omitempty"`
+	TopPLogProbs       []float32       `json:"rollout_top_p_log_probs,omitempty"`
+	TopKTokenIDs       []int32         `json:"rollout_topk_token_ids,omitempty"`
+	TopKLogProbs       []float32       `json:"rollout_topk_log_probs,omitempty"`
+	TopK               *int32          `json:"rollout_topk_k,omitempty"`
+	RoutedExperts      []int32         `json:"rollout_routed_experts,omitempty"`
+	RoutedExpertsShape []int32         `json:"rollout_routed_experts_shape,omitempty"`
+	StartedMs          *int64          `json:"started_ms,omitempty"`
+	DurationMs         *int64          `json:"duration_ms,omitempty"`
+}
+
+// MarshalRow is the turn's JSON view.
+func (t *Turn) MarshalRow() (json.RawMessage, error) {
+	rid, turn := t.RolloutID, t.Turn
+	j := TurnJSON{RolloutID: &rid, Index: t.Index, GroupIndex: t.GroupIndex, Session: t.Session, Turn: &turn,
+		PromptIDs: t.PromptIDs, OutputIDs: t.OutputIDs, OutputLogProbs: t.OutputLogProbs,
+		FinishReason: t.FinishReason, IllFormed: t.IllFormed, PromptMessages: json.RawMessage(t.PromptMessages),
+		ResponseMessage: json.RawMessage("null"), MaxContextTokens: t.MaxContextTokens, Reward: t.Reward,
+		TopPTokenIDs: t.TopPTokenIDs, TopPTokenOffsets: t.TopPTokenOffsets, TopPLogProbs: t.TopPLogProbs,
+		TopKTokenIDs: t.TopKTokenIDs, TopKLogProbs: t.TopKLogProbs,
+		RoutedExperts: t.RoutedExperts, RoutedExpertsShape: t.RoutedExpertsShape,
+		StartedMs: t.StartedMs, DurationMs: t.DurationMs}
+	if t.ResponseMessage != nil {
+		j.ResponseMessage = json.RawMessage(*t.ResponseMessage)
+	}
+	if t.TopKTokenIDs != nil {
+		k := t.TopK
+		j.TopK = &k
+	}
+	if j.OutputLogProbs == nil {
+		j.OutputLogProbs = []float32{}
+	}
+	return marshalNoEscape(j)
+}
+
+// ToTurn converts the JSON form; order is the turn's position in its session
+// when the row has no "turn".
+func (j *TurnJSON) ToTurn(order int32) (Turn, error) {
+	t := Turn{Index: j.Index, GroupIndex: j.GroupIndex, RolloutID: j.Index, Session: j.Session, Turn: order,
+		PromptIDs: j.PromptIDs, OutputIDs: j.OutputIDs, OutputLogProbs: j.OutputLogProbs,
+		FinishReason: j.FinishReason, IllFormed: j.IllFormed, PromptMessages: string(j.PromptMessages),
+		MaxContextTokens: j.MaxContextTokens, Reward: j.Reward,
+		TopPTokenIDs: j.TopPTokenIDs, TopPTokenOffsets: j.TopPTokenOffsets, TopPLogProbs: j.TopPLogProbs,
+		TopKTokenIDs: j.TopKTokenIDs, TopKLogProbs: j.TopKLogProbs,
+		RoutedExperts: j.RoutedExperts, RoutedExpertsShape: j.RoutedExpertsShape,
+		StartedMs: j.StartedMs, DurationMs: j.DurationMs}
+	if j.RolloutID != nil {
+		t.RolloutID = *j.RolloutID
+	}
+	if j.Turn != nil {
+		t.Turn = *j.Turn
+	}
+	if j.TopK != nil {
+		t.TopK = *j.TopK
+	}
+	if len(j.PromptMessages) == 0 {
+		t.PromptMessages = "[]"
+	}
+	if len(j.ResponseMessage) > 0 && string(j.ResponseMessage) != "null" {
+		s := string(j.ResponseMessage)
+		t.ResponseMessage = &s
+	}
+	return t, t.Validate()
+}
+
+func appendOptString(b array.Builder, v *string) {
+	if v == nil {
+		b.AppendNull()
+		return
+	}
+	b.(*array.StringBuilder).Append(*v)
+}
+
+func appendOptFloat64(b array.Builder, v *float64) {
+	if v == nil {
+		b.AppendNull()
+		return
+	}
+	b.(*array.Float64Builder).Append(*v)
+}
+
+func appendOptInt64(b array.Builder, v *int64) {
+	if v == nil {
+		b.AppendNull()
+		return
+	}
+	b.(*array.Int64Builder).Append(*v)
+}
+
+func appendOptInt32(b array.Builder, v int32, valid bool) {
+	if !valid {
+		b.AppendNull()
+		return
+	}
+	b.(*array.Int32Builder).Append(v)
+}

@@ -1,0 +1,228 @@
+package rollout_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/urfave/cli/v2"
+
+	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/formats/store"
+	"github.com/kilnrl/kiln/stages/datasets"
+	"github.com/kilnrl/kiln/stages/rollout"
+	"github.com/kilnrl/kiln/stages/stage"
+)
+
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+func (r result) lastLine() string {
+	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
+	return lines[len(lines)-1]
+}
+
+// kiln runs the kiln-rollout and kiln dataset commands in-process.
+func kiln(t *testing.T, args ...string) result {
+	t.Helper()
+	var out, errb bytes.Buffer
+	env := &stage.Env{Stdout: &out, Stderr: &errb, Log: stage.NewLogger(&errb, false)}
+	cmds := append(rollout.Commands(env), datasets.Commands(env)...)
+	app := stage.CommonApp(&cli.App{Name: "kiln", Commands: cmds}, &out, &errb)
+	code := stage.Main(app, append([]string{"kiln"}, args...), &errb)
+	return result{out.String(), errb.String(), code}
+}
+
+// msg renders a chat message as JSON.
+func msg(role, content string) string {
+	b, _ := json.Marshal(map[string]string{"role": role, "content": content})
+	return string(b)
+}
+
+// sessionTurns is a clean two-turn tool session (spec TV2's shape) for
+// agent run i: the second prompt extends the first prompt and output.
+func sessionTurns(i int) []records.TurnJSON {
+	sys, user := msg("system", "S"), msg("user", fmt.Sprintf("task %d", i))
+	call := `{"role":"assistant","content":"call","tool_calls":[{"id":"c1","type":"function","function":{"name":"bash","arguments":"{}"}}]}`
+	tool := msg("tool", "t")
+	p0 := []int32{100, 101, 109, 200, int32(1000 + i), 209, 900}
+	o1 := []int32{911, 909}
+	p1 := append(append(append([]int32{}, p0...), o1...), 300, 311, 309, 900)
+	rid := int64(i)
+	return []records.TurnJSON{
+		{RolloutID: &rid, Index: int64(i), GroupIndex: int64(i / 2), Session: fmt.Sprintf("s%02d", i),
+			PromptIDs: p0, OutputIDs: o1, OutputLogProbs: []float32{-0.5, -0.5}, FinishReason: "tool_calls",
+			PromptMessages: json.RawMessage("[" + sys + "," + user + "]"), ResponseMessage: json.RawMessage(call), MaxContextTokens: 1000},
+		{RolloutID: &rid, Index: int64(i), GroupIndex: int64(i / 2), Session: fmt.Sprintf("s%02d", i),
+			PromptIDs: p1, OutputIDs: []int32{912, 909}, OutputLogProbs: []float32{-0.4, -0.4}, FinishReason: "stop",
+			PromptMessages: json.RawMessage("[" + sys + "," + user + "," + call + "," + tool + "]"),
+			ResponseMessage: json.RawMessage(msg("assistant", "done")), MaxContextTokens: 1000},
+	}
+}
+
+func writeJSONL(t *testing.T, turns []records.TurnJSON) string {
+	p := filepath.Join(t.TempDir(), "turns.jsonl")
+	var buf bytes.Buffer
+	for _, tj := range turns {
+		b, err := json.Marshal(tj)
+		require.NoError(t, err)
+		buf.Write(b)
+		buf.WriteByte('\n')
+	}
+	require.NoError(t, os.WriteFile(p, buf.Bytes(), 0o644))
+	return p
+}
+
+func allTurns(n int) []records.TurnJSON {
+	var out []records.TurnJSON
+	for i := 0; i < n; i++ {
+		out = append(out, sessionTurns(i)...)
+	}
+	return out
+}
+
+func exportSorted(t *testing.T, store, ref string) []string {
+	r := kiln(t, "export", "--store", store, ref)
+	require.Equal(t, 0, r.code, r.stderr)
+	var rows []string
+	sc := bufio.NewScanner(strings.NewReader(r.stdout))
+	sc.Buffer(nil, 1<<24)
+	for sc.Scan() {
+		rows = append(rows, sc.Text())
+	}
+	sort.Strings(rows)
+	return rows
+}
+
+func TestAssembleJSONL(t *testing.T) {
+	dir := t.TempDir()
+	src := writeJSONL(t, allTurns(6))
+	r := kiln(t, "assemble", "--store", dir, "--turns-jsonl", src, "--out", "trajectories/replay")
+	require.Equal(t, 0, r.code, r.stderr)
+	ref := r.lastLine()
+	assert.Regexp(t, `^trajectories/replay@[0-9a-f]{20}$`, ref)
+
+	rows := exportSorted(t, dir, ref)
+	require.Len(t, rows, 6)
+	var seg map[string]any
+	require.NoError(t, json.Unmarshal([]byte(rows[0]), &seg))
+	for _, field := range []string{"rollout_id", "index", "group_index", "segment", "tokens", "response_length",
+		"loss_mask", "rollout_log_probs", "truncated", "use_tool", "ill_formed", "reward"} {
+		assert.Contains(t, seg, field)
+	}
+	assert.JSONEq(t, `{"rollout_id":0,"index":0,"group_index":0,"segment":0,
+		"tokens":[100,101,109,200,1000,209,900,911,909,300,311,309,900,912,909],"response_length":8,
+		"loss_mask":[1,1,0,0,0,0,1,1],"rollout_log_probs":[-0.5,-0.5,0,0,0,0,-0.4,-0.4],
+		"truncated":false,"use_tool":true,"ill_formed":false,"reward":null}`, rows[0])
+
+	v, err := dataset.OpenString(context.Background(), mustLocal(t, dir), ref)
+	require.NoError(t, err)
+	assert.Equal(t, float64(6), v.Metrics["sessions"])
+	assert.Equal(t, float64(24), v.Metrics["trained_tokens"])
+	assert.Equal(t, float64(24), v.Metrics["sampled_tokens"])
+
+	// Same input, another store, any split: identical segments.
+	for _, split := range []int{1, 2, 3} {
+		other := t.TempDir()
+		var last string
+		for i := 0; i < split; i++ {
+			r := kiln(t, "assemble", "--store", other, "--turns-jsonl", src, "--out", "trajectories/replay", "--shard", fmt.Sprintf("%d/%d", i, split))
+			require.Equal(t, 0, r.code, r.stderr)
+			last = r.lastLine()
+		}
+		assert.Equal(t, ref, last, "the version id does not depend on the split")
+		assert.Equal(t, rows, exportSorted(t, other, last), "split %d", split)
+	}
+}
+
+func mustLocal(t *testing.T, dir string) store.Store {
+	st, err := store.NewLocal(dir)
+	require.NoError(t, err)
+	return st
+}
+
+func TestAssembleTurnsDataset(t *testing.T) {
+	dir := t.TempDir()
+	st := mustLocal(t, dir)
+	ctx := context.Background()
+	w, err := dataset.NewWriter(ctx, st, dataset.Spec{Name: "turns/step-0", Kind: records.TurnsKind,
+		Identity: dataset.Identity{Stage: "rollout", CodeVersion: "1"}})
+	require.NoError(t, err)
+	var turns []records.Turn
+	for i, tj := range allTurns(4) {
+		tr, err := tj.ToTurn(int32(i % 2))
+		require.NoError(t, err)
+		turns = append(turns, tr)
+	}
+	_, err = w.WriteShard(ctx, int64(len(turns)), nil, func(out io.Writer) error {
+		enc, err := records.NewTurnEncoder(out, records.ArrowOptions{})
+		if err != nil {
+			return err
+		}
+		if err := enc.Write(turns...); err != nil {
+			return err
+		}
+		return enc.Close()
+	})
+	require.NoError(t, err)
+	res, err := w.Commit(ctx, nil)
+	require.NoError(t, err)
+
+	r := kiln(t, "assemble", "--store", dir, "--turns", "turns/step-0")
+	require.Equal(t, 0, r.code, r.stderr)
+	lg := kiln(t, "log", "--store", dir, r.lastLine())
+	assert.Contains(t, lg.stdout, res.Ref.String())
+	fromJSONL := kiln(t, "assemble", "--store", t.TempDir(), "--turns-jsonl", writeJSONL(t, allTurns(4)))
+	require.Equal(t, 0, fromJSONL.code, fromJSONL.stderr)
+	assert.Len(t, exportSorted(t, dir, r.lastLine()), 4)
+
+	sharded := kiln(t, "assemble", "--store", dir, "--turns", "turns/step-0", "--shard", "0/2")
+	assert.Equal(t, stage.ExitUsage, sharded.code)
+	assert.Contains(t, sharded.stderr, "not pinned")
+	wrongKind := kiln(t, "assemble", "--store", dir, "--turns", r.lastLine())
+	assert.Equal(t, stage.ExitUsage, wrongKind.code)
+	assert.Contains(t, wrongKind.stderr, "is a trajectories dataset, want turns")
+}
+
+func TestAssembleBadInput(t *testing.T) {
+	turns := allTurns(2)
+	split := []records.TurnJSON{turns[0], turns[2], turns[1], turns[3]}
+	badLP := allTurns(1)
+	badLP[0].OutputLogProbs = []float32{-1}
+	cases := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"non-contiguous", []string{"--turns-jsonl", writeJSONL(t, split)}, stage.ExitBadInput, `turns of session "s00" are not contiguous`},
+		{"logprob count", []string{"--turns-jsonl", writeJSONL(t, badLP)}, stage.ExitBadInput, "output_log_probs has 1 entries for 2 output ids"},
+		{"both inputs", []string{"--turns-jsonl", "x", "--turns", "y"}, stage.ExitUsage, "exactly one of"},
+		{"negative T", []string{"--turns-jsonl", "x", "--fork-merge-max-response-tokens", "-1"}, stage.ExitUsage, "must be >= 0"},
+		{"missing file", []string{"--turns-jsonl", filepath.Join(t.TempDir(), "none.jsonl")}, stage.ExitNotFound, "none.jsonl"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			r := kiln(t, append([]string{"assemble", "--store", dir}, c.args...)...)
+			assert.Equal(t, c.code, r.code, r.stderr)
+			assert.Contains(t, r.stderr, c.want)
+			all, err := dataset.List(context.Background(), mustLocal(t, dir), "")
+			require.NoError(t, err)
+			assert.Empty(t, all, "no version after a failure")
+		})
+	}
+}

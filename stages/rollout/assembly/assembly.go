@@ -1,0 +1,387 @@
+package assembly
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// Turn is one model call of a session (the turns record kind).
+//
+// Record keeps the slices of a Turn without copying them: the caller must not
+// modify them afterwards.
+type Turn struct {
+	PromptIDs       []int32
+	OutputIDs       []int32
+	OutputLogProbs  []float32 // empty or len(OutputIDs)
+	FinishReason    string    // "stop", "length", "tool_calls", ...
+	IllFormed       bool
+	PromptMessages  []json.RawMessage // chat messages after protocol translation; each a JSON object with "role"
+	ResponseMessage json.RawMessage   // parsed assistant message; nil or "null" = none
+
+	// Optional replay data (nil when absent).
+	TopPTokenIDs       []int32   // CSR over outputs
+	TopPTokenOffsets   []int32   // len(OutputIDs)+1
+	TopPLogProbs       []float32 // aligned with TopPTokenIDs (score centering)
+	TopKTokenIDs       []int32   // row-major [len(OutputIDs), TopK]
+	TopKLogProbs       []float32
+	TopK               int32
+	RoutedExperts      []int32 // row-major with shape RoutedExpertsShape
+	RoutedExpertsShape []int32 // [len(prompt)+len(output)-1, layers, topk]
+}
+
+// Options of one assembly run.
+type Options struct {
+	// ForkMergeMaxResponseTokens is the threshold T of spec §2.4: a rewritten
+	// assistant message absorbs the generated leaf it replaces, and a token
+	// drift inside the most recent response is realigned in place, only when
+	// that response is shorter than T tokens. kiln's default is 0: every drift
+	// forks a new segment and no sampled token is discarded.
+	ForkMergeMaxResponseTokens int
+}
+
+// Base identifies the agent run the session belongs to.
+type Base struct {
+	RolloutID, Index, GroupIndex int64
+	Reward                       *float64 // nil: reward stays null (grades are the source of truth)
+	MaxSampleTokens              int      // truncation (0 = off); callers pass the session's max_context_tokens
+}
+
+// MergedRewrite records a generated turn that rewrite-merge demoted to a
+// routing-only node (spec §2.1 step 4).
+type MergedRewrite struct {
+	AbandonedTurnIndex      int
+	AbandonedResponseTokens int
+}
+
+// node is a vertex of the routing tree: a generated assistant message when
+// turn is set, routing-only otherwise.
+type node struct {
+	msg  message // the message as recorded
+	alt  []byte  // other bytes found equal to msg (the client's echo)
+	none bool    // no message (nil response)
+
+	children []*node
+
+	turn      *Turn
+	turnIndex int
+	trained   bool // response_trained
+	useTool   bool
+	merged    *MergedRewrite
+}
+
+// Session is one agent session's routing tree (spec §2.1). It is not safe
+// for concurrent use.
+type Session struct {
+	opts  Options
+	root  *node
+	turns int
+
+	replay replayKind
+	seen   bool // replay kind fixed by a turn with outputs
+}
+
+// replayKind is which replay columns the session's turns carry.
+type replayKind struct {
+	topP, topPLP, topK, routes bool
+	k                          int32
+}
+
+// NewSession starts an empty session.
+func NewSession(opts Options) *Session {
+	return &Session{opts: opts, root: &node{}}
+}
+
+// Turns is the number of recorded (non-ignored) turns.
+func (s *Session) Turns() int { return s.turns }
+
+// message is a chat message: its bytes, its role (read once, which also
+// validates it) and its decoded value (only when bytes differ from a
+// candidate's, for deep equality).
+type message struct {
+	raw     json.RawMessage
+	hasRole bool
+	role    string
+	hasVal  bool
+	val     any
+}
+
+// head is the part of a message read for routing.
+type head struct {
+	Role      *string         `json:"role"`
+	ToolCalls json.RawMessage `json:"tool_calls"`
+}
+
+// readRole validates the message as a JSON object and reads its role.
+func (m *message) readRole() error {
+	if m.hasRole {
+		return nil
+	}
+	_, err := m.readHead()
+	return err
+}
+
+func (m *message) readHead() (head, error) {
+	var h head
+	raw := bytes.TrimSpace(m.raw)
+	if len(raw) == 0 || raw[0] != '{' {
+		if json.Valid(raw) {
+			return h, errors.New("message is not a JSON object")
+		}
+		return h, errors.New("message is not JSON")
+	}
+	if err := json.Unmarshal(raw, &h); err != nil {
+		return h, fmt.Errorf("message is not JSON: %w", err)
+	}
+	if h.Role != nil {
+		m.role = *h.Role
+	}
+	m.hasRole = true
+	return h, nil
+}
+
+// value decodes the message for deep equality.
+func (m *message) value() (any, error) {
+	if !m.hasVal {
+		if err := json.Unmarshal(m.raw, &m.val); err != nil {
+			return nil, fmt.Errorf("message is not JSON: %w", err)
+		}
+		obj, ok := m.val.(map[string]any)
+		if !ok {
+			return nil, errors.New("message is not a JSON object")
+		}
+		m.hasVal = true
+		if !m.hasRole {
+			m.role, _ = obj["role"].(string)
+			m.hasRole = true
+		}
+	}
+	return m.val, nil
+}
+
+// jsonEqual is deep equality of decoded JSON values.
+func jsonEqual(a, b any) bool {
+	switch x := a.(type) {
+	case map[string]any:
+		y, ok := b.(map[string]any)
+		if !ok || len(x) != len(y) {
+			return false
+		}
+		for k, v := range x {
+			w, ok := y[k]
+			if !ok || !jsonEqual(v, w) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		y, ok := b.([]any)
+		if !ok || len(x) != len(y) {
+			return false
+		}
+		for i := range x {
+			if !jsonEqual(x[i], y[i]) {
+				return false
+			}
+		}
+		return true
+	case string:
+		y, ok := b.(string)
+		return ok && x == y
+	case float64:
+		y, ok := b.(float64)
+		return ok && x == y
+	case bool:
+		y, ok := b.(bool)
+		return ok && x == y
+	case nil:
+		return b == nil
+	}
+	return false
+}
+
+// isNull reports a missing message (nil, empty or JSON null).
+func isNull(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	return len(raw) == 0 || string(raw) == "null"
+}
+
+// truthy is Python truthiness of a JSON value.
+func truthy(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return false
+	}
+	switch raw[0] {
+	case 'n', 'f':
+		return false
+	case 't':
+		return true
+	case '"':
+		return len(raw) > 2
+	case '[', '{': // non-empty unless the next token closes it
+		rest := bytes.TrimLeft(raw[1:], " \t\r\n")
+		return len(rest) > 0 && rest[0] != ']' && rest[0] != '}'
+	}
+	var f float64
+	return json.Unmarshal(raw, &f) == nil && f != 0
+}
+
+// matches reports whether child n holds message m: the same role and a
+// deep-equal decoded value. Byte-identical messages match without decoding.
+func (n *node) matches(m *message) (bool, error) {
+	if n.none {
+		return false, nil
+	}
+	if bytes.Equal(n.msg.raw, m.raw) || (n.alt != nil && bytes.Equal(n.alt, m.raw)) {
+		return true, nil
+	}
+	mv, err := m.value()
+	if err != nil {
+		return false, err
+	}
+	nv, err := n.msg.value()
+	if err != nil {
+		return false, err
+	}
+	if n.msg.role != m.role || !jsonEqual(nv, mv) {
+		return false, nil
+	}
+	n.alt = m.raw // the next echo of these bytes matches without decoding
+	n.msg.val, n.msg.hasVal = nil, false
+	return true, nil
+}
+
+// Record adds one turn to the routing tree (spec §2.1). A turn without
+// prompt messages is ignored. Replay data is validated here and fails closed.
+func (s *Session) Record(t Turn) error {
+	if len(t.PromptMessages) == 0 {
+		return nil
+	}
+	kind, err := s.validateTurn(&t)
+	if err != nil {
+		return fmt.Errorf("turn %d: %w", s.turns+1, err)
+	}
+	resp := message{raw: t.ResponseMessage}
+	rnone, useTool := isNull(t.ResponseMessage), false
+	if !rnone {
+		h, err := resp.readHead()
+		if err != nil {
+			return fmt.Errorf("turn %d: response_message: %w", s.turns+1, err)
+		}
+		useTool = truthy(h.ToolCalls)
+	}
+
+	msgs := make([]message, len(t.PromptMessages))
+	for i, raw := range t.PromptMessages {
+		msgs[i].raw = raw
+	}
+	// Mount point: descend while the first matching child exists.
+	cur, d := s.root, 0
+descend:
+	for ; d < len(msgs); d++ {
+		for _, c := range cur.children {
+			ok, err := c.matches(&msgs[d])
+			if err != nil {
+				return fmt.Errorf("turn %d: prompt_messages[%d]: %w", s.turns+1, d, err)
+			}
+			if ok {
+				cur = c
+				continue descend
+			}
+		}
+		break
+	}
+	// Rewrite-merge (T > 0 only).
+	if T := s.opts.ForkMergeMaxResponseTokens; T > 0 && d < len(msgs) {
+		m := &msgs[d]
+		if err := m.readRole(); err != nil {
+			return fmt.Errorf("turn %d: prompt_messages[%d]: %w", s.turns+1, d, err)
+		}
+		if m.role == "assistant" {
+			var only *node
+			count := 0
+			for _, c := range cur.children {
+				if err := c.msg.readRole(); err != nil {
+					return fmt.Errorf("turn %d: %w", s.turns+1, err)
+				}
+				if c.msg.role == "assistant" {
+					only = c
+					count++
+				}
+			}
+			if count == 1 && len(only.children) == 0 && only.turn != nil && len(only.turn.OutputIDs) < T {
+				only.merged = &MergedRewrite{AbandonedTurnIndex: only.turnIndex, AbandonedResponseTokens: len(only.turn.OutputIDs)}
+				only.turn, only.turnIndex, only.useTool = nil, 0, false
+				only.msg, only.alt, only.none = *m, nil, false
+				cur = only
+				d++
+			}
+		}
+	}
+	for ; d < len(msgs); d++ {
+		m := &msgs[d]
+		if err := m.readRole(); err != nil {
+			return fmt.Errorf("turn %d: prompt_messages[%d]: %w", s.turns+1, d, err)
+		}
+		n := &node{msg: *m}
+		cur.children = append(cur.children, n)
+		cur = n
+	}
+	if len(t.OutputIDs) > 0 && !s.seen {
+		s.replay, s.seen = kind, true
+	}
+	s.turns++
+	// A generated leaf is an assistant node whatever its message says.
+	resp.role, resp.hasRole = "assistant", true
+	leaf := &node{msg: resp, none: rnone, turn: &t, turnIndex: s.turns, useTool: useTool}
+	cur.children = append(cur.children, leaf)
+	return nil
+}
+
+// validateTurn checks a turn's logprobs and replay shapes.
+func (s *Session) validateTurn(t *Turn) (replayKind, error) {
+	var k replayKind
+	n := len(t.OutputIDs)
+	if len(t.OutputLogProbs) != 0 && len(t.OutputLogProbs) != n {
+		return k, fmt.Errorf("output_log_probs has %d entries for %d output_ids", len(t.OutputLogProbs), n)
+	}
+	if t.TopPTokenOffsets != nil || t.TopPTokenIDs != nil || t.TopPLogProbs != nil {
+		off := t.TopPTokenOffsets
+		if len(off) != n+1 || off[0] != 0 || int(off[n]) != len(t.TopPTokenIDs) {
+			return k, fmt.Errorf("rollout_top_p_token_offsets must have len(output_ids)+1 = %d entries from 0 to %d (the number of top-p ids)", n+1, len(t.TopPTokenIDs))
+		}
+		for i := 1; i <= n; i++ {
+			if off[i] < off[i-1] {
+				return k, fmt.Errorf("rollout_top_p_token_offsets decrease at %d", i)
+			}
+		}
+		if t.TopPLogProbs != nil && len(t.TopPLogProbs) != len(t.TopPTokenIDs) {
+			return k, fmt.Errorf("rollout_top_p_log_probs has %d entries, rollout_top_p_token_ids %d", len(t.TopPLogProbs), len(t.TopPTokenIDs))
+		}
+		k.topP, k.topPLP = true, t.TopPLogProbs != nil
+	}
+	if t.TopKTokenIDs != nil || t.TopKLogProbs != nil || t.TopK != 0 {
+		if t.TopK <= 0 || len(t.TopKTokenIDs) != n*int(t.TopK) || len(t.TopKLogProbs) != len(t.TopKTokenIDs) {
+			return k, fmt.Errorf("top-k heads must be [len(output_ids)=%d, k=%d] ids and logprobs (have %d ids, %d logprobs)", n, t.TopK, len(t.TopKTokenIDs), len(t.TopKLogProbs))
+		}
+		k.topK, k.k = true, t.TopK
+	}
+	if t.RoutedExperts != nil || t.RoutedExpertsShape != nil {
+		sh := t.RoutedExpertsShape
+		want := len(t.PromptIDs) + n - 1
+		if len(sh) != 3 || int(sh[0]) != want || sh[1] <= 0 || sh[2] <= 0 || int(sh[0])*int(sh[1])*int(sh[2]) != len(t.RoutedExperts) {
+			return k, fmt.Errorf("rollout_routed_experts shape %v with %d values, want [%d, layers, topk] (prompt+output-1 positions)", sh, len(t.RoutedExperts), want)
+		}
+		k.routes = true
+	}
+	if n > 0 && s.seen && k != s.replay {
+		return k, fmt.Errorf("replay columns %s differ from earlier turns' %s", k, s.replay)
+	}
+	return k, nil
+}
+
+func (k replayKind) String() string {
+	return fmt.Sprintf("{top_p:%t top_p_log_probs:%t top_k:%d routed_experts:%t}", k.topP, k.topPLP, k.k, k.routes)
+}

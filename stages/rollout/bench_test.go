@@ -1,0 +1,100 @@
+package rollout
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/stages/rollout/assembly"
+)
+
+// benchSession generates one agent session: 40 turns whose prompts grow to
+// about 8k tokens (each prompt extends the previous prompt and output with a
+// tool result), 5% of turns re-rendering an earlier token differently
+// (drift).
+func benchSession(r *rand.Rand, id int) *session {
+	s := &session{id: fmt.Sprintf("s%d", id)}
+	prompt := make([]int32, 0, 9000)
+	for i := 0; i < 400; i++ {
+		prompt = append(prompt, int32(r.IntN(150000)))
+	}
+	msgs := []json.RawMessage{json.RawMessage(`{"role":"system","content":"S"}`), json.RawMessage(fmt.Sprintf(`{"role":"user","content":"task %d"}`, id))}
+	for turn := 0; turn < 40; turn++ {
+		out := make([]int32, 60+r.IntN(80))
+		lps := make([]float32, len(out))
+		for i := range out {
+			out[i] = int32(r.IntN(150000))
+			lps[i] = -r.Float32()
+		}
+		p := append([]int32(nil), prompt...)
+		if r.IntN(100) < 5 && len(p) > 500 {
+			p[len(p)-r.IntN(300)-1] = 701 // drift inside already-held tokens
+		}
+		m, _ := json.Marshal(msgs)
+		resp := fmt.Sprintf(`{"role":"assistant","content":"a%d","tool_calls":[{"id":"c%d"}]}`, turn, turn)
+		s.turns = append(s.turns, records.Turn{Session: s.id, Turn: int32(turn), Index: int64(id), RolloutID: int64(id),
+			PromptIDs: p, OutputIDs: out, OutputLogProbs: lps, FinishReason: "tool_calls",
+			PromptMessages: string(m), ResponseMessage: &resp})
+		msgs = append(msgs, json.RawMessage(resp), json.RawMessage(fmt.Sprintf(`{"role":"tool","content":"t%d"}`, turn)))
+		prompt = append(prompt, out...)
+		for i := 0; i < 100+r.IntN(60); i++ {
+			prompt = append(prompt, int32(r.IntN(150000)))
+		}
+	}
+	return s
+}
+
+// BenchmarkAssemble streams 250, 1000 and 4000 sessions through assembly
+// (one session in memory at a time) and, in the same run, one copy of the
+// same prompt and output token arrays; it reports input tokens/s of both,
+// the ratio, and the peak heap.
+//
+//	go test ./stages/rollout -run '^$' -bench Assemble -benchtime 1x
+func BenchmarkAssemble(b *testing.B) {
+	sizes := []int{250, 1000, 4000}
+	if testing.Short() {
+		sizes = []int{25, 100}
+	}
+	for _, n := range sizes {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			for it := 0; it < b.N; it++ {
+				r := rand.New(rand.NewPCG(uint64(n), 7))
+				var assembleTime, copyTime time.Duration
+				var tokens int64
+				var peak uint64
+				var ms runtime.MemStats
+				runtime.GC()
+				sink := make([]int32, 0, 1<<16)
+				for i := 0; i < n; i++ {
+					s := benchSession(r, i)
+					start := time.Now()
+					for _, t := range s.turns {
+						sink = append(sink[:0], t.PromptIDs...)
+						sink = append(sink, t.OutputIDs...)
+						tokens += int64(len(t.PromptIDs) + len(t.OutputIDs))
+					}
+					copyTime += time.Since(start)
+					start = time.Now()
+					segs, err := assembleSession(s, assembly.Options{})
+					assembleTime += time.Since(start)
+					if err != nil || len(segs) == 0 {
+						b.Fatalf("session %d: %d segments, %v", i, len(segs), err)
+					}
+					if i%50 == 0 {
+						runtime.ReadMemStats(&ms)
+						peak = max(peak, ms.HeapInuse)
+					}
+				}
+				b.ReportMetric(float64(tokens)/assembleTime.Seconds()/1e6, "assemble-Mtok/s")
+				b.ReportMetric(float64(tokens)/copyTime.Seconds()/1e6, "copy-Mtok/s")
+				b.ReportMetric(assembleTime.Seconds()/copyTime.Seconds(), "x-copy")
+				b.ReportMetric(float64(peak)/(1<<20), "peak-heap-MB")
+				b.ReportMetric(float64(tokens)/1e6, "Mtok")
+			}
+		})
+	}
+}

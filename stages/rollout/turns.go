@@ -1,0 +1,118 @@
+package rollout
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"sort"
+
+	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/stages/stage"
+)
+
+// session is the turns of one agent session, in call order.
+type session struct {
+	id    string
+	turns []records.Turn
+}
+
+// sessionReader streams sessions from turn records that arrive grouped by
+// session, so memory holds one session at a time. A session whose turns are
+// not contiguous is an error: kiln's rollout writes them contiguously, and
+// other systems' files must be sorted by session first.
+type sessionReader struct {
+	cur  *session
+	seen map[string]bool
+	emit func(*session) error
+}
+
+func newSessionReader(emit func(*session) error) *sessionReader {
+	return &sessionReader{seen: map[string]bool{}, emit: emit}
+}
+
+func (r *sessionReader) add(t records.Turn) error {
+	if r.cur != nil && r.cur.id != t.Session {
+		if err := r.flush(); err != nil {
+			return err
+		}
+	}
+	if r.cur == nil {
+		if r.seen[t.Session] {
+			return stage.BadInputError{Err: fmt.Errorf("turns of session %q are not contiguous: group the input by session (kiln writes them so)", t.Session)}
+		}
+		r.seen[t.Session] = true
+		r.cur = &session{id: t.Session}
+	}
+	r.cur.turns = append(r.cur.turns, t)
+	return nil
+}
+
+func (r *sessionReader) flush() error {
+	if r.cur == nil {
+		return nil
+	}
+	s := r.cur
+	r.cur = nil
+	sort.SliceStable(s.turns, func(i, j int) bool { return s.turns[i].Turn < s.turns[j].Turn })
+	return r.emit(s)
+}
+
+// ownsSession deals sessions to parts by a hash of their id, so a split
+// does not depend on the order of the input.
+func ownsSession(part dataset.Part, id string) bool {
+	if part.Count <= 1 {
+		return true
+	}
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	return int(h.Sum32()%uint32(part.Count)) == part.Index
+}
+
+// readTurnsDataset streams a turns version.
+func readTurnsDataset(ctx context.Context, v *dataset.Version, add func(records.Turn) error) error {
+	if v.Kind().Name != records.TurnsKind.Name {
+		return stage.Usagef("--turns %s is a %s dataset, want turns", v.Ref(), v.Kind().Name)
+	}
+	return v.EachShard(ctx, func(_ int, data []byte) error {
+		return records.EachTurn(data, func(t *records.Turn) error { return add(*t) })
+	})
+}
+
+// readTurnsJSONL streams turn records from JSON lines: one object per turn
+// with the turns fields (records.TurnJSON); "turn" defaults to the row's
+// position within its session.
+func readTurnsJSONL(r io.Reader, name string, add func(records.Turn) error) error {
+	br := bufio.NewReaderSize(r, 1<<20)
+	order := map[string]int32{}
+	for lineNo := 1; ; lineNo++ {
+		line, err := br.ReadBytes('\n')
+		if len(bytes.TrimSpace(line)) > 0 {
+			var j records.TurnJSON
+			dec := json.NewDecoder(bytes.NewReader(line))
+			dec.DisallowUnknownFields()
+			if derr := dec.Decode(&j); derr != nil {
+				return stage.BadInputError{Err: fmt.Errorf("%s:%d: %w", name, lineNo, derr)}
+			}
+			t, terr := j.ToTurn(order[j.Session])
+			if terr != nil {
+				return stage.BadInputError{Err: fmt.Errorf("%s:%d: %w", name, lineNo, terr)}
+			}
+			order[j.Session]++
+			if aerr := add(t); aerr != nil {
+				return aerr
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading %s: %w", name, err)
+		}
+	}
+}
