@@ -9,8 +9,6 @@ import (
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
-	"github.com/apache/arrow-go/v18/arrow/ipc"
-	"github.com/apache/arrow-go/v18/arrow/memory"
 )
 
 // Trajectory is one training segment (the trajectories kind, Arrow IPC).
@@ -159,36 +157,15 @@ func (t *Trajectory) Validate() error {
 
 // TrajectoryEncoder streams segments into one Arrow IPC file, a record batch
 // per BatchTokens tokens.
-type TrajectoryEncoder struct {
-	w           *ipc.FileWriter
-	b           *array.RecordBuilder
-	rows, toks  int
-	batchTokens int
-}
-
-// ArrowOptions select how token data is written.
-type ArrowOptions struct {
-	// Uncompressed writes plain buffers, which readers can mmap without
-	// copying; the default compresses every buffer with zstd.
-	Uncompressed bool
-	// BatchTokens bounds a record batch (default 4M tokens).
-	BatchTokens int
-}
+type TrajectoryEncoder struct{ *arrowWriter }
 
 // NewTrajectoryEncoder writes an Arrow IPC file to w; Close finishes it.
 func NewTrajectoryEncoder(w io.Writer, opts ArrowOptions) (*TrajectoryEncoder, error) {
-	ipcOpts := []ipc.Option{ipc.WithSchema(trajectorySchema)}
-	if !opts.Uncompressed {
-		ipcOpts = append(ipcOpts, ipc.WithZstd())
-	}
-	fw, err := ipc.NewFileWriter(w, ipcOpts...)
+	aw, err := newArrowWriter(w, trajectorySchema, opts)
 	if err != nil {
 		return nil, err
 	}
-	if opts.BatchTokens <= 0 {
-		opts.BatchTokens = 4 << 20
-	}
-	return &TrajectoryEncoder{w: fw, b: array.NewRecordBuilder(memory.DefaultAllocator, trajectorySchema), batchTokens: opts.BatchTokens}, nil
+	return &TrajectoryEncoder{aw}, nil
 }
 
 // Write validates and appends segments.
@@ -229,12 +206,8 @@ func (e *TrajectoryEncoder) Write(segs ...Trajectory) error {
 		}
 		appendInt32s(f[18], t.RoutedExperts, true)
 		appendInt32s(f[19], t.RoutedExpertsShape, true)
-		e.rows++
-		e.toks += len(t.Tokens)
-		if e.toks >= e.batchTokens {
-			if err := e.flush(); err != nil {
-				return err
-			}
+		if err := e.rowDone(len(t.Tokens)); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -260,50 +233,14 @@ func appendFloat32s(b array.Builder, v []float32, nullable bool) {
 	lb.ValueBuilder().(*array.Float32Builder).AppendValues(v, nil)
 }
 
-func (e *TrajectoryEncoder) flush() error {
-	if e.rows == 0 {
-		return nil
-	}
-	rec := e.b.NewRecordBatch()
-	defer rec.Release()
-	e.rows, e.toks = 0, 0
-	return e.w.Write(rec)
-}
-
-// Close flushes the last batch and writes the footer.
-func (e *TrajectoryEncoder) Close() error {
-	defer e.b.Release()
-	if err := e.flush(); err != nil {
-		return err
-	}
-	return e.w.Close()
-}
-
 // EachTrajectory decodes an Arrow IPC trajectories shard held in memory,
 // batch by batch; uncompressed buffers are used in place. The *Trajectory
 // passed to fn is reused: copy what must outlive the call.
 func EachTrajectory(shard []byte, fn func(*Trajectory) error) error {
-	r, err := ipc.NewMappedFileReader(shard)
-	if err != nil {
-		return fmt.Errorf("trajectories shard: %w", err)
-	}
-	defer r.Close()
-	if !r.Schema().Equal(trajectorySchema) {
-		return fmt.Errorf("trajectories shard: schema differs from the trajectories kind:\n%s", r.Schema())
-	}
 	var t Trajectory
-	for i := 0; i < r.NumRecords(); i++ {
-		rec, err := r.RecordAt(i)
-		if err != nil {
-			return fmt.Errorf("trajectories shard: batch %d: %w", i, err)
-		}
-		err = eachRow(rec, &t, fn)
-		rec.Release()
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return eachBatch("trajectories", shard, trajectorySchema, func(rec arrow.RecordBatch) error {
+		return eachRow(rec, &t, fn)
+	})
 }
 
 func eachRow(rec arrow.RecordBatch, t *Trajectory, fn func(*Trajectory) error) error {

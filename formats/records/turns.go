@@ -7,8 +7,6 @@ import (
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
-	"github.com/apache/arrow-go/v18/arrow/ipc"
-	"github.com/apache/arrow-go/v18/arrow/memory"
 )
 
 // Turn is one model call of an agent session (the turns kind, Arrow IPC):
@@ -117,24 +115,15 @@ func (t *Turn) Validate() error {
 }
 
 // TurnEncoder streams turns into one Arrow IPC file.
-type TurnEncoder struct {
-	w    *ipc.FileWriter
-	b    *array.RecordBuilder
-	rows int
-	toks int
-}
+type TurnEncoder struct{ *arrowWriter }
 
 // NewTurnEncoder writes an Arrow IPC file of turns to w; Close finishes it.
 func NewTurnEncoder(w io.Writer, opts ArrowOptions) (*TurnEncoder, error) {
-	ipcOpts := []ipc.Option{ipc.WithSchema(turnSchema)}
-	if !opts.Uncompressed {
-		ipcOpts = append(ipcOpts, ipc.WithZstd())
-	}
-	fw, err := ipc.NewFileWriter(w, ipcOpts...)
+	aw, err := newArrowWriter(w, turnSchema, opts)
 	if err != nil {
 		return nil, err
 	}
-	return &TurnEncoder{w: fw, b: array.NewRecordBuilder(memory.DefaultAllocator, turnSchema)}, nil
+	return &TurnEncoder{aw}, nil
 }
 
 // Write validates and appends turns.
@@ -169,60 +158,20 @@ func (e *TurnEncoder) Write(turns ...Turn) error {
 		appendInt32s(f[21], t.RoutedExpertsShape, true)
 		appendOptInt64(f[22], t.StartedMs)
 		appendOptInt64(f[23], t.DurationMs)
-		e.rows++
-		e.toks += len(t.PromptIDs) + len(t.OutputIDs)
-		if e.toks >= 4<<20 {
-			if err := e.flush(); err != nil {
-				return err
-			}
+		if err := e.rowDone(len(t.PromptIDs) + len(t.OutputIDs)); err != nil {
+			return err
 		}
 	}
 	return nil
-}
-
-func (e *TurnEncoder) flush() error {
-	if e.rows == 0 {
-		return nil
-	}
-	rec := e.b.NewRecordBatch()
-	defer rec.Release()
-	e.rows, e.toks = 0, 0
-	return e.w.Write(rec)
-}
-
-// Close flushes the last batch and writes the footer.
-func (e *TurnEncoder) Close() error {
-	defer e.b.Release()
-	if err := e.flush(); err != nil {
-		return err
-	}
-	return e.w.Close()
 }
 
 // EachTurn decodes a turns shard; the *Turn passed to fn is reused and its
 // slices alias the shard's buffers.
 func EachTurn(shard []byte, fn func(*Turn) error) error {
-	r, err := ipc.NewMappedFileReader(shard)
-	if err != nil {
-		return fmt.Errorf("turns shard: %w", err)
-	}
-	defer r.Close()
-	if !r.Schema().Equal(turnSchema) {
-		return fmt.Errorf("turns shard: schema differs from the turns kind:\n%s", r.Schema())
-	}
 	var t Turn
-	for i := 0; i < r.NumRecords(); i++ {
-		rec, err := r.RecordAt(i)
-		if err != nil {
-			return fmt.Errorf("turns shard: batch %d: %w", i, err)
-		}
-		err = eachTurnRow(rec, &t, fn)
-		rec.Release()
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return eachBatch("turns", shard, turnSchema, func(rec arrow.RecordBatch) error {
+		return eachTurnRow(rec, &t, fn)
+	})
 }
 
 func eachTurnRow(rec arrow.RecordBatch, t *Turn, fn func(*Turn) error) error {

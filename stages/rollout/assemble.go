@@ -229,6 +229,7 @@ func assembleSession(s *session, opts assembly.Options) ([]records.Trajectory, e
 	sess := assembly.NewSession(opts)
 	first := s.turns[0]
 	base := assembly.Base{RolloutID: first.RolloutID, Index: first.Index, GroupIndex: first.GroupIndex}
+	var split messageSplitter
 	for i := range s.turns {
 		t := &s.turns[i]
 		if t.RolloutID != base.RolloutID || t.Index != base.Index || t.GroupIndex != base.GroupIndex {
@@ -241,15 +242,15 @@ func assembleSession(s *session, opts assembly.Options) ([]records.Trajectory, e
 		if t.MaxContextTokens > 0 {
 			base.MaxSampleTokens = int(t.MaxContextTokens)
 		}
-		var msgs []json.RawMessage
-		if err := json.Unmarshal([]byte(t.PromptMessages), &msgs); err != nil {
-			return nil, fmt.Errorf("session %q turn %d: prompt_messages: %w", s.id, t.Turn, err)
+		msgs, err := split.split([]byte(t.PromptMessages))
+		if err != nil {
+			return nil, fmt.Errorf("session %q turn %d: %w", s.id, t.Turn, err)
 		}
 		var resp json.RawMessage
 		if t.ResponseMessage != nil && strings.TrimSpace(*t.ResponseMessage) != "null" {
 			resp = json.RawMessage(*t.ResponseMessage)
 		}
-		err := sess.Record(assembly.Turn{
+		err = sess.Record(assembly.Turn{
 			PromptIDs: t.PromptIDs, OutputIDs: t.OutputIDs, OutputLogProbs: t.OutputLogProbs,
 			FinishReason: t.FinishReason, IllFormed: t.IllFormed, PromptMessages: msgs, ResponseMessage: resp,
 			TopPTokenIDs: t.TopPTokenIDs, TopPTokenOffsets: t.TopPTokenOffsets, TopPLogProbs: t.TopPLogProbs,

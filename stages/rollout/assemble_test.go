@@ -68,7 +68,7 @@ func sessionTurns(i int) []records.TurnJSON {
 			PromptMessages: json.RawMessage("[" + sys + "," + user + "]"), ResponseMessage: json.RawMessage(call), MaxContextTokens: 1000},
 		{RolloutID: &rid, Index: int64(i), GroupIndex: int64(i / 2), Session: fmt.Sprintf("s%02d", i),
 			PromptIDs: p1, OutputIDs: []int32{912, 909}, OutputLogProbs: []float32{-0.4, -0.4}, FinishReason: "stop",
-			PromptMessages: json.RawMessage("[" + sys + "," + user + "," + call + "," + tool + "]"),
+			PromptMessages:  json.RawMessage("[" + sys + "," + user + "," + call + "," + tool + "]"),
 			ResponseMessage: json.RawMessage(msg("assistant", "done")), MaxContextTokens: 1000},
 	}
 }

@@ -1,10 +1,10 @@
 package rollout
 
 import (
-	"encoding/json"
-	"fmt"
+		"fmt"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,7 +22,9 @@ func benchSession(r *rand.Rand, id int) *session {
 	for i := 0; i < 400; i++ {
 		prompt = append(prompt, int32(r.IntN(150000)))
 	}
-	msgs := []json.RawMessage{json.RawMessage(`{"role":"system","content":"S"}`), json.RawMessage(fmt.Sprintf(`{"role":"user","content":"task %d"}`, id))}
+	// The prompt_messages text grows as a client resends it: the history so
+	// far plus the new messages.
+	history := []byte(fmt.Sprintf(`[{"role":"system","content":"S"},{"role":"user","content":"task %d"}`, id))
 	for turn := 0; turn < 40; turn++ {
 		out := make([]int32, 60+r.IntN(80))
 		lps := make([]float32, len(out))
@@ -34,19 +36,23 @@ func benchSession(r *rand.Rand, id int) *session {
 		if r.IntN(100) < 5 && len(p) > 500 {
 			p[len(p)-r.IntN(300)-1] = 701 // drift inside already-held tokens
 		}
-		m, _ := json.Marshal(msgs)
-		resp := fmt.Sprintf(`{"role":"assistant","content":"a%d","tool_calls":[{"id":"c%d"}]}`, turn, turn)
+		m := append(history[:len(history):len(history)], ']')
+		// Message text is about 4 bytes per token, as in real sessions.
+		resp := fmt.Sprintf(`{"role":"assistant","content":"a%d %s","tool_calls":[{"id":"c%d"}]}`, turn, text(len(out)), turn)
 		s.turns = append(s.turns, records.Turn{Session: s.id, Turn: int32(turn), Index: int64(id), RolloutID: int64(id),
 			PromptIDs: p, OutputIDs: out, OutputLogProbs: lps, FinishReason: "tool_calls",
 			PromptMessages: string(m), ResponseMessage: &resp})
-		msgs = append(msgs, json.RawMessage(resp), json.RawMessage(fmt.Sprintf(`{"role":"tool","content":"t%d"}`, turn)))
 		prompt = append(prompt, out...)
-		for i := 0; i < 100+r.IntN(60); i++ {
+		toolTokens := 100 + r.IntN(60)
+		for i := 0; i < toolTokens; i++ {
 			prompt = append(prompt, int32(r.IntN(150000)))
 		}
+		history = fmt.Appendf(history, `,%s,{"role":"tool","content":"t%d %s"}`, resp, turn, text(toolTokens))
 	}
 	return s
 }
+
+func text(tokens int) string { return strings.Repeat("word", tokens) }
 
 // BenchmarkAssemble streams 250, 1000 and 4000 sessions through assembly
 // (one session in memory at a time) and, in the same run, one copy of the

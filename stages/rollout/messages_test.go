@@ -1,0 +1,48 @@
+package rollout
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestSplitArray(t *testing.T) {
+	for _, c := range []string{
+		`[]`, ` [ ] `, `[{"a":1}]`, `[{"a":"x,]}"} , {"b":[1,{"c":"\"]"}]}]`, `[1,"two",[3],{"4":null}]`,
+		`[{"role":"user","content":"é \u00e9 \\"}]`,
+	} {
+		got, ok := splitArray([]byte(c))
+		require.True(t, ok, c)
+		var want []json.RawMessage
+		require.NoError(t, json.Unmarshal([]byte(c), &want))
+		require.Len(t, got, len(want), c)
+		for i := range want {
+			assert.JSONEq(t, string(want[i]), string(got[i]), c)
+		}
+	}
+	for _, bad := range []string{``, `{}`, `[`, `[1,`, `[1,]`, `[,1]`, `["x]`, `[1] x`, `[{]`} {
+		_, ok := splitArray([]byte(bad))
+		assert.False(t, ok, bad)
+	}
+}
+
+func TestMessageSplitterReusesPrefix(t *testing.T) {
+	var s messageSplitter
+	a, err := s.split([]byte(`[{"role":"user","content":"u"}]`))
+	require.NoError(t, err)
+	require.Len(t, a, 1)
+	b, err := s.split([]byte(`[{"role":"user","content":"u"},{"role":"assistant","content":"x"},{"role":"tool","content":"t"}]`))
+	require.NoError(t, err)
+	require.Len(t, b, 3)
+	assert.Equal(t, `{"role":"tool","content":"t"}`, string(b[2]))
+	// A rewritten history is split from scratch.
+	c, err := s.split([]byte(`[{"role":"user","content":"summary"}]`))
+	require.NoError(t, err)
+	require.Len(t, c, 1)
+	assert.Equal(t, `{"role":"user","content":"summary"}`, string(c[0]))
+	assert.Len(t, b, 3, "earlier results are not clobbered")
+	_, err = s.split([]byte(`[{"role":`))
+	assert.ErrorContains(t, err, "prompt_messages")
+}
