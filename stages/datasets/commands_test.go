@@ -70,11 +70,11 @@ func readLines(t *testing.T, r io.Reader) []map[string]any {
 func TestImportExportRoundTrip(t *testing.T) {
 	eachStore(t, func(t *testing.T, sc storeCase) {
 		printed := kiln(t, "import", "tasks", "--store", sc.uri, "--out", "tasks/ref", "--print-version", referenceRows)
-		require.Equal(t, 0, printed.code, printed.stderr)
+		require.Equal(t, 0, printed.Code, printed.Stderr)
 		imp := kiln(t, "import", "tasks", "--store", sc.uri, "--out", "tasks/ref", referenceRows)
-		require.Equal(t, 0, imp.code, imp.stderr)
-		ref := imp.lastLine()
-		assert.Equal(t, printed.lastLine(), ref, "--print-version names the version the run commits")
+		require.Equal(t, 0, imp.Code, imp.Stderr)
+		ref := imp.LastLine()
+		assert.Equal(t, printed.LastLine(), ref, "--print-version names the version the run commits")
 		assert.Regexp(t, `^tasks/ref@[0-9a-f]{20}$`, ref)
 
 		f, err := os.Open(referenceRows)
@@ -89,12 +89,12 @@ func TestImportExportRoundTrip(t *testing.T) {
 		}
 
 		exp := kiln(t, "export", "--store", sc.uri, "--format", "jsonl", ref)
-		require.Equal(t, 0, exp.code, exp.stderr)
-		assert.Equal(t, want, readLines(t, strings.NewReader(exp.stdout)))
+		require.Equal(t, 0, exp.Code, exp.Stderr)
+		assert.Equal(t, want, readLines(t, strings.NewReader(exp.Stdout)))
 
 		out := filepath.Join(t.TempDir(), "tasks.jsonl.zst")
 		exp = kiln(t, "export", "--store", sc.uri, "--out", out, "tasks/ref")
-		require.Equal(t, 0, exp.code, exp.stderr)
+		require.Equal(t, 0, exp.Code, exp.Stderr)
 		zf, err := os.Open(out)
 		require.NoError(t, err)
 		defer zf.Close()
@@ -105,28 +105,28 @@ func TestImportExportRoundTrip(t *testing.T) {
 
 		// Re-importing the export gives the same rows again.
 		again := kiln(t, "import", "tasks", "--store", sc.uri, "--out", "tasks/again", out)
-		require.Equal(t, 0, again.code, again.stderr)
-		exp2 := kiln(t, "export", "--store", sc.uri, again.lastLine())
-		assert.Equal(t, want, readLines(t, strings.NewReader(exp2.stdout)))
+		require.Equal(t, 0, again.Code, again.Stderr)
+		exp2 := kiln(t, "export", "--store", sc.uri, again.LastLine())
+		assert.Equal(t, want, readLines(t, strings.NewReader(exp2.Stdout)))
 
 		// An identical rerun reports the committed version and writes nothing.
 		rerun := kiln(t, "import", "tasks", "--store", sc.uri, "--out", "tasks/ref", referenceRows)
-		require.Equal(t, 0, rerun.code)
-		assert.Equal(t, ref, rerun.lastLine())
-		assert.Contains(t, rerun.stderr, "already committed")
+		require.Equal(t, 0, rerun.Code)
+		assert.Equal(t, ref, rerun.LastLine())
+		assert.Contains(t, rerun.Stderr, "already committed")
 
 		ls := kiln(t, "ls", "--store", sc.uri, "tasks/")
-		require.Equal(t, 0, ls.code, ls.stderr)
-		assert.Contains(t, ls.stdout, strings.TrimPrefix(ref, "tasks/ref@"))
-		assert.Contains(t, ls.stdout, "tasks/again")
+		require.Equal(t, 0, ls.Code, ls.Stderr)
+		assert.Contains(t, ls.Stdout, strings.TrimPrefix(ref, "tasks/ref@"))
+		assert.Contains(t, ls.Stdout, "tasks/again")
 
 		show := kiln(t, "show", "--store", sc.uri, "--rows", "2", "--json", ref)
-		require.Equal(t, 0, show.code, show.stderr)
+		require.Equal(t, 0, show.Code, show.Stderr)
 		var shown struct {
 			Manifest dataset.Manifest
 			Rows     []map[string]any
 		}
-		require.NoError(t, json.Unmarshal([]byte(show.stdout), &shown))
+		require.NoError(t, json.Unmarshal([]byte(show.Stdout), &shown))
 		assert.Equal(t, int64(4), shown.Manifest.Rows)
 		assert.Len(t, shown.Rows, 2)
 		assert.Equal(t, "format-code-task-002661", shown.Rows[0]["task_id"])
@@ -138,13 +138,13 @@ func TestChangedInputFileGetsNewVersion(t *testing.T) {
 	src := filepath.Join(dir, "rows.jsonl")
 	require.NoError(t, os.WriteFile(src, []byte(`{"prompt": "a", "label": "t1", "metadata": {}}`+"\n"), 0o644))
 	first := kiln(t, "import", "tasks", "--store", dir, src)
-	require.Equal(t, 0, first.code, first.stderr)
+	require.Equal(t, 0, first.Code, first.Stderr)
 	require.NoError(t, os.WriteFile(src, []byte(`{"prompt": "b", "label": "t1", "metadata": {}}`+"\n"), 0o644))
 	second := kiln(t, "import", "tasks", "--store", dir, src)
-	require.Equal(t, 0, second.code, second.stderr)
-	assert.NotEqual(t, first.lastLine(), second.lastLine())
+	require.Equal(t, 0, second.Code, second.Stderr)
+	assert.NotEqual(t, first.LastLine(), second.LastLine())
 	newest := kiln(t, "export", "--store", dir, "tasks")
-	assert.Contains(t, newest.stdout, `"prompt":"b"`)
+	assert.Contains(t, newest.Stdout, `"prompt":"b"`)
 }
 
 func TestBadInputs(t *testing.T) {
@@ -177,9 +177,9 @@ func TestBadInputs(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			r := kiln(t, c.args...)
-			assert.Equal(t, c.code, r.code, r.stderr)
-			assert.Contains(t, r.stderr, c.want)
-			assert.NotContains(t, r.stderr, "panic")
+			assert.Equal(t, c.code, r.Code, r.Stderr)
+			assert.Contains(t, r.Stderr, c.want)
+			assert.NotContains(t, r.Stderr, "panic")
 		})
 	}
 	// No failed import left a visible version.
@@ -198,8 +198,8 @@ func TestLogShowsInputs(t *testing.T) {
 	eachStore(t, func(t *testing.T, sc storeCase) {
 		ctx := context.Background()
 		imp := kiln(t, "import", "tasks", "--store", sc.uri, referenceRows)
-		require.Equal(t, 0, imp.code, imp.stderr)
-		in, err := dataset.ParseRef(imp.lastLine())
+		require.Equal(t, 0, imp.Code, imp.Stderr)
+		in, err := dataset.ParseRef(imp.LastLine())
 		require.NoError(t, err)
 
 		// A derived version, as a later stage would write it.
@@ -221,27 +221,27 @@ func TestLogShowsInputs(t *testing.T) {
 		require.NoError(t, err)
 
 		lg := kiln(t, "log", "--store", sc.uri, res.Ref.String())
-		require.Equal(t, 0, lg.code, lg.stderr)
-		lines := strings.Split(strings.TrimSpace(lg.stdout), "\n")
-		require.Len(t, lines, 3, lg.stdout)
+		require.Equal(t, 0, lg.Code, lg.Stderr)
+		lines := strings.Split(strings.TrimSpace(lg.Stdout), "\n")
+		require.Len(t, lines, 3, lg.Stdout)
 		assert.Contains(t, lines[0], res.Ref.String()+" (trajectories, 1 rows) by rollout 1")
 		assert.Contains(t, lines[1], "└── "+in.String()+" (tasks, 4 rows) by import-tasks")
 		assert.Contains(t, lines[2], "    └── rows: /")
 		assert.Contains(t, lines[2], "formats/records/testdata/reference-rows.jsonl")
 
 		exp := kiln(t, "export", "--store", sc.uri, "trajectories/step-0")
-		require.Equal(t, 0, exp.code, exp.stderr)
+		require.Equal(t, 0, exp.Code, exp.Stderr)
 		assert.JSONEq(t, `{"rollout_id":0,"index":0,"group_index":0,"segment":0,"tokens":[1,2],"response_length":1,
-			"loss_mask":[1],"rollout_log_probs":[-1],"truncated":false,"use_tool":false,"ill_formed":false,"reward":null}`, exp.stdout)
+			"loss_mask":[1],"rollout_log_probs":[-1],"truncated":false,"use_tool":false,"ill_formed":false,"reward":null}`, exp.Stdout)
 	})
 }
 
 func TestHelpIsTheManual(t *testing.T) {
 	for _, args := range [][]string{{"--help"}, {"import", "tasks", "--help"}, {"gc", "--help"}} {
 		r := kiln(t, args...)
-		require.Equal(t, 0, r.code, r.stderr)
-		assert.Contains(t, r.stdout, "EXIT STATUS", args)
-		assert.Contains(t, r.stdout, "130  interrupted", args)
+		require.Equal(t, 0, r.Code, r.Stderr)
+		assert.Contains(t, r.Stdout, "EXIT STATUS", args)
+		assert.Contains(t, r.Stdout, "130  interrupted", args)
 	}
 }
 
@@ -260,15 +260,15 @@ func TestImportFromS3Object(t *testing.T) {
 	dir := t.TempDir()
 	put(`{"prompt": "a", "label": "t1", "metadata": {}}` + "\n")
 	first := kiln(t, "import", "tasks", "--store", dir, "s3://"+bucket+"/in/rows.jsonl")
-	require.Equal(t, 0, first.code, first.stderr)
+	require.Equal(t, 0, first.Code, first.Stderr)
 	again := kiln(t, "import", "tasks", "--store", dir, "s3://"+bucket+"/in/rows.jsonl")
-	assert.Equal(t, first.lastLine(), again.lastLine())
+	assert.Equal(t, first.LastLine(), again.LastLine())
 	put(`{"prompt": "b", "label": "t1", "metadata": {}}` + "\n")
 	changed := kiln(t, "import", "tasks", "--store", dir, "s3://"+bucket+"/in/rows.jsonl")
-	require.Equal(t, 0, changed.code, changed.stderr)
-	assert.NotEqual(t, first.lastLine(), changed.lastLine(), "a changed object is a new version")
-	lg := kiln(t, "log", "--store", dir, changed.lastLine())
-	assert.Contains(t, lg.stdout, "rows: s3://"+bucket+"/in/rows.jsonl (etag ")
+	require.Equal(t, 0, changed.Code, changed.Stderr)
+	assert.NotEqual(t, first.LastLine(), changed.LastLine(), "a changed object is a new version")
+	lg := kiln(t, "log", "--store", dir, changed.LastLine())
+	assert.Contains(t, lg.Stdout, "rows: s3://"+bucket+"/in/rows.jsonl (etag ")
 	missing := kiln(t, "import", "tasks", "--store", dir, "s3://"+bucket+"/in/nope.jsonl")
-	assert.Equal(t, stage.ExitNotFound, missing.code, missing.stderr)
+	assert.Equal(t, stage.ExitNotFound, missing.Code, missing.Stderr)
 }

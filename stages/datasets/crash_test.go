@@ -92,7 +92,7 @@ func (w *writer) wait(t *testing.T) result {
 	} else {
 		require.NoError(t, err)
 	}
-	return result{w.stdout.String(), w.stderr.String(), code}
+	return result{Stdout: w.stdout.String(), Stderr: w.stderr.String(), Code: code}
 }
 
 func runWriter(t *testing.T, sc storeCase, args ...string) result {
@@ -122,9 +122,9 @@ func storeKeys(t *testing.T, st store.Store) []string {
 func gcDryRun(t *testing.T, sc storeCase) []string {
 	t.Helper()
 	r := runWriter(t, sc, "gc", "--dry-run", "--grace", "0s")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	var keys []string
-	for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(r.Stdout), "\n") {
 		if k, ok := strings.CutPrefix(line, "would remove "); ok && strings.Contains(k, " (") {
 			keys = append(keys, k[:strings.Index(k, " (")])
 		}
@@ -137,13 +137,13 @@ func TestKilledWriterLeavesNoVersion(t *testing.T) {
 	points := []string{dataset.HookShardPartial, dataset.HookShardWritten, dataset.HookPartReceipted, dataset.HookBeforeCommit}
 	eachStore(t, func(t *testing.T, sc storeCase) {
 		ctx := context.Background()
-		want := runWriter(t, sc, "import", "tasks", "--print-version", referenceRows).lastLine()
+		want := runWriter(t, sc, "import", "tasks", "--print-version", referenceRows).LastLine()
 		for _, point := range points {
 			w := startWriter(t, sc, []string{"KILN_TEST_PAUSE_AT=" + point}, "import", "tasks", referenceRows)
 			w.waitPaused(t)
 			require.NoError(t, w.cmd.Process.Signal(syscall.SIGKILL))
 			r := w.wait(t)
-			require.Equal(t, -1, r.code, "killed at %s", point)
+			require.Equal(t, -1, r.Code, "killed at %s", point)
 
 			all, err := dataset.List(ctx, sc.st, "")
 			require.NoError(t, err)
@@ -160,14 +160,14 @@ func TestKilledWriterLeavesNoVersion(t *testing.T) {
 		}
 		// Rerunning the same command completes the version.
 		done := runWriter(t, sc, "import", "tasks", referenceRows)
-		require.Equal(t, 0, done.code, done.stderr)
-		assert.Equal(t, want, done.lastLine())
+		require.Equal(t, 0, done.Code, done.Stderr)
+		assert.Equal(t, want, done.LastLine())
 		v, err := dataset.OpenString(ctx, sc.st, "tasks")
 		require.NoError(t, err)
 		assert.Equal(t, int64(4), v.Rows)
 		exp := runWriter(t, sc, "export", want)
-		require.Equal(t, 0, exp.code, exp.stderr)
-		assert.Equal(t, 4, strings.Count(exp.stdout, "\n"))
+		require.Equal(t, 0, exp.Code, exp.Stderr)
+		assert.Equal(t, 4, strings.Count(exp.Stdout, "\n"))
 	})
 }
 
@@ -181,12 +181,12 @@ func TestTwoProcessesCommitOneVersion(t *testing.T) {
 		b.waitPaused(t)
 		require.NoError(t, os.WriteFile(resume, nil, 0o644))
 		ra, rb := a.wait(t), b.wait(t)
-		require.Equal(t, 0, ra.code, ra.stderr)
-		require.Equal(t, 0, rb.code, rb.stderr)
-		assert.Equal(t, ra.lastLine(), rb.lastLine())
-		winners := strings.Count(ra.stderr+rb.stderr, "msg=committed")
-		assert.Equal(t, 1, winners, "exactly one commit:\n%s\n%s", ra.stderr, rb.stderr)
-		assert.Equal(t, 1, strings.Count(ra.stderr+rb.stderr, "another run committed this version first"))
+		require.Equal(t, 0, ra.Code, ra.Stderr)
+		require.Equal(t, 0, rb.Code, rb.Stderr)
+		assert.Equal(t, ra.LastLine(), rb.LastLine())
+		winners := strings.Count(ra.Stderr+rb.Stderr, "msg=committed")
+		assert.Equal(t, 1, winners, "exactly one commit:\n%s\n%s", ra.Stderr, rb.Stderr)
+		assert.Equal(t, 1, strings.Count(ra.Stderr+rb.Stderr, "another run committed this version first"))
 		all, err := dataset.List(context.Background(), sc.st, "")
 		require.NoError(t, err)
 		assert.Len(t, all, 1)
@@ -219,9 +219,9 @@ func TestShardedProcesses(t *testing.T) {
 		var logs string
 		for i, w := range ws {
 			r := w.wait(t)
-			require.Equal(t, 0, r.code, "part %d: %s", i, r.stderr)
-			refs = append(refs, r.lastLine())
-			logs += r.stderr
+			require.Equal(t, 0, r.Code, "part %d: %s", i, r.Stderr)
+			refs = append(refs, r.LastLine())
+			logs += r.Stderr
 		}
 		for _, r := range refs {
 			assert.Equal(t, refs[0], r)
@@ -236,18 +236,18 @@ func TestShardedProcesses(t *testing.T) {
 
 		require.NoError(t, os.WriteFile(resume, nil, 0o644))
 		rd := dup.wait(t)
-		require.Equal(t, 0, rd.code, rd.stderr)
-		assert.Equal(t, refs[0], rd.lastLine())
+		require.Equal(t, 0, rd.Code, rd.Stderr)
+		assert.Equal(t, refs[0], rd.LastLine())
 		late := runWriter(t, sc, "import", "tasks", "--shard", fmt.Sprintf("1/%d", n), rows)
-		require.Equal(t, 0, late.code, late.stderr)
-		assert.Contains(t, late.stderr, "already committed")
+		require.Equal(t, 0, late.Code, late.Stderr)
+		assert.Contains(t, late.Stderr, "already committed")
 
 		after, err := dataset.OpenString(ctx, sc.st, refs[0])
 		require.NoError(t, err)
 		assert.Equal(t, before, after.Manifest, "a late duplicate replaced nothing")
 		exp := runWriter(t, sc, "export", refs[0])
-		require.Equal(t, 0, exp.code, exp.stderr)
-		got := readLines(t, strings.NewReader(exp.stdout))
+		require.Equal(t, 0, exp.Code, exp.Stderr)
+		got := readLines(t, strings.NewReader(exp.Stdout))
 		require.Len(t, got, 40)
 		seen := map[any]bool{}
 		for _, row := range got {

@@ -1,10 +1,8 @@
 package datasets_test
 
 import (
-	"bytes"
 	"fmt"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +10,7 @@ import (
 
 	"github.com/kilnrl/kiln/stages/datasets"
 	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/stages/stage/stagetest"
 )
 
 // The test binary doubles as a kiln writer process for the crash tests:
@@ -48,22 +47,10 @@ func newApp(env *datasets.Env) *cli.App {
 }
 
 // result is one finished kiln invocation.
-type result struct {
-	stdout, stderr string
-	code           int
-}
-
-// lastLine is the last line of stdout: a writing command's reference.
-func (r result) lastLine() string {
-	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
-	return lines[len(lines)-1]
-}
+type result = stagetest.Result
 
 // kiln runs the dataset commands in-process.
 func kiln(t *testing.T, args ...string) result {
 	t.Helper()
-	var out, errb bytes.Buffer
-	env := &datasets.Env{Stdout: &out, Stderr: &errb, Log: stage.NewLogger(&errb, false)}
-	code := stage.Main(newApp(env), append([]string{"kiln"}, args...), &errb)
-	return result{out.String(), errb.String(), code}
+	return stagetest.Run(t, datasets.Commands, args...)
 }

@@ -23,27 +23,15 @@ import (
 	"github.com/kilnrl/kiln/stages/datasets"
 	"github.com/kilnrl/kiln/stages/rollout"
 	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/stages/stage/stagetest"
 )
 
-type result struct {
-	stdout, stderr string
-	code           int
-}
-
-func (r result) lastLine() string {
-	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
-	return lines[len(lines)-1]
-}
-
 // kiln runs the kiln-rollout and kiln dataset commands in-process.
-func kiln(t *testing.T, args ...string) result {
+func kiln(t *testing.T, args ...string) stagetest.Result {
 	t.Helper()
-	var out, errb bytes.Buffer
-	env := &stage.Env{Stdout: &out, Stderr: &errb, Log: stage.NewLogger(&errb, false)}
-	cmds := append(rollout.Commands(env), datasets.Commands(env)...)
-	app := stage.CommonApp(&cli.App{Name: "kiln", Commands: cmds}, &out, &errb)
-	code := stage.Main(app, append([]string{"kiln"}, args...), &errb)
-	return result{out.String(), errb.String(), code}
+	return stagetest.Run(t, func(env *stage.Env) []*cli.Command {
+		return append(rollout.Commands(env), datasets.Commands(env)...)
+	}, args...)
 }
 
 // msg renders a chat message as JSON.
@@ -96,9 +84,9 @@ func allTurns(n int) []records.TurnJSON {
 
 func exportSorted(t *testing.T, store, ref string) []string {
 	r := kiln(t, "export", "--store", store, ref)
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	var rows []string
-	sc := bufio.NewScanner(strings.NewReader(r.stdout))
+	sc := bufio.NewScanner(strings.NewReader(r.Stdout))
 	sc.Buffer(nil, 1<<24)
 	for sc.Scan() {
 		rows = append(rows, sc.Text())
@@ -111,8 +99,8 @@ func TestAssembleJSONL(t *testing.T) {
 	dir := t.TempDir()
 	src := writeJSONL(t, allTurns(6))
 	r := kiln(t, "assemble", "--store", dir, "--turns-jsonl", src, "--out", "trajectories/replay")
-	require.Equal(t, 0, r.code, r.stderr)
-	ref := r.lastLine()
+	require.Equal(t, 0, r.Code, r.Stderr)
+	ref := r.LastLine()
 	assert.Regexp(t, `^trajectories/replay@[0-9a-f]{20}$`, ref)
 
 	rows := exportSorted(t, dir, ref)
@@ -140,8 +128,8 @@ func TestAssembleJSONL(t *testing.T) {
 		var last string
 		for i := 0; i < split; i++ {
 			r := kiln(t, "assemble", "--store", other, "--turns-jsonl", src, "--out", "trajectories/replay", "--shard", fmt.Sprintf("%d/%d", i, split))
-			require.Equal(t, 0, r.code, r.stderr)
-			last = r.lastLine()
+			require.Equal(t, 0, r.Code, r.Stderr)
+			last = r.LastLine()
 		}
 		assert.Equal(t, ref, last, "the version id does not depend on the split")
 		assert.Equal(t, rows, exportSorted(t, other, last), "split %d", split)
@@ -182,19 +170,19 @@ func TestAssembleTurnsDataset(t *testing.T) {
 	require.NoError(t, err)
 
 	r := kiln(t, "assemble", "--store", dir, "--turns", "turns/step-0")
-	require.Equal(t, 0, r.code, r.stderr)
-	lg := kiln(t, "log", "--store", dir, r.lastLine())
-	assert.Contains(t, lg.stdout, res.Ref.String())
+	require.Equal(t, 0, r.Code, r.Stderr)
+	lg := kiln(t, "log", "--store", dir, r.LastLine())
+	assert.Contains(t, lg.Stdout, res.Ref.String())
 	fromJSONL := kiln(t, "assemble", "--store", t.TempDir(), "--turns-jsonl", writeJSONL(t, allTurns(4)))
-	require.Equal(t, 0, fromJSONL.code, fromJSONL.stderr)
-	assert.Len(t, exportSorted(t, dir, r.lastLine()), 4)
+	require.Equal(t, 0, fromJSONL.Code, fromJSONL.Stderr)
+	assert.Len(t, exportSorted(t, dir, r.LastLine()), 4)
 
 	sharded := kiln(t, "assemble", "--store", dir, "--turns", "turns/step-0", "--shard", "0/2")
-	assert.Equal(t, stage.ExitUsage, sharded.code)
-	assert.Contains(t, sharded.stderr, "not pinned")
-	wrongKind := kiln(t, "assemble", "--store", dir, "--turns", r.lastLine())
-	assert.Equal(t, stage.ExitUsage, wrongKind.code)
-	assert.Contains(t, wrongKind.stderr, "is a trajectories dataset, want turns")
+	assert.Equal(t, stage.ExitUsage, sharded.Code)
+	assert.Contains(t, sharded.Stderr, "not pinned")
+	wrongKind := kiln(t, "assemble", "--store", dir, "--turns", r.LastLine())
+	assert.Equal(t, stage.ExitUsage, wrongKind.Code)
+	assert.Contains(t, wrongKind.Stderr, "is a trajectories dataset, want turns")
 }
 
 func TestAssembleBadInput(t *testing.T) {
@@ -218,8 +206,8 @@ func TestAssembleBadInput(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
 			r := kiln(t, append([]string{"assemble", "--store", dir}, c.args...)...)
-			assert.Equal(t, c.code, r.code, r.stderr)
-			assert.Contains(t, r.stderr, c.want)
+			assert.Equal(t, c.code, r.Code, r.Stderr)
+			assert.Contains(t, r.Stderr, c.want)
 			all, err := dataset.List(context.Background(), mustLocal(t, dir), "")
 			require.NoError(t, err)
 			assert.Empty(t, all, "no version after a failure")

@@ -1,7 +1,7 @@
 package rollout
 
 import (
-		"fmt"
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"strings"
