@@ -242,7 +242,7 @@ func assembleSession(s *session, opts assembly.Options) ([]records.Trajectory, e
 		if t.MaxContextTokens > 0 {
 			base.MaxSampleTokens = int(t.MaxContextTokens)
 		}
-		msgs, err := split.split([]byte(t.PromptMessages))
+		msgs, err := split.split(t.PromptMessages)
 		if err != nil {
 			return nil, fmt.Errorf("session %q turn %d: %w", s.id, t.Turn, err)
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"unsafe"
 )
 
 // messageSplitter splits a session's prompt_messages (a JSON array per
@@ -16,8 +17,11 @@ type messageSplitter struct {
 	msgs []json.RawMessage
 }
 
-func (s *messageSplitter) split(text []byte) ([]json.RawMessage, error) {
-	text = bytes.TrimSpace(text)
+func (s *messageSplitter) split(str string) ([]json.RawMessage, error) {
+	// The messages alias str's bytes without copying them (a session's
+	// histories add up to far more bytes than its tokens); nothing writes
+	// to a message.
+	text := bytes.TrimSpace(unsafe.Slice(unsafe.StringData(str), len(str)))
 	if n := len(s.prev); n > 2 && len(text) > n && bytes.HasPrefix(text, s.prev[:n-1]) && text[n-1] == ',' {
 		if tail, ok := splitArray(append([]byte{'['}, text[n:]...)); ok {
 			msgs := append(s.msgs[:len(s.msgs):len(s.msgs)], tail...)

@@ -30,19 +30,19 @@ func TestSplitArray(t *testing.T) {
 
 func TestMessageSplitterReusesPrefix(t *testing.T) {
 	var s messageSplitter
-	a, err := s.split([]byte(`[{"role":"user","content":"u"}]`))
+	a, err := s.split(`[{"role":"user","content":"u"}]`)
 	require.NoError(t, err)
 	require.Len(t, a, 1)
-	b, err := s.split([]byte(`[{"role":"user","content":"u"},{"role":"assistant","content":"x"},{"role":"tool","content":"t"}]`))
+	b, err := s.split(`[{"role":"user","content":"u"},{"role":"assistant","content":"x"},{"role":"tool","content":"t"}]`)
 	require.NoError(t, err)
 	require.Len(t, b, 3)
 	assert.Equal(t, `{"role":"tool","content":"t"}`, string(b[2]))
 	// A rewritten history is split from scratch.
-	c, err := s.split([]byte(`[{"role":"user","content":"summary"}]`))
+	c, err := s.split(`[{"role":"user","content":"summary"}]`)
 	require.NoError(t, err)
 	require.Len(t, c, 1)
 	assert.Equal(t, `{"role":"user","content":"summary"}`, string(c[0]))
 	assert.Len(t, b, 3, "earlier results are not clobbered")
-	_, err = s.split([]byte(`[{"role":`))
+	_, err = s.split(`[{"role":`)
 	assert.ErrorContains(t, err, "prompt_messages")
 }
