@@ -33,23 +33,12 @@ type Trajectory struct {
 	IllFormed       bool
 	Reward          *float64 // set only when turns were imported with rewards
 
-	// Optional replay columns (nil when absent), over the response region.
-	// Top-p nucleus, CSR: row r's candidate ids are
-	// TopPTokenIDs[TopPTokenOffsets[r]:TopPTokenOffsets[r+1]].
-	TopPTokenIDs     []int32
-	TopPTokenOffsets []int32
-	TopPLogProbs     []float32
-	// Top-k heads, row-major [ResponseLength, TopK].
-	TopKTokenIDs []int32
-	TopKLogProbs []float32
-	TopK         int32
-	// Routed experts, row-major with shape RoutedExpertsShape
-	// ([positions, layers, topk]).
-	RoutedExperts      []int32
-	RoutedExpertsShape []int32
+	// Replay holds the optional replay columns over the response region
+	// (top-k heads are [ResponseLength, TopK]).
+	Replay
 }
 
-var trajectorySchema = arrow.NewSchema([]arrow.Field{
+var trajectorySchema = arrow.NewSchema(fieldsWithReplay([]arrow.Field{
 	{Name: "rollout_id", Type: arrow.PrimitiveTypes.Int64},
 	{Name: "index", Type: arrow.PrimitiveTypes.Int64},
 	{Name: "group_index", Type: arrow.PrimitiveTypes.Int64},
@@ -62,15 +51,7 @@ var trajectorySchema = arrow.NewSchema([]arrow.Field{
 	{Name: "use_tool", Type: arrow.FixedWidthTypes.Boolean},
 	{Name: "ill_formed", Type: arrow.FixedWidthTypes.Boolean},
 	{Name: "reward", Type: arrow.PrimitiveTypes.Float64, Nullable: true},
-	{Name: "rollout_top_p_token_ids", Type: arrow.ListOf(arrow.PrimitiveTypes.Int32), Nullable: true},
-	{Name: "rollout_top_p_token_offsets", Type: arrow.ListOf(arrow.PrimitiveTypes.Int32), Nullable: true},
-	{Name: "rollout_top_p_log_probs", Type: arrow.ListOf(arrow.PrimitiveTypes.Float32), Nullable: true},
-	{Name: "rollout_topk_token_ids", Type: arrow.ListOf(arrow.PrimitiveTypes.Int32), Nullable: true},
-	{Name: "rollout_topk_log_probs", Type: arrow.ListOf(arrow.PrimitiveTypes.Float32), Nullable: true},
-	{Name: "rollout_topk_k", Type: arrow.PrimitiveTypes.Int32, Nullable: true},
-	{Name: "rollout_routed_experts", Type: arrow.ListOf(arrow.PrimitiveTypes.Int32), Nullable: true},
-	{Name: "rollout_routed_experts_shape", Type: arrow.ListOf(arrow.PrimitiveTypes.Int32), Nullable: true},
-}, nil)
+}), nil)
 
 // TrajectoriesKind is the trajectories record kind.
 var TrajectoriesKind = Kind{
@@ -189,23 +170,8 @@ func (e *TrajectoryEncoder) Write(segs ...Trajectory) error {
 		f[8].(*array.BooleanBuilder).Append(t.Truncated)
 		f[9].(*array.BooleanBuilder).Append(t.UseTool)
 		f[10].(*array.BooleanBuilder).Append(t.IllFormed)
-		if t.Reward != nil {
-			f[11].(*array.Float64Builder).Append(*t.Reward)
-		} else {
-			f[11].AppendNull()
-		}
-		appendInt32s(f[12], t.TopPTokenIDs, true)
-		appendInt32s(f[13], t.TopPTokenOffsets, true)
-		appendFloat32s(f[14], t.TopPLogProbs, true)
-		appendInt32s(f[15], t.TopKTokenIDs, true)
-		appendFloat32s(f[16], t.TopKLogProbs, true)
-		if t.TopKTokenIDs != nil {
-			f[17].(*array.Int32Builder).Append(t.TopK)
-		} else {
-			f[17].AppendNull()
-		}
-		appendInt32s(f[18], t.RoutedExperts, true)
-		appendInt32s(f[19], t.RoutedExpertsShape, true)
+		appendOptFloat64(f[11], t.Reward)
+		t.Replay.appendTo(f[12:])
 		if err := e.rowDone(len(t.Tokens)); err != nil {
 			return err
 		}
@@ -266,16 +232,7 @@ func eachRow(rec arrow.RecordBatch, t *Trajectory, fn func(*Trajectory) error) e
 			v := rw.Value(r)
 			t.Reward = &v
 		}
-		t.TopPTokenIDs = listInt32(c[12], r)
-		t.TopPTokenOffsets = listInt32(c[13], r)
-		t.TopPLogProbs = listFloat32(c[14], r)
-		t.TopKTokenIDs = listInt32(c[15], r)
-		t.TopKLogProbs = listFloat32(c[16], r)
-		if k := i32(17); k.IsValid(r) {
-			t.TopK = k.Value(r)
-		}
-		t.RoutedExperts = listInt32(c[18], r)
-		t.RoutedExpertsShape = listInt32(c[19], r)
+		t.Replay.readFrom(c[12:], r)
 		if err := t.Validate(); err != nil {
 			return fmt.Errorf("trajectories shard: %w", err)
 		}
@@ -329,26 +286,19 @@ func listFloat32(a arrow.Array, r int) []float32 {
 }
 
 type trajectoryRow struct {
-	RolloutID          int64     `json:"rollout_id"`
-	Index              int64     `json:"index"`
-	GroupIndex         int64     `json:"group_index"`
-	Segment            int32     `json:"segment"`
-	Tokens             []int32   `json:"tokens"`
-	ResponseLength     int32     `json:"response_length"`
-	LossMask           []int     `json:"loss_mask"`
-	RolloutLogProbs    []float32 `json:"rollout_log_probs"`
-	Truncated          bool      `json:"truncated"`
-	UseTool            bool      `json:"use_tool"`
-	IllFormed          bool      `json:"ill_formed"`
-	Reward             *float64  `json:"reward"`
-	TopPTokenIDs       []int32   `json:"rollout_top_p_token_ids,omitempty"`
-	TopPTokenOffsets   []int32   `json:"rollout_top_p_token_offsets,omitempty"`
-	TopPLogProbs       []float32 `json:"rollout_top_p_log_probs,omitempty"`
-	TopKTokenIDs       []int32   `json:"rollout_topk_token_ids,omitempty"`
-	TopKLogProbs       []float32 `json:"rollout_topk_log_probs,omitempty"`
-	TopK               *int32    `json:"rollout_topk_k,omitempty"`
-	RoutedExperts      []int32   `json:"rollout_routed_experts,omitempty"`
-	RoutedExpertsShape []int32   `json:"rollout_routed_experts_shape,omitempty"`
+	RolloutID       int64     `json:"rollout_id"`
+	Index           int64     `json:"index"`
+	GroupIndex      int64     `json:"group_index"`
+	Segment         int32     `json:"segment"`
+	Tokens          []int32   `json:"tokens"`
+	ResponseLength  int32     `json:"response_length"`
+	LossMask        []int     `json:"loss_mask"`
+	RolloutLogProbs []float32 `json:"rollout_log_probs"`
+	Truncated       bool      `json:"truncated"`
+	UseTool         bool      `json:"use_tool"`
+	IllFormed       bool      `json:"ill_formed"`
+	Reward          *float64  `json:"reward"`
+	Replay
 }
 
 // MarshalRow is the segment's JSON view (field names as the Arrow columns;
@@ -358,17 +308,11 @@ func (t *Trajectory) MarshalRow() (json.RawMessage, error) {
 		RolloutID: t.RolloutID, Index: t.Index, GroupIndex: t.GroupIndex, Segment: t.Segment,
 		Tokens: t.Tokens, ResponseLength: t.ResponseLength, RolloutLogProbs: t.RolloutLogProbs,
 		Truncated: t.Truncated, UseTool: t.UseTool, IllFormed: t.IllFormed, Reward: t.Reward,
-		TopPTokenIDs: t.TopPTokenIDs, TopPTokenOffsets: t.TopPTokenOffsets, TopPLogProbs: t.TopPLogProbs,
-		TopKTokenIDs: t.TopKTokenIDs, TopKLogProbs: t.TopKLogProbs,
-		RoutedExperts: t.RoutedExperts, RoutedExpertsShape: t.RoutedExpertsShape,
+		Replay: t.Replay,
 	}
 	row.LossMask = make([]int, len(t.LossMask))
 	for i, m := range t.LossMask {
 		row.LossMask[i] = int(m)
-	}
-	if t.TopKTokenIDs != nil {
-		k := t.TopK
-		row.TopK = &k
 	}
 	return marshalNoEscape(row)
 }

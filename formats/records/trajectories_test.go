@@ -21,9 +21,7 @@ func sampleTrajectories() []Trajectory {
 			Tokens: []int32{1, 2, 9, 10}, ResponseLength: 2,
 			LossMask: []uint8{0, 1}, RolloutLogProbs: []float32{0, -0.01},
 			Truncated: true, IllFormed: true, Reward: &reward,
-			TopPTokenIDs: []int32{10, 11}, TopPTokenOffsets: []int32{0, 0, 2}, TopPLogProbs: []float32{-0.01, -4},
-			TopKTokenIDs: []int32{0, 1, 10, 3}, TopKLogProbs: []float32{-0.7, -0.7, -0.01, -5}, TopK: 2,
-			RoutedExperts: []int32{1, 2, 3, 4, 5, 6}, RoutedExpertsShape: []int32{3, 1, 2}},
+			Replay: Replay{TopPTokenIDs: []int32{10, 11}, TopPTokenOffsets: []int32{0, 0, 2}, TopPLogProbs: []float32{-0.01, -4}, TopKTokenIDs: []int32{0, 1, 10, 3}, TopKLogProbs: []float32{-0.7, -0.7, -0.01, -5}, TopK: 2, RoutedExperts: []int32{1, 2, 3, 4, 5, 6}, RoutedExpertsShape: []int32{3, 1, 2}}},
 	}
 }
 

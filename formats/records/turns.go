@@ -33,20 +33,14 @@ type Turn struct {
 	MaxContextTokens int32
 	// Reward is set only for turns imported from systems that carry one.
 	Reward *float64
-	// Optional replay data over the outputs, as in Trajectory.
-	TopPTokenIDs       []int32
-	TopPTokenOffsets   []int32
-	TopPLogProbs       []float32
-	TopKTokenIDs       []int32
-	TopKLogProbs       []float32
-	TopK               int32
-	RoutedExperts      []int32
-	RoutedExpertsShape []int32
-	StartedMs          *int64 // unix milliseconds when the call started
-	DurationMs         *int64
+	// Replay holds the optional replay data over the outputs (top-k heads
+	// are [len(OutputIDs), TopK]; routes cover prompt and output positions).
+	Replay
+	StartedMs  *int64 // unix milliseconds when the call started
+	DurationMs *int64
 }
 
-var turnSchema = arrow.NewSchema([]arrow.Field{
+var turnSchema = arrow.NewSchema(fieldsWithReplay([]arrow.Field{
 	{Name: "rollout_id", Type: arrow.PrimitiveTypes.Int64},
 	{Name: "index", Type: arrow.PrimitiveTypes.Int64},
 	{Name: "group_index", Type: arrow.PrimitiveTypes.Int64},
@@ -61,17 +55,10 @@ var turnSchema = arrow.NewSchema([]arrow.Field{
 	{Name: "response_message", Type: arrow.BinaryTypes.String, Nullable: true},
 	{Name: "max_context_tokens", Type: arrow.PrimitiveTypes.Int32},
 	{Name: "reward", Type: arrow.PrimitiveTypes.Float64, Nullable: true},
-	{Name: "rollout_top_p_token_ids", Type: arrow.ListOf(arrow.PrimitiveTypes.Int32), Nullable: true},
-	{Name: "rollout_top_p_token_offsets", Type: arrow.ListOf(arrow.PrimitiveTypes.Int32), Nullable: true},
-	{Name: "rollout_top_p_log_probs", Type: arrow.ListOf(arrow.PrimitiveTypes.Float32), Nullable: true},
-	{Name: "rollout_topk_token_ids", Type: arrow.ListOf(arrow.PrimitiveTypes.Int32), Nullable: true},
-	{Name: "rollout_topk_log_probs", Type: arrow.ListOf(arrow.PrimitiveTypes.Float32), Nullable: true},
-	{Name: "rollout_topk_k", Type: arrow.PrimitiveTypes.Int32, Nullable: true},
-	{Name: "rollout_routed_experts", Type: arrow.ListOf(arrow.PrimitiveTypes.Int32), Nullable: true},
-	{Name: "rollout_routed_experts_shape", Type: arrow.ListOf(arrow.PrimitiveTypes.Int32), Nullable: true},
-	{Name: "started_ms", Type: arrow.PrimitiveTypes.Int64, Nullable: true},
-	{Name: "duration_ms", Type: arrow.PrimitiveTypes.Int64, Nullable: true},
-}, nil)
+},
+	arrow.Field{Name: "started_ms", Type: arrow.PrimitiveTypes.Int64, Nullable: true},
+	arrow.Field{Name: "duration_ms", Type: arrow.PrimitiveTypes.Int64, Nullable: true},
+), nil)
 
 // TurnsKind is the turns record kind.
 var TurnsKind = Kind{
@@ -148,14 +135,7 @@ func (e *TurnEncoder) Write(turns ...Turn) error {
 		appendOptString(f[11], t.ResponseMessage)
 		f[12].(*array.Int32Builder).Append(t.MaxContextTokens)
 		appendOptFloat64(f[13], t.Reward)
-		appendInt32s(f[14], t.TopPTokenIDs, true)
-		appendInt32s(f[15], t.TopPTokenOffsets, true)
-		appendFloat32s(f[16], t.TopPLogProbs, true)
-		appendInt32s(f[17], t.TopKTokenIDs, true)
-		appendFloat32s(f[18], t.TopKLogProbs, true)
-		appendOptInt32(f[19], t.TopK, t.TopKTokenIDs != nil)
-		appendInt32s(f[20], t.RoutedExperts, true)
-		appendInt32s(f[21], t.RoutedExpertsShape, true)
+		t.Replay.appendTo(f[14:])
 		appendOptInt64(f[22], t.StartedMs)
 		appendOptInt64(f[23], t.DurationMs)
 		if err := e.rowDone(len(t.PromptIDs) + len(t.OutputIDs)); err != nil {
@@ -186,10 +166,8 @@ func eachTurnRow(rec arrow.RecordBatch, t *Turn, fn func(*Turn) error) error {
 			PromptIDs: listInt32(c[5], r), OutputIDs: listInt32(c[6], r), OutputLogProbs: listFloat32(c[7], r),
 			FinishReason: str(8).Value(r), IllFormed: c[9].(*array.Boolean).Value(r),
 			PromptMessages: str(10).Value(r), MaxContextTokens: i32(12).Value(r),
-			TopPTokenIDs: listInt32(c[14], r), TopPTokenOffsets: listInt32(c[15], r), TopPLogProbs: listFloat32(c[16], r),
-			TopKTokenIDs: listInt32(c[17], r), TopKLogProbs: listFloat32(c[18], r),
-			RoutedExperts: listInt32(c[20], r), RoutedExpertsShape: listInt32(c[21], r),
 		}
+		t.Replay.readFrom(c[14:], r)
 		if s := str(11); s.IsValid(r) {
 			v := s.Value(r)
 			t.ResponseMessage = &v
@@ -197,9 +175,6 @@ func eachTurnRow(rec arrow.RecordBatch, t *Turn, fn func(*Turn) error) error {
 		if f := c[13].(*array.Float64); f.IsValid(r) {
 			v := f.Value(r)
 			t.Reward = &v
-		}
-		if k := i32(19); k.IsValid(r) {
-			t.TopK = k.Value(r)
 		}
 		if v := i64(22); v.IsValid(r) {
 			x := v.Value(r)
@@ -220,30 +195,23 @@ func eachTurnRow(rec arrow.RecordBatch, t *Turn, fn func(*Turn) error) error {
 // embedded as JSON. kiln-rollout assemble --turns-jsonl reads it; kiln
 // export writes it.
 type TurnJSON struct {
-	RolloutID          *int64          `json:"rollout_id,omitempty"`
-	Index              int64           `json:"index"`
-	GroupIndex         int64           `json:"group_index"`
-	Session            string          `json:"session"`
-	Turn               *int32          `json:"turn,omitempty"`
-	PromptIDs          []int32         `json:"prompt_ids"`
-	OutputIDs          []int32         `json:"output_ids"`
-	OutputLogProbs     []float32       `json:"output_log_probs"`
-	FinishReason       string          `json:"finish_reason"`
-	IllFormed          bool            `json:"ill_formed"`
-	PromptMessages     json.RawMessage `json:"prompt_messages"`
-	ResponseMessage    json.RawMessage `json:"response_message"`
-	MaxContextTokens   int32           `json:"max_context_tokens"`
-	Reward             *float64        `json:"reward"`
-	TopPTokenIDs       []int32         `json:"rollout_top_p_token_ids,omitempty"`
-	TopPTokenOffsets   []int32         `json:"rollout_top_p_token_offsets,omitempty"`
-	TopPLogProbs       []float32       `json:"rollout_top_p_log_probs,omitempty"`
-	TopKTokenIDs       []int32         `json:"rollout_topk_token_ids,omitempty"`
-	TopKLogProbs       []float32       `json:"rollout_topk_log_probs,omitempty"`
-	TopK               *int32          `json:"rollout_topk_k,omitempty"`
-	RoutedExperts      []int32         `json:"rollout_routed_experts,omitempty"`
-	RoutedExpertsShape []int32         `json:"rollout_routed_experts_shape,omitempty"`
-	StartedMs          *int64          `json:"started_ms,omitempty"`
-	DurationMs         *int64          `json:"duration_ms,omitempty"`
+	RolloutID        *int64          `json:"rollout_id,omitempty"`
+	Index            int64           `json:"index"`
+	GroupIndex       int64           `json:"group_index"`
+	Session          string          `json:"session"`
+	Turn             *int32          `json:"turn,omitempty"`
+	PromptIDs        []int32         `json:"prompt_ids"`
+	OutputIDs        []int32         `json:"output_ids"`
+	OutputLogProbs   []float32       `json:"output_log_probs"`
+	FinishReason     string          `json:"finish_reason"`
+	IllFormed        bool            `json:"ill_formed"`
+	PromptMessages   json.RawMessage `json:"prompt_messages"`
+	ResponseMessage  json.RawMessage `json:"response_message"`
+	MaxContextTokens int32           `json:"max_context_tokens"`
+	Reward           *float64        `json:"reward"`
+	Replay
+	StartedMs  *int64 `json:"started_ms,omitempty"`
+	DurationMs *int64 `json:"duration_ms,omitempty"`
 }
 
 // MarshalRow is the turn's JSON view.
@@ -253,16 +221,9 @@ func (t *Turn) MarshalRow() (json.RawMessage, error) {
 		PromptIDs: t.PromptIDs, OutputIDs: t.OutputIDs, OutputLogProbs: t.OutputLogProbs,
 		FinishReason: t.FinishReason, IllFormed: t.IllFormed, PromptMessages: json.RawMessage(t.PromptMessages),
 		ResponseMessage: json.RawMessage("null"), MaxContextTokens: t.MaxContextTokens, Reward: t.Reward,
-		TopPTokenIDs: t.TopPTokenIDs, TopPTokenOffsets: t.TopPTokenOffsets, TopPLogProbs: t.TopPLogProbs,
-		TopKTokenIDs: t.TopKTokenIDs, TopKLogProbs: t.TopKLogProbs,
-		RoutedExperts: t.RoutedExperts, RoutedExpertsShape: t.RoutedExpertsShape,
-		StartedMs: t.StartedMs, DurationMs: t.DurationMs}
+		Replay: t.Replay, StartedMs: t.StartedMs, DurationMs: t.DurationMs}
 	if t.ResponseMessage != nil {
 		j.ResponseMessage = json.RawMessage(*t.ResponseMessage)
-	}
-	if t.TopKTokenIDs != nil {
-		k := t.TopK
-		j.TopK = &k
 	}
 	if j.OutputLogProbs == nil {
 		j.OutputLogProbs = []float32{}
@@ -277,18 +238,12 @@ func (j *TurnJSON) ToTurn(order int32) (Turn, error) {
 		PromptIDs: j.PromptIDs, OutputIDs: j.OutputIDs, OutputLogProbs: j.OutputLogProbs,
 		FinishReason: j.FinishReason, IllFormed: j.IllFormed, PromptMessages: string(j.PromptMessages),
 		MaxContextTokens: j.MaxContextTokens, Reward: j.Reward,
-		TopPTokenIDs: j.TopPTokenIDs, TopPTokenOffsets: j.TopPTokenOffsets, TopPLogProbs: j.TopPLogProbs,
-		TopKTokenIDs: j.TopKTokenIDs, TopKLogProbs: j.TopKLogProbs,
-		RoutedExperts: j.RoutedExperts, RoutedExpertsShape: j.RoutedExpertsShape,
-		StartedMs: j.StartedMs, DurationMs: j.DurationMs}
+		Replay: j.Replay, StartedMs: j.StartedMs, DurationMs: j.DurationMs}
 	if j.RolloutID != nil {
 		t.RolloutID = *j.RolloutID
 	}
 	if j.Turn != nil {
 		t.Turn = *j.Turn
-	}
-	if j.TopK != nil {
-		t.TopK = *j.TopK
 	}
 	if len(j.PromptMessages) == 0 {
 		t.PromptMessages = "[]"

@@ -20,7 +20,7 @@ func TestTurnsRoundTrip(t *testing.T) {
 		{RolloutID: 3, Index: 3, GroupIndex: 1, Session: "s-3", Turn: 1,
 			PromptIDs: []int32{1, 2, 3, 4, 5, 6}, OutputIDs: []int32{}, OutputLogProbs: []float32{}, FinishReason: "length", IllFormed: true,
 			PromptMessages: `[]`, Reward: &reward,
-			TopPTokenIDs: []int32{}, TopPTokenOffsets: []int32{0}},
+			Replay: Replay{TopPTokenIDs: []int32{}, TopPTokenOffsets: []int32{0}}},
 	}
 	var buf bytes.Buffer
 	enc, err := NewTurnEncoder(&buf, ArrowOptions{})
@@ -51,7 +51,7 @@ func TestTurnValidate(t *testing.T) {
 		{"no session", Turn{PromptMessages: "[]"}, "empty session"},
 		{"logprob count", Turn{Session: "s", PromptMessages: "[]", OutputIDs: []int32{1, 2}, OutputLogProbs: []float32{-1}}, "output_log_probs has 1 entries for 2 output ids"},
 		{"messages", Turn{Session: "s", PromptMessages: "{}"}, "prompt_messages is not a JSON array"},
-		{"offsets", Turn{Session: "s", PromptMessages: "[]", OutputIDs: []int32{1}, TopPTokenOffsets: []int32{0}}, "rollout_top_p_token_offsets has 1 entries, want 2"},
+		{"offsets", Turn{Session: "s", PromptMessages: "[]", OutputIDs: []int32{1}, Replay: Replay{TopPTokenOffsets: []int32{0}}}, "rollout_top_p_token_offsets has 1 entries, want 2"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

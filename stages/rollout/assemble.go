@@ -253,9 +253,7 @@ func assembleSession(s *session, opts assembly.Options) ([]records.Trajectory, e
 		err = sess.Record(assembly.Turn{
 			PromptIDs: t.PromptIDs, OutputIDs: t.OutputIDs, OutputLogProbs: t.OutputLogProbs,
 			FinishReason: t.FinishReason, IllFormed: t.IllFormed, PromptMessages: msgs, ResponseMessage: resp,
-			TopPTokenIDs: t.TopPTokenIDs, TopPTokenOffsets: t.TopPTokenOffsets, TopPLogProbs: t.TopPLogProbs,
-			TopKTokenIDs: t.TopKTokenIDs, TopKLogProbs: t.TopKLogProbs, TopK: t.TopK,
-			RoutedExperts: t.RoutedExperts, RoutedExpertsShape: t.RoutedExpertsShape,
+			Replay: t.Replay,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("session %q turn %d: %w", s.id, t.Turn, err)

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/kilnrl/kiln/formats/records"
 )
 
 // Turn is one model call of a session (the turns record kind).
@@ -20,15 +22,10 @@ type Turn struct {
 	PromptMessages  []json.RawMessage // chat messages after protocol translation; each a JSON object with "role"
 	ResponseMessage json.RawMessage   // parsed assistant message; nil or "null" = none
 
-	// Optional replay data (nil when absent).
-	TopPTokenIDs       []int32   // CSR over outputs
-	TopPTokenOffsets   []int32   // len(OutputIDs)+1
-	TopPLogProbs       []float32 // aligned with TopPTokenIDs (score centering)
-	TopKTokenIDs       []int32   // row-major [len(OutputIDs), TopK]
-	TopKLogProbs       []float32
-	TopK               int32
-	RoutedExperts      []int32 // row-major with shape RoutedExpertsShape
-	RoutedExpertsShape []int32 // [len(prompt)+len(output)-1, layers, topk]
+	// Replay is the optional replay data (nil columns when absent): top-p
+	// CSR over the outputs (offsets len(OutputIDs)+1), top-k heads
+	// [len(OutputIDs), TopK], routes [len(prompt)+len(output)-1, layers, topk].
+	records.Replay
 }
 
 // Options of one assembly run.

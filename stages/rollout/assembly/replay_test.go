@@ -5,6 +5,8 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/kilnrl/kiln/formats/records"
 )
 
 // replayCfg is one V-REPLAY capture configuration (spec §5.2).
@@ -143,11 +145,11 @@ func TestTV24ReplayExactPrefix(t *testing.T) {
 // branches (spec §6 TV25).
 func tv25Turns() []Turn {
 	t1 := Turn{PromptIDs: ints(51, 52, 53), OutputIDs: ints(101, 102), OutputLogProbs: lps(lnf(.7), lnf(.6)), FinishReason: "tool_calls",
-		TopPTokenIDs: ints(101, 201, 102, 202), TopPTokenOffsets: ints(0, 2, 4), TopPLogProbs: lps(lnf(.7), lnf(.3), lnf(.6), lnf(.4)),
+		Replay:         records.Replay{TopPTokenIDs: ints(101, 201, 102, 202), TopPTokenOffsets: ints(0, 2, 4), TopPLogProbs: lps(lnf(.7), lnf(.3), lnf(.6), lnf(.4))},
 		PromptMessages: raws(msgJSON("u:u", true)), ResponseMessage: msgJSON("a:call-inspect", false)}
 	branch := func(prompt []int32, tool string) Turn {
 		return Turn{PromptIDs: prompt, OutputIDs: ints(103, 104, 105), OutputLogProbs: lps(-.1, -.2, -.3), FinishReason: "stop",
-			TopPTokenIDs: ints(103, 104, 204, 105), TopPTokenOffsets: ints(0, 1, 3, 4), TopPLogProbs: lps(-.1, -.2, -1.0, -.3),
+			Replay:          records.Replay{TopPTokenIDs: ints(103, 104, 204, 105), TopPTokenOffsets: ints(0, 1, 3, 4), TopPLogProbs: lps(-.1, -.2, -1.0, -.3)},
 			PromptMessages:  raws(msgJSON("u:u", true), msgJSON("a:call-inspect", true), msgJSON("t:"+tool, true)),
 			ResponseMessage: msgJSON("a:done-"+tool, false)}
 	}
@@ -221,7 +223,7 @@ func TestTV26IncrementalAppend(t *testing.T) {
 	t.Run("top-p", func(t *testing.T) {
 		mk := func(prompt []int32, resp string, msgs ...string) Turn {
 			tr := Turn{PromptIDs: prompt, OutputIDs: ints(4, 2), OutputLogProbs: lps(lnf(.7), 0),
-				TopPTokenIDs: ints(1, 4, 2), TopPTokenOffsets: ints(0, 2, 3), TopPLogProbs: lps(lnf(.3), lnf(.7), 0),
+				Replay:          records.Replay{TopPTokenIDs: ints(1, 4, 2), TopPTokenOffsets: ints(0, 2, 3), TopPLogProbs: lps(lnf(.3), lnf(.7), 0)},
 				ResponseMessage: msgJSON("a:"+resp, false)}
 			for _, ms := range msgs {
 				tr.PromptMessages = append(tr.PromptMessages, msgJSON(ms, true))
@@ -245,9 +247,9 @@ func TestTV26IncrementalAppend(t *testing.T) {
 	t.Run("top-k", func(t *testing.T) {
 		head, hlp := ints(3, 1, 4), lps(-.5, -2, -3)
 		got, err := run(t, 0, Base{}, []Turn{
-			{PromptIDs: ints(9), OutputIDs: ints(3), OutputLogProbs: lps(-.5), TopKTokenIDs: head, TopKLogProbs: hlp, TopK: 3,
+			{PromptIDs: ints(9), OutputIDs: ints(3), OutputLogProbs: lps(-.5), Replay: records.Replay{TopKTokenIDs: head, TopKLogProbs: hlp, TopK: 3},
 				PromptMessages: raws(msgJSON("u:u", true)), ResponseMessage: msgJSON("a:r1", false)},
-			{PromptIDs: ints(9, 3, 8, 9), OutputIDs: ints(1), OutputLogProbs: lps(-2), TopKTokenIDs: head, TopKLogProbs: hlp, TopK: 3,
+			{PromptIDs: ints(9, 3, 8, 9), OutputIDs: ints(1), OutputLogProbs: lps(-2), Replay: records.Replay{TopKTokenIDs: head, TopKLogProbs: hlp, TopK: 3},
 				PromptMessages: raws(msgJSON("u:u", true), msgJSON("a:r1", true), msgJSON("t:89", true)), ResponseMessage: msgJSON("a:r2", false)},
 		})
 		if err != nil {
