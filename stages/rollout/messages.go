@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+
+	"github.com/kilnrl/kiln/stages/rollout/assembly"
 	"unsafe"
 )
 
@@ -22,9 +24,10 @@ func (s *messageSplitter) split(str string) ([]json.RawMessage, error) {
 	// histories add up to far more bytes than its tokens); nothing writes
 	// to a message.
 	text := bytes.TrimSpace(unsafe.Slice(unsafe.StringData(str), len(str)))
-	if n := len(s.prev); n > 2 && len(text) > n && bytes.HasPrefix(text, s.prev[:n-1]) && text[n-1] == ',' {
-		if tail, ok := splitArray(append([]byte{'['}, text[n:]...)); ok {
-			msgs := append(s.msgs[:len(s.msgs):len(s.msgs)], tail...)
+	if n := len(s.prev); n > 2 && len(text) > n && text[n-1] == ',' && bytes.Equal(text[:n-1], s.prev[:n-1]) {
+		// Appending in place is safe: earlier turns' slices never see
+		// elements past their own length.
+		if msgs, ok := splitElements(text, n, s.msgs); ok {
 			s.prev, s.msgs = text, msgs
 			return msgs, nil
 		}
@@ -51,10 +54,17 @@ func splitArray(b []byte) ([]json.RawMessage, bool) {
 		return nil, false
 	}
 	i = skipSpace(b, i+1)
-	var out []json.RawMessage
 	if i < len(b) && b[i] == ']' {
-		return out, skipSpace(b, i+1) == len(b)
+		return nil, skipSpace(b, i+1) == len(b)
 	}
+	return splitElements(b, i, nil)
+}
+
+// splitElements appends to out the array elements starting at b[i] (the
+// first element, or whitespace before it) up to the closing ']', which must
+// end b.
+func splitElements(b []byte, i int, out []json.RawMessage) ([]json.RawMessage, bool) {
+	i = skipSpace(b, i)
 	for {
 		start := i
 		depth := 0
@@ -62,14 +72,10 @@ func splitArray(b []byte) ([]json.RawMessage, bool) {
 		for ; i < len(b); i++ {
 			switch b[i] {
 			case '"':
-				for i++; i < len(b) && b[i] != '"'; i++ {
-					if b[i] == '\\' {
-						i++
-					}
-				}
-				if i >= len(b) {
+				if i = assembly.SkipJSONString(b, i); i < 0 {
 					return nil, false
 				}
+				i-- // at the closing quote
 			case '{', '[':
 				depth++
 			case '}', ']':

@@ -77,6 +77,14 @@ type Session struct {
 
 	replay replayKind
 	seen   bool // replay kind fixed by a turn with outputs
+
+	// The previous turn's prompt messages and the nodes they mounted on:
+	// a message that is the very same bytes (same memory) as the previous
+	// turn's at the same depth mounts on the same node without comparing,
+	// so a session that resends its growing history costs time linear in
+	// the history, not quadratic.
+	lastMsgs []json.RawMessage
+	lastPath []*node
 }
 
 // replayKind is which replay columns the session's turns carry.
@@ -121,6 +129,14 @@ func (m *message) readRole() error {
 
 func (m *message) readHead() (head, error) {
 	var h head
+	if role, hasRole, toolCalls, ok := scanHead(m.raw); ok {
+		m.role, m.hasRole = role, true
+		if hasRole {
+			h.Role = &role
+		}
+		h.ToolCalls = toolCalls
+		return h, nil
+	}
 	raw := bytes.TrimSpace(m.raw)
 	if len(raw) == 0 || raw[0] != '{' {
 		if json.Valid(raw) {
@@ -256,6 +272,14 @@ func (s *Session) Record(t Turn) error {
 	if len(t.PromptMessages) == 0 {
 		return nil
 	}
+	err := s.record(t)
+	if err != nil {
+		s.lastMsgs, s.lastPath = nil, nil
+	}
+	return err
+}
+
+func (s *Session) record(t Turn) error {
 	kind, err := s.validateTurn(&t)
 	if err != nil {
 		return fmt.Errorf("turn %d: %w", s.turns+1, err)
@@ -270,29 +294,43 @@ func (s *Session) Record(t Turn) error {
 		useTool = truthy(h.ToolCalls)
 	}
 
-	msgs := make([]message, len(t.PromptMessages))
-	for i, raw := range t.PromptMessages {
-		msgs[i].raw = raw
-	}
-	// Mount point: descend while the first matching child exists.
+	// Mount point: descend while the first matching child exists. The
+	// leading messages that are the previous turn's own bytes follow its
+	// path without comparing (see Session.lastPath).
+	raws := t.PromptMessages
 	cur, d := s.root, 0
+	for d < len(raws) && d < len(s.lastPath) && sameMemory(raws[d], s.lastMsgs[d]) {
+		cur = s.lastPath[d]
+		d++
+	}
+	// The new path reuses the old one's storage: entries past d are not
+	// read again (record clears both on failure).
+	path := s.lastPath[:d]
+	// msgs holds the messages from depth base on, read as they are needed.
+	base := d
+	msgs := make([]message, len(raws)-base)
+	for i := range msgs {
+		msgs[i].raw = raws[base+i]
+	}
+	at := func(d int) *message { return &msgs[d-base] }
 descend:
-	for ; d < len(msgs); d++ {
+	for ; d < len(raws); d++ {
 		for _, c := range cur.children {
-			ok, err := c.matches(&msgs[d])
+			ok, err := c.matches(at(d))
 			if err != nil {
 				return fmt.Errorf("turn %d: prompt_messages[%d]: %w", s.turns+1, d, err)
 			}
 			if ok {
 				cur = c
+				path = append(path, cur)
 				continue descend
 			}
 		}
 		break
 	}
 	// Rewrite-merge (T > 0 only).
-	if T := s.opts.ForkMergeMaxResponseTokens; T > 0 && d < len(msgs) {
-		m := &msgs[d]
+	if T := s.opts.ForkMergeMaxResponseTokens; T > 0 && d < len(raws) {
+		m := at(d)
 		if err := m.readRole(); err != nil {
 			return fmt.Errorf("turn %d: prompt_messages[%d]: %w", s.turns+1, d, err)
 		}
@@ -313,19 +351,22 @@ descend:
 				only.turn, only.turnIndex, only.useTool = nil, 0, false
 				only.msg, only.alt, only.none = *m, nil, false
 				cur = only
+				path = append(path, cur)
 				d++
 			}
 		}
 	}
-	for ; d < len(msgs); d++ {
-		m := &msgs[d]
+	for ; d < len(raws); d++ {
+		m := at(d)
 		if err := m.readRole(); err != nil {
 			return fmt.Errorf("turn %d: prompt_messages[%d]: %w", s.turns+1, d, err)
 		}
 		n := &node{msg: *m}
 		cur.children = append(cur.children, n)
 		cur = n
+		path = append(path, cur)
 	}
+	s.lastMsgs, s.lastPath = t.PromptMessages, path
 	if len(t.OutputIDs) > 0 && !s.seen {
 		s.replay, s.seen = kind, true
 	}
@@ -335,6 +376,11 @@ descend:
 	leaf := &node{msg: resp, none: rnone, turn: &t, turnIndex: s.turns, useTool: useTool}
 	cur.children = append(cur.children, leaf)
 	return nil
+}
+
+// sameMemory reports whether a and b are the same bytes in memory.
+func sameMemory(a, b json.RawMessage) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 // validateTurn checks a turn's logprobs and replay shapes.
