@@ -364,3 +364,49 @@ func TestDeterminism(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedMessageMemory: a message that is the previous turn's very bytes
+// mounts on the previous turn's path without comparison. That shortcut must
+// give exactly what comparing bytes gives, so every session is assembled
+// with its messages shared between turns (as the generator and kiln's JSON
+// splitter produce them) and with every message copied to its own memory.
+func TestSharedMessageMemory(t *testing.T) {
+	shared := 0
+	for seed := int64(1); seed <= 200; seed++ {
+		turns, _ := genSession(seed)
+		copied := make([]Turn, len(turns))
+		for i, tr := range turns {
+			copied[i] = tr
+			copied[i].PromptMessages = make([]json.RawMessage, len(tr.PromptMessages))
+			for j, m := range tr.PromptMessages {
+				copied[i].PromptMessages[j] = append(json.RawMessage(nil), m...)
+				if i > 0 && j < len(turns[i-1].PromptMessages) && sameMemory(m, turns[i-1].PromptMessages[j]) {
+					shared++
+				}
+			}
+		}
+		for _, T := range []int{0, 1024} {
+			var got [2][]records.Trajectory
+			for k, ts := range [][]Turn{turns, copied} {
+				s := NewSession(Options{ForkMergeMaxResponseTokens: T})
+				for _, tr := range ts {
+					if err := s.Record(tr); err != nil {
+						t.Fatal(err)
+					}
+				}
+				segs, err := s.Segments(Base{RolloutID: seed})
+				if err != nil {
+					t.Fatal(err)
+				}
+				got[k] = segs
+			}
+			if !reflect.DeepEqual(got[0], got[1]) {
+				t.Fatalf("seed %d T=%d: shared and copied messages assemble differently", seed, T)
+			}
+		}
+	}
+	if shared == 0 {
+		t.Fatal("no session shared message memory between turns: the shortcut went untested")
+	}
+	t.Logf("%d messages shared with the previous turn", shared)
+}
