@@ -132,7 +132,7 @@ func assemble(c *cli.Context, env *stage.Env) error {
 	out := stage.Output{Name: c.String("out"), Kind: records.TrajectoriesKind, Identity: id, Part: part,
 		PrintVersion: c.Bool("print-version"), Hook: env.Hook}
 	_, err = stage.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
-		a := &assembler{w: w, part: part, opts: assembly.Options{ForkMergeMaxResponseTokens: threshold},
+		a := &assembler{w: w, part: part, opts: assembly.Options{ForkMergeMaxResponseTokens: threshold, Arena: &assembly.Arena{}},
 			arrow: records.ArrowOptions{Uncompressed: c.Bool("uncompressed")},
 			prog:  stage.NewProgress(env.Stderr, env.Log, "assemble", "sessions", -1)}
 		sessions := newSessionReader(func(s *session) error { return a.session(ctx, s) })
@@ -221,6 +221,7 @@ func (a *assembler) flush(ctx context.Context) error {
 		return enc.Close()
 	})
 	a.pending, a.ids, a.tokens = nil, nil, 0
+	a.opts.Arena.Reset() // the shard is written: its segments' memory is free
 	return err
 }
 

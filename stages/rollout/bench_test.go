@@ -56,8 +56,9 @@ func text(tokens int) string { return strings.Repeat("word", tokens) }
 
 // BenchmarkAssemble streams 250, 1000 and 4000 sessions through assembly
 // (one session in memory at a time) and, in the same run, one copy of the
-// same prompt and output token arrays; it reports input tokens/s of both,
-// the ratio, and the peak heap.
+// same prompt and output token arrays, and one copy of those plus the
+// prompt_messages text; it reports input tokens/s, the ratios, and the peak
+// heap.
 //
 //	go test ./stages/rollout -run '^$' -bench Assemble -benchtime 1x
 func BenchmarkAssemble(b *testing.B) {
@@ -69,12 +70,16 @@ func BenchmarkAssemble(b *testing.B) {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
 			for it := 0; it < b.N; it++ {
 				r := rand.New(rand.NewPCG(uint64(n), 7))
-				var assembleTime, copyTime time.Duration
+				var assembleTime, copyTime, copyAllTime time.Duration
 				var tokens int64
 				var peak uint64
 				var ms runtime.MemStats
 				runtime.GC()
 				sink := make([]int32, 0, 1<<16)
+				textSink := make([]byte, 0, 1<<20)
+				// As kiln-rollout assemble does per shard, segment memory is
+				// reused once the segments are written (here: at once).
+				arena := &assembly.Arena{}
 				for i := 0; i < n; i++ {
 					s := benchSession(r, i)
 					start := time.Now()
@@ -84,12 +89,21 @@ func BenchmarkAssemble(b *testing.B) {
 						tokens += int64(len(t.PromptIDs) + len(t.OutputIDs))
 					}
 					copyTime += time.Since(start)
+					// The copy of every input byte: tokens and message text.
 					start = time.Now()
-					segs, err := assembleSession(s, assembly.Options{})
+					for _, t := range s.turns {
+						sink = append(sink[:0], t.PromptIDs...)
+						sink = append(sink, t.OutputIDs...)
+						textSink = append(textSink[:0], t.PromptMessages...)
+					}
+					copyAllTime += time.Since(start)
+					start = time.Now()
+					segs, err := assembleSession(s, assembly.Options{Arena: arena})
 					assembleTime += time.Since(start)
 					if err != nil || len(segs) == 0 {
 						b.Fatalf("session %d: %d segments, %v", i, len(segs), err)
 					}
+					arena.Reset()
 					if i%50 == 0 {
 						runtime.ReadMemStats(&ms)
 						peak = max(peak, ms.HeapInuse)
@@ -98,6 +112,7 @@ func BenchmarkAssemble(b *testing.B) {
 				b.ReportMetric(float64(tokens)/assembleTime.Seconds()/1e6, "assemble-Mtok/s")
 				b.ReportMetric(float64(tokens)/copyTime.Seconds()/1e6, "copy-Mtok/s")
 				b.ReportMetric(assembleTime.Seconds()/copyTime.Seconds(), "x-copy")
+				b.ReportMetric(assembleTime.Seconds()/copyAllTime.Seconds(), "x-copy-tokens+text")
 				b.ReportMetric(float64(peak)/(1<<20), "peak-heap-MB")
 				b.ReportMetric(float64(tokens)/1e6, "Mtok")
 			}

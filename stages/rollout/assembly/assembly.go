@@ -36,6 +36,9 @@ type Options struct {
 	// that response is shorter than T tokens. kiln's default is 0: every drift
 	// forks a new segment and no sampled token is discarded.
 	ForkMergeMaxResponseTokens int
+	// Arena, if set, provides the memory of the segments' tokens, masks and
+	// logprobs (see Arena); otherwise they come from the heap.
+	Arena *Arena
 }
 
 // Base identifies the agent run the session belongs to.

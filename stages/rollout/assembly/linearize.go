@@ -24,8 +24,10 @@ type builder struct {
 	lead      int    // leading_prompt_len
 }
 
-func newBuilder(prompt []int32, capHint int) *builder {
-	tokens := make([]int32, len(prompt), max(capHint, len(prompt)))
+func newBuilder(a *Arena, prompt []int32, capHint int) *builder {
+	// capHint bounds the segment (its leaf's last prompt and output), so
+	// appends stay inside this memory.
+	tokens := a.int32s(max(capHint, len(prompt)))[:len(prompt)]
 	copy(tokens, prompt)
 	return &builder{tokens: tokens, lead: len(prompt)}
 }
@@ -67,13 +69,14 @@ type leafMeta struct {
 // numbered 0..k-1. Every segment carries base's ids and reward. The session
 // is drained whether or not an error is returned: a second call returns nil.
 //
-// Segment slices are freshly allocated, except RoutedExperts, which shares
-// memory with the recorded turn's routes.
+// Segment slices are freshly allocated (tokens, masks and logprobs from
+// Options.Arena when set), except RoutedExperts, which shares memory with
+// the recorded turn's routes.
 func (s *Session) Segments(base Base) ([]records.Trajectory, error) {
 	root, kind, T := s.root, s.replay, s.opts.ForkMergeMaxResponseTokens
 	*s = Session{opts: s.opts, root: &node{}}
 
-	l := &linearizer{kind: kind, T: T, base: base}
+	l := &linearizer{kind: kind, T: T, base: base, arena: s.opts.Arena}
 	var gens []*node
 	var walk func(n *node) error
 	walk = func(n *node) error {
@@ -100,11 +103,12 @@ func (s *Session) Segments(base Base) ([]records.Trajectory, error) {
 }
 
 type linearizer struct {
-	kind replayKind
-	T    int
-	base Base
-	out  []records.Trajectory
-	seen map[int32]struct{} // scratch for top-p row validation
+	kind  replayKind
+	T     int
+	base  Base
+	arena *Arena
+	out   []records.Trajectory
+	seen  map[int32]struct{} // scratch for top-p row validation
 }
 
 // leaf linearizes the generated nodes of one root-to-leaf path.
@@ -141,7 +145,7 @@ func (l *linearizer) leaf(gens []*node) error {
 			if l.kind.routes {
 				hint = len(t.PromptIDs) + len(t.OutputIDs)
 			}
-			b = newBuilder(t.PromptIDs, hint)
+			b = newBuilder(l.arena, t.PromptIDs, hint)
 			builders = append(builders, b)
 		}
 		b.appendOutput(t, trained)
@@ -167,8 +171,8 @@ func (l *linearizer) emit(b *builder, meta leafMeta) error {
 		return nil // [INFERRED] truncation cut into the leading prompt
 	}
 	rl := n - b.lead
-	mask := make([]uint8, rl)
-	lps := make([]float32, rl)
+	mask := l.arena.zeroedUint8s(rl)
+	lps := l.arena.zeroedFloat32s(rl)
 	trained := 0
 	for _, sp := range b.spans {
 		r0 := sp.start - b.lead

@@ -1,0 +1,76 @@
+package assembly
+
+// Arena hands out the token, mask and logprob slices of segments from a few
+// large chunks, so assembling a stream of sessions does not allocate (and
+// zero, and fault in) fresh memory for every segment. Segments built from an
+// arena stay valid until its Reset: a caller that writes segments in
+// batches resets the arena after each batch is written. A nil *Arena
+// allocates from the heap. Not safe for concurrent use.
+type Arena struct {
+	i32 chunks[int32]
+	u8  chunks[uint8]
+	f32 chunks[float32]
+}
+
+// Reset makes all memory handed out reusable: segments built before must
+// no longer be used.
+func (a *Arena) Reset() {
+	if a != nil {
+		a.i32.reset()
+		a.u8.reset()
+		a.f32.reset()
+	}
+}
+
+// arenaChunk is the smallest chunk, in elements.
+const arenaChunk = 1 << 20
+
+// chunks is a list of buffers used front to back; reset rewinds to the
+// first and keeps them all.
+type chunks[T any] struct {
+	bufs [][]T
+	at   int // buffer in use
+	off  int // first free element of bufs[at]
+}
+
+// take returns n elements of unspecified content, with capacity n.
+func (c *chunks[T]) take(n int) []T {
+	for c.at < len(c.bufs) && c.off+n > len(c.bufs[c.at]) {
+		c.at++
+		c.off = 0
+	}
+	if c.at == len(c.bufs) {
+		c.bufs = append(c.bufs, make([]T, max(n, arenaChunk)))
+	}
+	s := c.bufs[c.at][c.off : c.off+n : c.off+n]
+	c.off += n
+	return s
+}
+
+func (c *chunks[T]) reset() { c.at, c.off = 0, 0 }
+
+func (a *Arena) int32s(n int) []int32 {
+	if a == nil {
+		return make([]int32, n)
+	}
+	return a.i32.take(n)
+}
+
+// zeroedUint8s and zeroedFloat32s return cleared slices.
+func (a *Arena) zeroedUint8s(n int) []uint8 {
+	if a == nil {
+		return make([]uint8, n)
+	}
+	s := a.u8.take(n)
+	clear(s)
+	return s
+}
+
+func (a *Arena) zeroedFloat32s(n int) []float32 {
+	if a == nil {
+		return make([]float32, n)
+	}
+	s := a.f32.take(n)
+	clear(s)
+	return s
+}
