@@ -1,0 +1,107 @@
+package enginetest
+
+import (
+	"encoding/json"
+	"net/http"
+)
+
+const untrustedTemplateMsg = "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with untrusted chat template."
+
+// handleTokenize serves POST /tokenize (vllm-wire.md §2): the completion
+// form (prompt) and the chat form (messages). add_special_tokens is
+// accepted and has no effect (the tokenizer adds no BOS, like Qwen3's).
+// There is no length check, as in vLLM.
+func (e *Engine) handleTokenize(w http.ResponseWriter, body []byte) {
+	m, aerr := decodeBody(body)
+	if aerr == nil {
+		aerr = e.checkModel(m)
+	}
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	var retStrs bool
+	if raw, ok := m["return_token_strs"]; ok && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &retStrs); err != nil {
+			writeError(w, schemaError("return_token_strs", "return_token_strs: Input should be a valid boolean"))
+			return
+		}
+	}
+	var ids []int
+	if rawMsgs, ok := m["messages"]; ok {
+		addGen, contFinal := true, false
+		for key, dst := range map[string]*bool{"add_generation_prompt": &addGen, "continue_final_message": &contFinal} {
+			if raw, ok := m[key]; ok && string(raw) != "null" {
+				if err := json.Unmarshal(raw, dst); err != nil {
+					writeError(w, schemaError(key, "%s: Input should be a valid boolean", key))
+					return
+				}
+			}
+		}
+		if raw, ok := m["chat_template"]; ok && string(raw) != "null" {
+			writeError(w, badRequest(untrustedTemplateMsg))
+			return
+		}
+		kw, err := kwargsFromJSON(m["chat_template_kwargs"])
+		if err != nil {
+			writeError(w, schemaError("chat_template_kwargs", "%v", err))
+			return
+		}
+		if _, ok := kw["chat_template"]; ok {
+			writeError(w, badRequest(untrustedTemplateMsg))
+			return
+		}
+		text, err := e.opts.Template.Render(rawMsgs, m["tools"], RenderOptions{AddGenerationPrompt: addGen, ContinueFinalMessage: contFinal, Kwargs: kw})
+		if err != nil {
+			writeError(w, badRequest("%v", err))
+			return
+		}
+		ids = Encode(text)
+	} else {
+		raw, ok := m["prompt"]
+		var prompt string
+		if !ok || json.Unmarshal(raw, &prompt) != nil {
+			writeError(w, schemaError("prompt", "1 validation error:\n  prompt: Field required (a string)"))
+			return
+		}
+		ids = Encode(prompt)
+	}
+	var strs any
+	if retStrs {
+		s := make([]string, len(ids))
+		for i, id := range ids {
+			s[i] = TokenPiece(id)
+		}
+		strs = s
+	}
+	writeJSONResponse(w, 200, obj("count", len(ids), "max_model_len", e.opts.MaxModelLen, "tokens", ids, "token_strs", strs))
+}
+
+// handleDetokenize serves POST /detokenize (§3): special tokens are kept;
+// a negative or out-of-vocabulary id is a 400 (the latter is this engine's
+// choice, upstream behaviour depends on the tokenizer).
+func (e *Engine) handleDetokenize(w http.ResponseWriter, body []byte) {
+	m, aerr := decodeBody(body)
+	if aerr == nil {
+		aerr = e.checkModel(m)
+	}
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	var ids []int
+	raw, ok := m["tokens"]
+	if !ok || json.Unmarshal(raw, &ids) != nil || ids == nil {
+		writeError(w, schemaError("tokens", "1 validation error:\n  tokens: Field required (a list of integers)"))
+		return
+	}
+	if bad, ok := ValidIDs(ids); !ok {
+		if bad < 0 {
+			writeError(w, schemaError("tokens", "tokens: Input should be greater than or equal to 0"))
+		} else {
+			writeError(w, badRequest("Token id %d is out of vocabulary", bad))
+		}
+		return
+	}
+	writeJSONResponse(w, 200, obj("prompt", Decode(ids)))
+}
