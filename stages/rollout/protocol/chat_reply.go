@@ -1,0 +1,82 @@
+package protocol
+
+import "io"
+
+func chatFinish(rep *Reply) string {
+	switch {
+	case len(rep.Calls) > 0:
+		return "tool_calls"
+	case rep.FinishReason == "length":
+		return "length"
+	}
+	return "stop"
+}
+
+// chatCall is the first call as a wire tool call (§5.6: Chat clients get
+// only the first of parallel calls). Arguments keep the model's key order.
+func chatCall(rep *Reply, ids IDSource) *object {
+	c := rep.Calls[0]
+	return obj("id", "call_"+ids.Hex(24), "type", "function",
+		"function", obj("name", callName(c), "arguments", string(marshal(callArgs(c)))))
+}
+
+// WriteChat writes the non-streaming chat.completion object (§5.6).
+func WriteChat(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) error {
+	ids := opt.ids()
+	id := "chatcmpl_" + ids.Hex(24)
+	msg := obj("role", "assistant", "content", nil)
+	if len(rep.Calls) == 0 && rep.Content != "" {
+		msg.set("content", rep.Content)
+	}
+	if rep.Reasoning != "" {
+		msg.set("reasoning_content", rep.Reasoning)
+	}
+	if len(rep.Calls) > 0 {
+		msg.set("tool_calls", []any{chatCall(rep, ids)})
+	}
+	return writeJSON(w, obj(
+		"id", id,
+		"object", "chat.completion",
+		"created", opt.created(),
+		"model", model(req),
+		"choices", []any{obj("index", 0, "message", msg, "finish_reason", chatFinish(rep))},
+		"usage", chatUsage(rep),
+	))
+}
+
+func chatUsage(rep *Reply) *object {
+	return obj("prompt_tokens", rep.PromptTokens, "completion_tokens", rep.OutputTokens,
+		"total_tokens", rep.PromptTokens+rep.OutputTokens)
+}
+
+// StreamChat writes chat.completion.chunk data lines (§5.6): role,
+// reasoning_content (if any), content (if non-empty and no call), the
+// tool call in one chunk with index 0, a final empty delta with
+// finish_reason and usage, then data: [DONE].
+func StreamChat(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) error {
+	ids := opt.ids()
+	id := "chatcmpl_" + ids.Hex(24)
+	created := opt.created()
+	f := &frames{w: w}
+	chunk := func(delta *object, finish any) *object {
+		return obj("id", id, "object", "chat.completion.chunk", "created", created, "model", model(req),
+			"choices", []any{obj("index", 0, "delta", delta, "finish_reason", finish)})
+	}
+	f.event("", chunk(obj("role", "assistant"), nil))
+	if rep.Reasoning != "" {
+		f.event("", chunk(obj("reasoning_content", rep.Reasoning), nil))
+	}
+	if len(rep.Calls) == 0 && rep.Content != "" {
+		f.event("", chunk(obj("content", rep.Content), nil))
+	}
+	if len(rep.Calls) > 0 {
+		tc := chatCall(rep, ids)
+		tc = obj("index", 0, "id", tc.val("id"), "type", "function", "function", tc.val("function"))
+		f.event("", chunk(obj("tool_calls", []any{tc}), nil))
+	}
+	last := chunk(&object{}, chatFinish(rep))
+	last.set("usage", chatUsage(rep))
+	f.event("", last)
+	f.event("", nil)
+	return f.err
+}

@@ -1,0 +1,265 @@
+package protocol
+
+import (
+	"net/http"
+)
+
+var openAIMaxKeys = []string{"max_completion_tokens", "max_tokens", "max_output_tokens"}
+
+// DecodeResponses translates a stateless OpenAI Responses request
+// (§5.1–5.3): the client sends its full history with store=false. Stored
+// responses, previous_response_id, background and conversation requests,
+// hosted tools and unknown input items are 400 *Error values naming what is
+// not implemented. Fields that change nothing here (include, reasoning,
+// tool_choice, parallel_tool_calls, text, prompt_cache_key, ...) are ignored.
+func DecodeResponses(header http.Header, body []byte) (Request, error) {
+	b, err := decodeBody(body)
+	if err != nil {
+		return Request{}, err
+	}
+	if truthy(b.val("previous_response_id")) || b.val("store") == true {
+		return Request{}, badRequest("Send full input history with store=false; stored responses are unsupported")
+	}
+	if truthy(b.val("background")) {
+		return Request{}, badRequest("background responses are unsupported")
+	}
+	if truthy(b.val("conversation")) {
+		return Request{}, badRequest("conversations are unsupported; send full input history with store=false")
+	}
+	s, err := sampling(b, openAIMaxKeys, "stop")
+	if err != nil {
+		return Request{}, err
+	}
+	r := Request{
+		Protocol:  Responses,
+		SessionID: openAISession(header, b),
+		Sampling:  s,
+		Stream:    wantsStream(header, b),
+	}
+	r.Model, _ = b.str("model")
+	tools, err := listField(b, "tools")
+	if err != nil {
+		return Request{}, err
+	}
+	if err := r.responsesTools(tools, ""); err != nil {
+		return Request{}, err
+	}
+	t := responsesTranslator{}
+	if in := b.val("instructions"); truthy(in) {
+		t.out = append(t.out, obj("role", "system", "content", flatten(in)))
+	}
+	switch in := b.val("input").(type) {
+	case string:
+		t.out = append(t.out, obj("role", "user", "content", in))
+	case []any:
+		if err := t.translate(in); err != nil {
+			return Request{}, err
+		}
+	default:
+		return Request{}, badRequest("input must be a string or list")
+	}
+	r.Messages = rawAll(t.out)
+	return r, nil
+}
+
+// responsesTools is §5.2: a missing type is function; namespace tools
+// recurse with their name as namespace; function and custom tools become
+// function schemas named ns.name; any other type is a 400.
+func (r *Request) responsesTools(tools []any, ns string) error {
+	for _, e := range tools {
+		to, ok := e.(*object)
+		if !ok {
+			return badRequest("each tool must be an object")
+		}
+		typ := "function"
+		if v, ok := to.get("type"); ok && v != nil {
+			typ = text(v)
+		}
+		switch typ {
+		case "function", "custom", "namespace":
+		default:
+			return badRequest("Unsupported Responses tool type: " + typ)
+		}
+		name, ok := to.str("name")
+		if !ok || name == "" {
+			return badRequest("Responses " + typ + " tool has no name")
+		}
+		if typ == "namespace" {
+			inner, ok := to.val("tools").([]any)
+			if !ok && to.val("tools") != nil {
+				return badRequest("namespace tool " + name + ": tools must be a list")
+			}
+			if err := r.responsesTools(inner, name); err != nil {
+				return err
+			}
+			continue
+		}
+		if deferred(to) {
+			continue
+		}
+		schema := name
+		if ns != "" {
+			schema = ns + "." + name
+		}
+		var fn *object
+		kind := FunctionTool
+		if typ == "function" {
+			fn = functionSchema(schema, to.val("description"), to.val("parameters"))
+		} else {
+			kind = CustomTool
+			desc := ""
+			if d := to.val("description"); d != nil {
+				desc = text(d)
+			}
+			desc += "\nPass the tool's raw text as the input string."
+			if f, ok := to.get("format"); ok {
+				desc += "\nInput format: " + pyDumps(f)
+			}
+			fn = functionSchema(schema, desc, obj("type", "object",
+				"properties", obj("input", obj("type", "string")),
+				"required", []any{"input"}))
+		}
+		r.Tools = append(r.Tools, marshal(fn))
+		r.Specs = append(r.Specs, ToolSpec{SchemaName: schema, Name: name, Namespace: ns, Kind: kind})
+	}
+	return nil
+}
+
+type responsesTranslator struct {
+	out       []*object
+	assistant *object  // the assistant message being built, or nil
+	calls     []any    // its tool calls
+	callIDs   []string // their call ids, in call order
+	outputs   map[string]string
+}
+
+// translate is §5.3's walk over input items.
+func (t *responsesTranslator) translate(items []any) error {
+	for _, it := range items {
+		io, ok := it.(*object)
+		if !ok {
+			return badRequest("each input item must be an object")
+		}
+		typ := "message"
+		if v, ok := io.get("type"); ok && v != nil {
+			typ = text(v)
+		}
+		switch typ {
+		case "reasoning":
+			continue // wire summaries are not sampled reasoning
+		case "function_call_output", "custom_tool_call_output":
+			id := text(io.val("call_id"))
+			if !t.isOpenCall(id) {
+				return badRequest("Duplicate or unknown tool output call_id")
+			}
+			if t.outputs == nil {
+				t.outputs = map[string]string{}
+			}
+			t.outputs[id] = flatten(io.val("output"))
+			continue
+		}
+		if len(t.outputs) > 0 {
+			if err := t.flush(); err != nil {
+				return err
+			}
+		}
+		switch typ {
+		case "function_call", "custom_tool_call":
+			t.open()
+			name := text(io.val("name"))
+			if ns := io.val("namespace"); truthy(ns) {
+				name = text(ns) + "." + name
+			}
+			var args *object
+			if typ == "custom_tool_call" {
+				in := io.val("input")
+				if !truthy(in) {
+					in = ""
+				}
+				args = obj("input", in)
+			} else {
+				args = coerceArguments(io.val("arguments"))
+			}
+			t.calls = append(t.calls, toolCall(name, args))
+			t.callIDs = append(t.callIDs, text(io.val("call_id")))
+		case "message":
+			role := io.val("role")
+			switch role {
+			case "assistant":
+				t.open()
+				c, _ := t.assistant.str("content")
+				t.assistant.set("content", c+flatten(io.val("content")))
+			case "system", "developer", "user":
+				if err := t.flush(); err != nil {
+					return err
+				}
+				t.message(role.(string), flatten(io.val("content")))
+			default:
+				r := "null"
+				if role != nil {
+					r = text(role)
+				}
+				return badRequest("Unsupported Responses message role: " + r)
+			}
+		default:
+			return badRequest("Unsupported Responses input type: " + typ)
+		}
+	}
+	return t.flush()
+}
+
+func (t *responsesTranslator) message(role, content string) {
+	if role == "user" {
+		t.out = append(t.out, obj("role", "user", "content", content))
+		return
+	}
+	switch {
+	case len(t.out) == 0:
+		t.out = append(t.out, obj("role", "system", "content", content))
+	case len(t.out) == 1 && t.out[0].val("role") == "system":
+		c, _ := t.out[0].str("content")
+		t.out[0].set("content", c+"\n\n"+content)
+	default:
+		t.out = append(t.out, obj("role", "user", "content", "<"+role+"_message>\n"+content+"\n</"+role+"_message>"))
+	}
+}
+
+func (t *responsesTranslator) open() {
+	if t.assistant == nil {
+		t.assistant = obj("role", "assistant", "content", "")
+	}
+}
+
+func (t *responsesTranslator) isOpenCall(id string) bool {
+	if _, done := t.outputs[id]; done {
+		return false
+	}
+	for _, c := range t.callIDs {
+		if c == id {
+			return true
+		}
+	}
+	return false
+}
+
+// flush appends the assistant message, then one tool message per answered
+// call in call order; unanswered calls produce nothing.
+func (t *responsesTranslator) flush() error {
+	if t.assistant != nil {
+		if len(t.calls) > 0 {
+			t.assistant.set("tool_calls", t.calls)
+		}
+		t.out = append(t.out, t.assistant)
+	}
+	for _, id := range t.callIDs {
+		if out, ok := t.outputs[id]; ok {
+			t.out = append(t.out, obj("role", "tool", "content", out))
+			delete(t.outputs, id)
+		}
+	}
+	if len(t.outputs) > 0 {
+		return badRequest("Tool output has no matching call_id")
+	}
+	t.assistant, t.calls, t.callIDs, t.outputs = nil, nil, nil, nil
+	return nil
+}

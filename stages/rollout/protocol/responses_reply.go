@@ -1,0 +1,151 @@
+package protocol
+
+import "io"
+
+type responsesItem struct {
+	final, added *object // the completed item and its in-progress form
+	kind         string  // message, function_call, custom_tool_call
+	id           string
+	text         string // message text, function arguments or custom input
+}
+
+// responsesItems is §5.4: a message item when there is text or no call,
+// then one item per call (all of them), named and typed after the
+// request's tool specs (unknown names: plain functions, no namespace).
+func responsesItems(req *Request, rep *Reply, ids IDSource) []responsesItem {
+	var items []responsesItem
+	if rep.Content != "" || len(rep.Calls) == 0 {
+		id := "msg_" + ids.Hex(24)
+		part := obj("type", "output_text", "text", rep.Content, "annotations", []any{})
+		items = append(items, responsesItem{
+			kind: "message", id: id, text: rep.Content,
+			final: obj("type", "message", "id", id, "role", "assistant", "status", "completed", "content", []any{part}),
+			added: obj("type", "message", "id", id, "role", "assistant", "status", "in_progress", "content", []any{}),
+		})
+	}
+	for _, c := range rep.Calls {
+		spec, ok := req.Spec(c.Name)
+		if !ok {
+			spec = ToolSpec{SchemaName: c.Name, Name: callName(c), Kind: FunctionTool}
+		}
+		id, callID := "fc_"+ids.Hex(24), "call_"+ids.Hex(24)
+		args := callArgs(c)
+		mk := func(typ string) *object {
+			o := obj("type", typ, "id", id, "call_id", callID, "name", spec.Name)
+			if spec.Namespace != "" {
+				o.set("namespace", spec.Namespace)
+			}
+			return o
+		}
+		if spec.Kind == CustomTool {
+			in := ""
+			if v := args.val("input"); v != nil {
+				in = text(v)
+			}
+			final, added := mk("custom_tool_call"), mk("custom_tool_call")
+			final.set("input", in)
+			added.set("input", "")
+			items = append(items, responsesItem{kind: "custom_tool_call", id: id, text: in, final: final, added: added})
+			continue
+		}
+		a := string(marshal(args))
+		final, added := mk("function_call"), mk("function_call")
+		final.set("arguments", a)
+		final.set("status", "completed")
+		added.set("arguments", "")
+		added.set("status", "in_progress")
+		items = append(items, responsesItem{kind: "function_call", id: id, text: a, final: final, added: added})
+	}
+	return items
+}
+
+func responseObject(req *Request, rep *Reply, id string, created int64, output []any) *object {
+	status, incomplete := "completed", any(nil)
+	if rep.FinishReason == "length" {
+		status, incomplete = "incomplete", obj("reason", "max_output_tokens")
+	}
+	return obj(
+		"id", id,
+		"object", "response",
+		"created_at", created,
+		"model", model(req),
+		"status", status,
+		"output", output,
+		"error", nil,
+		"incomplete_details", incomplete,
+		"usage", obj(
+			"input_tokens", rep.PromptTokens,
+			"output_tokens", rep.OutputTokens,
+			"total_tokens", rep.PromptTokens+rep.OutputTokens,
+			"input_tokens_details", obj("cached_tokens", 0),
+			"output_tokens_details", obj("reasoning_tokens", 0),
+		),
+	)
+}
+
+// WriteResponses writes the non-streaming response object (§5.4).
+func WriteResponses(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) error {
+	ids := opt.ids()
+	id := "resp_" + ids.Hex(24)
+	var output []any
+	for _, it := range responsesItems(req, rep, ids) {
+		output = append(output, it.final)
+	}
+	return writeJSON(w, responseObject(req, rep, id, opt.created(), output))
+}
+
+// StreamResponses writes the SSE sequence of §5.5; every payload carries
+// type and a contiguous sequence_number from 0. It ends with
+// response.completed or response.incomplete; there is no [DONE] line.
+func StreamResponses(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) error {
+	ids := opt.ids()
+	id := "resp_" + ids.Hex(24)
+	created := opt.created()
+	items := responsesItems(req, rep, ids)
+	f := &frames{w: w}
+	seq := 0
+	emit := func(typ string, kv ...any) {
+		o := obj("type", typ, "sequence_number", seq)
+		for i := 0; i+1 < len(kv); i += 2 {
+			o.set(kv[i].(string), kv[i+1])
+		}
+		seq++
+		f.event(typ, o)
+	}
+	final := responseObject(req, rep, id, created, nil)
+	var output []any
+	for _, it := range items {
+		output = append(output, it.final)
+	}
+	final.set("output", output)
+	start := responseObject(req, rep, id, created, []any{})
+	start.set("status", "in_progress")
+	start.set("incomplete_details", nil)
+	start.set("usage", nil)
+	emit("response.created", "response", start)
+	for i, it := range items {
+		emit("response.output_item.added", "output_index", i, "item", it.added)
+		switch it.kind {
+		case "message":
+			emit("response.content_part.added", "item_id", it.id, "output_index", i, "content_index", 0,
+				"part", obj("type", "output_text", "text", "", "annotations", []any{}))
+			emit("response.output_text.delta", "item_id", it.id, "output_index", i, "content_index", 0, "delta", it.text)
+			emit("response.output_text.done", "item_id", it.id, "output_index", i, "content_index", 0, "text", it.text)
+			emit("response.content_part.done", "item_id", it.id, "output_index", i, "content_index", 0,
+				"part", obj("type", "output_text", "text", it.text, "annotations", []any{}))
+		case "function_call":
+			emit("response.function_call_arguments.delta", "item_id", it.id, "output_index", i, "delta", it.text)
+			emit("response.function_call_arguments.done", "item_id", it.id, "output_index", i, "arguments", it.text)
+		case "custom_tool_call":
+			emit("response.custom_tool_call_input.delta", "item_id", it.id, "output_index", i, "delta", it.text)
+			emit("response.custom_tool_call_input.done", "item_id", it.id, "output_index", i, "input", it.text)
+		}
+		emit("response.output_item.done", "output_index", i, "item", it.final)
+	}
+	terminal := "response.completed"
+	if final.val("status") == "incomplete" {
+		terminal = "response.incomplete"
+	}
+	emit(terminal, "response", final)
+	return f.err
+}
