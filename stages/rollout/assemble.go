@@ -11,6 +11,7 @@ import (
 
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/formats/store"
 	"github.com/kilnrl/kiln/stages/rollout/assembly"
 	"github.com/kilnrl/kiln/stages/stage"
 )
@@ -24,7 +25,7 @@ const shardTokens = 16 << 20
 
 // Commands returns the kiln-rollout commands.
 func Commands(env *stage.Env) []*cli.Command {
-	return []*cli.Command{assembleCommand(env)}
+	return []*cli.Command{assembleCommand(env), adapterCommand(env)}
 }
 
 func assembleCommand(env *stage.Env) *cli.Command {
@@ -131,10 +132,17 @@ func assemble(c *cli.Context, env *stage.Env) error {
 	}
 	out := stage.Output{Name: c.String("out"), Kind: records.TrajectoriesKind, Identity: id, Part: part,
 		PrintVersion: c.Bool("print-version"), Hook: env.Hook}
-	_, err = stage.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
-		a := &assembler{w: w, part: part, opts: assembly.Options{ForkMergeMaxResponseTokens: threshold, Arena: &assembly.Arena{}},
-			arrow: records.ArrowOptions{Uncompressed: c.Bool("uncompressed")},
-			prog:  stage.NewProgress(env.Stderr, env.Log, "assemble", "sessions", -1)}
+	_, err = writeTrajectories(ctx, env, st, out, threshold, records.ArrowOptions{Uncompressed: c.Bool("uncompressed")}, read)
+	return err
+}
+
+// writeTrajectories assembles the sessions read delivers (turns grouped by
+// session) and writes them as the trajectories version out describes.
+func writeTrajectories(ctx context.Context, env *stage.Env, st store.Store, out stage.Output, threshold int,
+	arrow records.ArrowOptions, read func(add func(records.Turn) error) error) (dataset.Result, error) {
+	return stage.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
+		a := &assembler{w: w, part: out.Part, opts: assembly.Options{ForkMergeMaxResponseTokens: threshold, Arena: &assembly.Arena{}},
+			arrow: arrow, prog: stage.NewProgress(env.Stderr, env.Log, "assemble", "sessions", -1)}
 		sessions := newSessionReader(func(s *session) error { return a.session(ctx, s) })
 		if err := read(sessions.add); err != nil {
 			return nil, err
@@ -148,7 +156,6 @@ func assemble(c *cli.Context, env *stage.Env) error {
 		a.prog.Done()
 		return a.metrics, nil
 	})
-	return err
 }
 
 // assembler turns sessions into segments and writes them in shards, with a

@@ -96,6 +96,7 @@ type Server struct {
 	mu       sync.Mutex
 	sessions map[string]*session
 	closed   map[string]bool
+	order    []string // session ids in the order they were opened
 }
 
 // New returns a server. It panics on an unknown parser name or a nil

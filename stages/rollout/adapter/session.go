@@ -77,7 +77,22 @@ func (s *Server) Open(id string, o SessionOptions) error {
 		return fmt.Errorf("adapter: session %q already exists (sids must be unique per agent run)", id)
 	}
 	s.sessions[id] = s.newSession(id, o)
+	s.order = append(s.order, id)
 	return nil
+}
+
+// Sessions lists the open sessions, in the order they were opened (by Open
+// or, with AutoOpen, by their first request).
+func (s *Server) Sessions() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ids []string
+	for _, id := range s.order {
+		if s.sessions[id] != nil {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 // Finish closes the session (later requests get 503 session closed), waits
@@ -135,6 +150,7 @@ func (s *Server) acquire(sid string) (*session, *protocol.Error) {
 		}
 		sess = s.newSession(sid, SessionOptions{})
 		s.sessions[sid] = sess
+		s.order = append(s.order, sid)
 	}
 	if n := s.opts.MaxTurnsPerSession; n > 0 {
 		if sess.asked >= n {
