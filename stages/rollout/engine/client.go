@@ -67,8 +67,8 @@ type Options struct {
 	// BaseURL of the vLLM server (or router), e.g. http://127.0.0.1:8000.
 	// Required; a trailing slash is dropped.
 	BaseURL string
-	// HTTPClient; nil means a new client with the default transport and no
-	// total timeout.
+	// HTTPClient; nil means a new client with a pooled transport (up to
+	// 1024 idle connections to the engine) and no total timeout.
 	HTTPClient *http.Client
 	// Model is sent as "model" when non-empty; it must be a served model
 	// name or a loaded LoRA name (else vLLM answers 404).
@@ -131,7 +131,11 @@ func New(opts Options) (*Client, error) {
 	}
 	c := &Client{opts: opts, base: strings.TrimRight(u.String(), "/"), hc: opts.HTTPClient, contextLen: opts.ContextLength}
 	if c.hc == nil {
-		c.hc = &http.Client{}
+		// The default transport keeps 2 idle connections per host, so an
+		// adapter serving many sessions would reconnect on most calls.
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 1024, 1024
+		c.hc = &http.Client{Transport: tr}
 	}
 	switch opts.Mode {
 	case ModeGenerate:

@@ -119,6 +119,13 @@ func (c *Client) tokenize(ctx context.Context, body []byte) ([]int32, error) {
 	if r.status/100 != 2 {
 		return nil, c.httpError(http.MethodPost, path, r)
 	}
+	if ids, count, hasCount, maxLen, ok := scanTokenize(r.body); ok {
+		if hasCount && count != len(ids) {
+			return nil, replyErr(path, ReasonLengthMismatch, "count %d but %d tokens", count, len(ids))
+		}
+		c.learnContext(maxLen)
+		return ids, nil
+	}
 	var resp struct {
 		Count       *int    `json:"count"`
 		MaxModelLen int     `json:"max_model_len"`
