@@ -25,6 +25,15 @@ NPM_PACKAGES=(
 	fzstd@0.1.1
 )
 
+# The real coding CLIs of the client tests (stages/rollout/clients), exact
+# versions. Each ships its native binary as a platform optional dependency
+# (@anthropic-ai/claude-code-linux-x64, @openai/codex-linux-x64, ...), which
+# npm installs along with it; install_npm_clis checks that it came.
+NPM_CLI_PACKAGES=(
+	@anthropic-ai/claude-code@2.1.328
+	@openai/codex@0.169.0
+)
+
 # Debian packages, one a line (e.g. bubblewrap).
 APT_PACKAGES=(
 )
@@ -132,6 +141,56 @@ install_npm() {
 	printf '%s\n' "${NPM_PACKAGES[@]}" >"$marker"
 }
 
+# --- npm CLIs ---------------------------------------------------------------
+
+NPM_CLIS_DIR=
+
+install_npm_clis() {
+	need node "install Node.js >= 20"
+	need npm "install npm"
+	# The key covers the pins and the platform (the native binaries differ).
+	local key
+	key=$({
+		printf '%s\n' "${NPM_CLI_PACKAGES[@]}"
+		printf '%s\n' "$(node -p 'process.platform + "-" + process.arch')"
+	} | sha256sum | cut -c1-12)
+	NPM_CLIS_DIR="$CACHE/npm-clis-$key"
+	local marker="$NPM_CLIS_DIR/.kiln-complete"
+	if [[ -f "$marker" ]]; then
+		log "    cached: $NPM_CLIS_DIR"
+		return
+	fi
+	if [[ -e "$NPM_CLIS_DIR" ]]; then
+		log "    removing incomplete $NPM_CLIS_DIR"
+		rm -rf "$NPM_CLIS_DIR"
+	fi
+	mkdir -p "$NPM_CLIS_DIR"
+	printf '{\n  "name": "kiln-test-clis",\n  "private": true\n}\n' >"$NPM_CLIS_DIR/package.json"
+	log "    npm install ${NPM_CLI_PACKAGES[*]} -> $NPM_CLIS_DIR"
+	# --include=optional: the platform binaries are optional dependencies.
+	(cd "$NPM_CLIS_DIR" && npm install --no-audit --no-fund --update-notifier=false --save-exact \
+		--include=optional "${NPM_CLI_PACKAGES[@]}")
+	# Each CLI must run (its native binary present) and report its pinned version.
+	local bin want got
+	for bin in claude codex; do
+		[[ -x "$NPM_CLIS_DIR/node_modules/.bin/$bin" ]] || die "npm did not install $NPM_CLIS_DIR/node_modules/.bin/$bin"
+	done
+	for spec in "${NPM_CLI_PACKAGES[@]}"; do
+		want=${spec##*@}
+		case $spec in
+		@anthropic-ai/claude-code@*) bin=claude ;;
+		@openai/codex@*) bin=codex ;;
+		*) continue ;;
+		esac
+		got=$(DISABLE_AUTOUPDATER=1 HOME="$NPM_CLIS_DIR" "$NPM_CLIS_DIR/node_modules/.bin/$bin" --version 2>&1) ||
+			die "$bin --version failed (native binary missing?): $got"
+		[[ $got == *"$want"* ]] || die "$bin --version says '$got', want $want"
+		log "    $bin --version: $got"
+	done
+	rm -rf "$NPM_CLIS_DIR/.claude" "$NPM_CLIS_DIR/.claude.json" "$NPM_CLIS_DIR/.codex"
+	printf '%s\n' "${NPM_CLI_PACKAGES[@]}" >"$marker"
+}
+
 # --- main -------------------------------------------------------------------
 
 main() {
@@ -141,11 +200,15 @@ main() {
 	step "apt packages" install_apt
 	step "versitygw $VERSITYGW_VERSION" install_versitygw
 	step "npm packages" install_npm
+	step "npm CLIs" install_npm_clis
 	printf '%s\n' "$NPM_DIR" >"$CACHE/npm-current.tmp"
 	mv "$CACHE/npm-current.tmp" "$CACHE/npm-current"
+	printf '%s\n' "$NPM_CLIS_DIR" >"$CACHE/npm-clis-current.tmp"
+	mv "$CACHE/npm-clis-current.tmp" "$CACHE/npm-clis-current"
 	elapsed=$(($(now_us) - start))
 	printf 'done in %d.%03ds\n' $((elapsed / 1000000)) $((elapsed % 1000000 / 1000))
 	log "npm directory: $NPM_DIR (recorded in $CACHE/npm-current)"
+	log "npm CLIs directory: $NPM_CLIS_DIR (recorded in $CACHE/npm-clis-current)"
 }
 
 main "$@"

@@ -1,0 +1,244 @@
+package clients
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kilnrl/kiln/stages/rollout/adapter"
+)
+
+// The scripted turn 1 of both CLIs: some text, then one shell tool call in
+// the qwen3_coder format the adapter parses. The blank lines between text
+// and call are not what the chat template renders (it joins them with one
+// "\n"), so a canonical re-render of turn 1 differs from the sampled ids:
+// only prefix reuse makes turn 2 begin with turn 1's prompt+output.
+func toolCallText(tool, param, command string, reasoning bool) string {
+	think := ""
+	if reasoning {
+		think = "<think>\nThe user wants old replaced by new; sed does it.\n</think>\n\n"
+	}
+	return think + "Editing the file.\n\n\n<tool_call>\n<function=" + tool + ">\n<parameter=" + param + ">\n" +
+		command + "\n</parameter>\n</function>\n</tool_call>"
+}
+
+const (
+	editCommand     = "sed -i 's/old/new/' file.txt"
+	overflowCommand = "sed -i 's/old/new/' file.txt && seq 1 2000"
+	finalText       = "Done: file.txt now says new value."
+	taskPrompt      = taskMarker + ": in file.txt replace the word old with new, using the shell."
+	// overflowSlack is what turn 1 may grow by between the edit run (where
+	// its prompt length is measured) and the overflow run (temp paths).
+	overflowSlack = 300
+)
+
+// cli describes how one CLI is run against the adapter.
+type cli struct {
+	name      string // binary in node_modules/.bin
+	tool      string // its shell tool
+	param     string // the tool's command parameter
+	turnPath  string // the adapter route it uses
+	setup     func(t *testing.T, home, adapterURL, session string) []string
+	args      []string
+	eventsKey string // a string its stdout shows when a tool ran
+	// reuseGap: turn 2 is known to be re-rendered canonically from turn 1's
+	// output on (see the Codex comment); logged, failing only with
+	// KILN_CLIENTS_STRICT_REUSE=1.
+	reuseGap bool
+}
+
+var claudeCode = cli{
+	name: "claude", tool: "Bash", param: "command", turnPath: "/v1/messages",
+	// spec-adapter §7.3, clients-wire.md.
+	args: []string{"-p", taskPrompt, "--permission-mode", "bypassPermissions",
+		"--output-format", "stream-json", "--verbose", "--max-turns", "6",
+		"--tools", "Bash,Read,Edit", "--disable-slash-commands"},
+	setup: func(t *testing.T, home, url, session string) []string {
+		cfg := []byte(`{"hasCompletedOnboarding":true,"bypassPermissionsModeAccepted":true}`)
+		require.NoError(t, os.MkdirAll(filepath.Join(home, ".claude"), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(home, ".claude.json"), cfg, 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join(home, ".claude", "settings.json"), cfg, 0o644))
+		return append(baseEnv(home),
+			"ANTHROPIC_BASE_URL="+url,
+			"ANTHROPIC_AUTH_TOKEN="+session,
+			"ANTHROPIC_MODEL=kiln-actor",
+			"ANTHROPIC_SMALL_FAST_MODEL=kiln-actor",
+			"ANTHROPIC_DEFAULT_HAIKU_MODEL=kiln-actor",
+			"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
+			"CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS=1",
+			"CLAUDE_CODE_ATTRIBUTION_HEADER=0",
+			"DISABLE_AUTOUPDATER=1",
+			"DISABLE_TELEMETRY=1",
+			"DISABLE_ERROR_REPORTING=1",
+			"IS_SANDBOX=1", // bypass mode as root
+		)
+	},
+	eventsKey: `"tool_result"`,
+}
+
+var codex = cli{
+	name: "codex", tool: "exec_command", param: "cmd", turnPath: "/v1/responses",
+	// spec-adapter §7.4, clients-wire.md.
+	args: []string{"exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "--json", taskPrompt},
+	setup: func(t *testing.T, home, url, session string) []string {
+		codexHome := filepath.Join(home, ".codex")
+		require.NoError(t, os.MkdirAll(codexHome, 0o755))
+		cfg := `model = "kiln-actor"
+model_provider = "kiln"
+web_search = "disabled"
+model_reasoning_effort = "medium"
+check_for_update_on_startup = false
+
+[model_providers.kiln]
+name = "kiln"
+base_url = "` + url + `/v1"
+env_key = "OPENAI_API_KEY"
+wire_api = "responses"
+requires_openai_auth = false
+supports_websockets = false
+
+[features]
+multi_agent = false
+goals = false
+
+[analytics]
+enabled = false
+`
+		require.NoError(t, os.WriteFile(filepath.Join(codexHome, "config.toml"), []byte(cfg), 0o644))
+		return append(baseEnv(home),
+			"CODEX_HOME="+codexHome,
+			"OPENAI_API_KEY="+session,
+			"OPENAI_BASE_URL="+url+"/v1",
+		)
+	},
+	eventsKey: `"command_execution"`,
+	// Known adapter gap (Responses): the adapter neither emits a reasoning
+	// output item nor keeps reasoning in the turn's assistant message (spec
+	// §5.3 skips reasoning input items, §5.4 manager_message has no
+	// reasoning_content). With a Qwen3 template the prefix anchor (history
+	// ending in that assistant message) renders it as the last message,
+	// "<think>\n\n</think>\n\n" + content, while the full turn-2 render
+	// (a tool message follows) renders content only: spec §3 step 5 fails
+	// and turn 2 is canonical from turn 1's output on. Claude Code round-trips
+	// the thinking block, so it reuses.
+	reuseGap: true,
+}
+
+func TestClaudeCode(t *testing.T) { testCLI(t, claudeCode) }
+func TestCodex(t *testing.T)      { testCLI(t, codex) }
+
+func testCLI(t *testing.T, c cli) {
+	bin := findCLI(t, c.name)
+	var turn1Prompt int
+	t.Run("edit", func(t *testing.T) {
+		h := newHarness(t, taskScript(toolCallText(c.tool, c.param, editCommand, true), finalText, true), true)
+		repo := tempRepo(t)
+		session := "sess-" + c.name + "-edit"
+		env := c.setup(t, t.TempDir(), h.url, session)
+		res := runCLI(t, bin, repo, env, c.args)
+		h.logWire(t)
+		t.Logf("stdout:\n%s", trunc(res.Stdout, 6000))
+		t.Logf("stderr:\n%s", trunc(res.Stderr, 3000))
+		turns, err := h.srv.Finish(session)
+		require.NoError(t, err)
+		t.Logf("adapter recorded %d turn(s) for session %s", len(turns), session)
+
+		// 1. The CLI exits 0.
+		require.False(t, res.TimedOut, "CLI timed out")
+		assert.Equal(t, 0, res.ExitCode, "CLI exit code")
+		// 2. The file was edited by the CLI's own tool execution.
+		data, err := os.ReadFile(filepath.Join(repo, "file.txt"))
+		require.NoError(t, err)
+		assert.Equal(t, "new value\n", string(data), "file.txt after the run")
+		assert.Contains(t, res.Stdout, c.eventsKey, "the CLI's output shows its tool ran")
+		// 3. The adapter recorded every turn it answered.
+		ok, failed := h.turnRequests(c.turnPath)
+		assert.Equal(t, 0, failed, "failed turn requests")
+		assert.Equal(t, ok, len(turns), "recorded turns vs answered %s requests", c.turnPath)
+		require.GreaterOrEqual(t, len(turns), 2)
+		assert.Contains(t, turns[1].PromptMessages, `"role":"tool"`, "turn 2 carries the tool result")
+		for i, tr := range turns {
+			t.Logf("turn %d: prompt %d ids, output %d ids, finish %s, messages %dB", i, len(tr.PromptIDs), len(tr.OutputIDs), tr.FinishReason, len(tr.PromptMessages))
+		}
+		// 4. Turn 2 reuses turn 1's ids exactly.
+		if c.reuseGap && os.Getenv("KILN_CLIENTS_STRICT_REUSE") != "1" {
+			if reused, at := reuseOf(turns); reused {
+				t.Logf("reuse: turn 2 begins with turn 1 prompt+output (the known gap is fixed: drop reuseGap)")
+			} else {
+				assert.Equal(t, len(turns[0].PromptIDs), at, "turn 2 must keep turn 1's prompt ids and diverge only in the output")
+				t.Logf("KNOWN GAP: no reuse on turn 2; diverges at id %d = start of turn 1's output (prompt %d ids)\n%s",
+					at, len(turns[0].PromptIDs), divergence(h, turns))
+			}
+		} else if !checkReuse(t, turns) {
+			t.Logf("divergence:\n%s", divergence(h, turns))
+			t.Logf("turn 1 response message: %s", *turns[0].ResponseMessage)
+			if len(turns[1].PromptMessages) > 0 {
+				t.Logf("turn 2 prompt messages (tail): %s", trunc(turns[1].PromptMessages[max(0, len(turns[1].PromptMessages)-3000):], 3000))
+			}
+		}
+		turn1Prompt = len(turns[0].PromptIDs)
+	})
+
+	t.Run("overflow", func(t *testing.T) {
+		if turn1Prompt == 0 {
+			t.Skip("needs the turn-1 prompt length measured by the edit subtest")
+		}
+		call := toolCallText(c.tool, c.param, overflowCommand, true)
+		h := newHarness(t, taskScript(call, finalText, true), true)
+		repo := tempRepo(t)
+		session := "sess-" + c.name + "-overflow"
+		// Turn 1 (prompt + the scripted call) fits; turn 2, which adds the
+		// ~9 kB output of seq, does not. Byte-level tokenizer: at most one id
+		// a byte, plus the end token.
+		limit := turn1Prompt + len(call) + 1 + overflowSlack
+		require.NoError(t, h.srv.Open(session, adapter.SessionOptions{MaxContextTokens: limit}))
+		env := c.setup(t, t.TempDir(), h.url, session)
+		res := runCLI(t, bin, repo, env, c.args)
+		h.logWire(t)
+		t.Logf("stdout:\n%s", trunc(res.Stdout, 6000))
+		t.Logf("stderr:\n%s", trunc(res.Stderr, 3000))
+		turns, err := h.srv.Finish(session)
+		require.NoError(t, err)
+		ok, failed := h.turnRequests(c.turnPath)
+		t.Logf("context limit %d ids; turn requests: %d answered, %d refused; %d turn(s) recorded", limit, ok, failed, len(turns))
+		for i, tr := range turns {
+			t.Logf("turn %d: prompt %d ids, output %d ids, finish %s", i, len(tr.PromptIDs), len(tr.OutputIDs), tr.FinishReason)
+		}
+		other, compaction := 0, 0
+		for _, r := range h.requests() {
+			if r.Path != c.turnPath && r.Method == "POST" {
+				other++
+			}
+			// Claude Code's compaction prompt and truncation marker; Codex's
+			// local compaction prompt.
+			b := string(r.Body)
+			if strings.Contains(b, "CRITICAL: Respond with TEXT ONLY") || strings.Contains(b, "truncated for compaction retry") ||
+				strings.Contains(strings.ToLower(b), "context checkpoint compaction") {
+				compaction++
+			}
+		}
+		data, _ := os.ReadFile(filepath.Join(repo, "file.txt"))
+		behaviour := "stopped after the overflow, no compaction"
+		switch {
+		case compaction > 0 && ok > 1:
+			behaviour = fmt.Sprintf("compacted and continued (%d compaction request(s))", compaction)
+		case compaction > 0:
+			behaviour = fmt.Sprintf("tried to compact (%d compaction request(s), all overflowed), then stopped", compaction)
+		case ok > 1 || other > 0:
+			behaviour = "continued with other requests"
+		case failed > 1:
+			behaviour = "retried the overflowing request, then stopped"
+		}
+		t.Logf("OVERFLOW BEHAVIOUR %s: exit %d, timed out %v, %s, elapsed %s, file now %q, stdout mentions overflow: %v",
+			c.name, res.ExitCode, res.TimedOut, behaviour, res.Elapsed.Round(time.Millisecond), strings.TrimSpace(string(data)),
+			strings.Contains(strings.ToLower(res.Stdout+res.Stderr), "too long") || strings.Contains(strings.ToLower(res.Stdout+res.Stderr), "context"))
+		require.False(t, res.TimedOut, "the CLI must end within %s after a context overflow", cliTimeout)
+		assert.GreaterOrEqual(t, failed, 1, "turn 2 should have overflowed")
+	})
+}
