@@ -67,9 +67,9 @@ func (s *Server) serveTurn(w http.ResponseWriter, r *http.Request, req *protocol
 	if f, ok := w.(http.Flusher); ok {
 		f.Flush()
 	}
-	if ctx.Err() != nil {
-		return // cancelled before the reply was out: do not record
-	}
+	// The whole reply was handed to the connection: record the turn even
+	// if the client hangs up now (a CLI exits as soon as it has the last
+	// event, which cancels the request context).
 
 	// Step 12.
 	ms := started.UnixMilli()
