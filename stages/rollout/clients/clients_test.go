@@ -47,10 +47,6 @@ type cli struct {
 	setup     func(t *testing.T, home, adapterURL, session string) []string
 	args      []string
 	eventsKey string // a string its stdout shows when a tool ran
-	// reuseGap: turn 2 is known to be re-rendered canonically from turn 1's
-	// output on (see the Codex comment); logged, failing only with
-	// KILN_CLIENTS_STRICT_REUSE=1.
-	reuseGap bool
 }
 
 var claudeCode = cli{
@@ -118,16 +114,9 @@ enabled = false
 		)
 	},
 	eventsKey: `"command_execution"`,
-	// Known adapter gap (Responses): the adapter neither emits a reasoning
-	// output item nor keeps reasoning in the turn's assistant message (spec
-	// §5.3 skips reasoning input items, §5.4 manager_message has no
-	// reasoning_content). With a Qwen3 template the prefix anchor (history
-	// ending in that assistant message) renders it as the last message,
-	// "<think>\n\n</think>\n\n" + content, while the full turn-2 render
-	// (a tool message follows) renders content only: spec §3 step 5 fails
-	// and turn 2 is canonical from turn 1's output on. Claude Code round-trips
-	// the thinking block, so it reuses.
-	reuseGap: true,
+	// Codex gets the reasoning back through kiln's reasoning item handle
+	// (protocol.reasoningHandle), which it echoes verbatim, so the Qwen3
+	// template renders turn 1 as sampled and turn 2 reuses its ids.
 }
 
 func TestClaudeCode(t *testing.T) { testCLI(t, claudeCode) }
@@ -167,15 +156,7 @@ func testCLI(t *testing.T, c cli) {
 			t.Logf("turn %d: prompt %d ids, output %d ids, finish %s, messages %dB", i, len(tr.PromptIDs), len(tr.OutputIDs), tr.FinishReason, len(tr.PromptMessages))
 		}
 		// 4. Turn 2 reuses turn 1's ids exactly.
-		if c.reuseGap && os.Getenv("KILN_CLIENTS_STRICT_REUSE") != "1" {
-			if reused, at := reuseOf(turns); reused {
-				t.Logf("reuse: turn 2 begins with turn 1 prompt+output (the known gap is fixed: drop reuseGap)")
-			} else {
-				assert.Equal(t, len(turns[0].PromptIDs), at, "turn 2 must keep turn 1's prompt ids and diverge only in the output")
-				t.Logf("KNOWN GAP: no reuse on turn 2; diverges at id %d = start of turn 1's output (prompt %d ids)\n%s",
-					at, len(turns[0].PromptIDs), divergence(h, turns))
-			}
-		} else if !checkReuse(t, turns) {
+		if !checkReuse(t, turns) {
 			t.Logf("divergence:\n%s", divergence(h, turns))
 			t.Logf("turn 1 response message: %s", *turns[0].ResponseMessage)
 			if len(turns[1].PromptMessages) > 0 {

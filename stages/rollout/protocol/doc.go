@@ -41,6 +41,12 @@
 // echo of the reply produces.
 //
 // Deliberate differences from the reference (vime):
+//   - Responses replies start with a reasoning item whose encrypted_content
+//     is kiln's handle to the model's reasoning (reasoningHandle); Codex
+//     echoes it verbatim and the decoder restores reasoning_content, so a
+//     Qwen3-style template renders the history as sampled and prefix reuse
+//     continues from the original tokens (the reference drops reasoning on
+//     this path and re-renders every tool turn).
 //   - Invalid request JSON is a 400 with a message (the reference answers
 //     500); so are wrongly typed top-level fields (messages/tools not lists,
 //     non-integer max tokens, non-numeric temperature/top_p/top_k, non-string

@@ -142,7 +142,9 @@ func AssistantMessage(req *Request, rep *Reply) json.RawMessage {
 	m := obj("role", "assistant", "content", rep.Content)
 	calls := rep.Calls
 	switch req.Protocol {
-	case Anthropic:
+	case Anthropic, Responses:
+		// Both clients echo the reasoning back (thinking blocks; kiln's
+		// reasoning item handle).
 		if rep.Reasoning != "" {
 			m.set("reasoning_content", rep.Reasoning)
 		}

@@ -1,7 +1,9 @@
 package protocol
 
 import (
+	"encoding/base64"
 	"net/http"
+	"strings"
 )
 
 var openAIMaxKeys = []string{"max_completion_tokens", "max_tokens", "max_output_tokens"}
@@ -145,8 +147,6 @@ func (t *responsesTranslator) translate(items []any) error {
 			typ = text(v)
 		}
 		switch typ {
-		case "reasoning":
-			continue // wire summaries are not sampled reasoning
 		case "function_call_output", "custom_tool_call_output":
 			id := text(io.val("call_id"))
 			if !t.isOpenCall(id) {
@@ -164,6 +164,14 @@ func (t *responsesTranslator) translate(items []any) error {
 			}
 		}
 		switch typ {
+		case "reasoning":
+			// Wire summaries are not sampled reasoning; kiln's own handle
+			// (see reasoningHandle) carries the reasoning it returned.
+			if r, ok := decodeReasoningHandle(text(io.val("encrypted_content"))); ok {
+				t.open()
+				prev, _ := t.assistant.str("reasoning_content")
+				t.assistant.set("reasoning_content", prev+r)
+			}
 		case "function_call", "custom_tool_call":
 			t.open()
 			name := text(io.val("name"))
@@ -206,6 +214,18 @@ func (t *responsesTranslator) translate(items []any) error {
 		}
 	}
 	return t.flush()
+}
+
+func decodeReasoningHandle(s string) (string, bool) {
+	rest, ok := strings.CutPrefix(s, reasoningHandle)
+	if !ok {
+		return "", false
+	}
+	b, err := base64.StdEncoding.DecodeString(rest)
+	if err != nil {
+		return "", false
+	}
+	return string(b), true
 }
 
 func (t *responsesTranslator) message(role, content string) {

@@ -1,6 +1,21 @@
 package protocol
 
-import "io"
+import (
+	"encoding/base64"
+	"io"
+)
+
+// reasoningHandle prefixes the encrypted_content of the reasoning items kiln
+// emits: the model's own reasoning text, base64. Codex echoes reasoning items
+// verbatim (clients-wire.md), so the next request carries the reasoning the
+// chat template needs to render the history exactly as sampled, and prefix
+// reuse can continue from the original tokens. Foreign encrypted_content is
+// ignored.
+const reasoningHandle = "kiln-reasoning:v1:"
+
+func encodeReasoningHandle(reasoning string) string {
+	return reasoningHandle + base64.StdEncoding.EncodeToString([]byte(reasoning))
+}
 
 type responsesItem struct {
 	final, added *object // the completed item and its in-progress form
@@ -9,11 +24,17 @@ type responsesItem struct {
 	text         string // message text, function arguments or custom input
 }
 
-// responsesItems is §5.4: a message item when there is text or no call,
+// responsesItems is §5.4: a reasoning item carrying the reasoning (kiln's
+// addition, see reasoningHandle), a message item when there is text or no call,
 // then one item per call (all of them), named and typed after the
 // request's tool specs (unknown names: plain functions, no namespace).
 func responsesItems(req *Request, rep *Reply, ids IDSource) []responsesItem {
 	var items []responsesItem
+	if rep.Reasoning != "" {
+		id := "rs_" + ids.Hex(24)
+		item := obj("type", "reasoning", "id", id, "summary", []any{}, "encrypted_content", encodeReasoningHandle(rep.Reasoning))
+		items = append(items, responsesItem{kind: "reasoning", id: id, final: item, added: item})
+	}
 	if rep.Content != "" || len(rep.Calls) == 0 {
 		id := "msg_" + ids.Hex(24)
 		part := obj("type", "output_text", "text", rep.Content, "annotations", []any{})
