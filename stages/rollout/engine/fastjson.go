@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"encoding/json"
 	"math"
 )
 
@@ -185,4 +186,82 @@ func skipAny(b []byte, i int) int {
 		return -1
 	}
 	return j
+}
+
+// splitObject returns the raw values of a JSON object's top-level keys
+// (keys without escapes only; duplicates: the last wins, as encoding/json).
+// ok is false when the structure is not a plain object.
+func splitObject(b []byte) (map[string]json.RawMessage, bool) {
+	i := skipWS(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return nil, false
+	}
+	out := map[string]json.RawMessage{}
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return out, skipWS(b, i+1) == len(b)
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return nil, false
+		}
+		ks := i
+		if i = skipStr(b, i); i < 0 {
+			return nil, false
+		}
+		key := b[ks+1 : i-1]
+		if bytes.IndexByte(key, '\\') >= 0 {
+			return nil, false
+		}
+		if i = skipWS(b, i); i >= len(b) || b[i] != ':' {
+			return nil, false
+		}
+		vs := skipWS(b, i+1)
+		if i = skipAny(b, vs); i < 0 {
+			return nil, false
+		}
+		out[string(key)] = b[vs:i]
+		if i = skipWS(b, i); i >= len(b) {
+			return nil, false
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case '}':
+			return out, skipWS(b, i+1) == len(b)
+		default:
+			return nil, false
+		}
+	}
+}
+
+// splitArray returns the raw elements of a JSON array.
+func splitArray(b []byte) ([]json.RawMessage, bool) {
+	i := skipWS(b, 0)
+	if i >= len(b) || b[i] != '[' {
+		return nil, false
+	}
+	var out []json.RawMessage
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == ']' {
+		return out, skipWS(b, i+1) == len(b)
+	}
+	for {
+		vs := i
+		if i = skipAny(b, vs); i < 0 {
+			return nil, false
+		}
+		out = append(out, b[vs:i])
+		if i = skipWS(b, i); i >= len(b) {
+			return nil, false
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case ']':
+			return out, skipWS(b, i+1) == len(b)
+		default:
+			return nil, false
+		}
+	}
 }

@@ -120,6 +120,20 @@ func decodeTop(route string, body []byte) (wireResponse, wireChoice, error) {
 	if len(t) == 0 || t[0] != '{' {
 		return resp, wireChoice{}, replyErr(route, ReasonBadJSON, "reply is not a JSON object: %s", clip(body, 200))
 	}
+	// Fast path: split the top level by structure only, so the large
+	// prompt_token_ids echo is skipped, not decoded, and the one choice is
+	// decoded once. Anything unusual goes through encoding/json below,
+	// which also words the errors.
+	if top, ok := splitObject(t); ok {
+		resp = wireResponse{Choices: top["choices"], Usage: top["usage"], Model: top["model"],
+			Created: top["created"], OutputMode: top["output_mode"], PromptTokenIDs: top["prompt_token_ids"]}
+		if elems, ok := splitArray(resp.Choices); ok && len(elems) == 1 {
+			var ch wireChoice
+			if err := json.Unmarshal(elems[0], &ch); err == nil {
+				return resp, ch, nil
+			}
+		}
+	}
 	if err := json.Unmarshal(t, &resp); err != nil {
 		return resp, wireChoice{}, replyErr(route, ReasonBadJSON, "%v: %s", err, clip(body, 200))
 	}
@@ -191,7 +205,13 @@ func logprobValue(route, where string, raw json.RawMessage) (float32, error) {
 		return 0, replyErr(route, ReasonMissingLogprobs, "%s: logprob missing", where)
 	}
 	var f float64
-	if err := json.Unmarshal(raw, &f); err != nil {
+	var err error
+	if t := bytes.TrimSpace(raw); len(t) > 0 && (t[0] == '-' || (t[0] >= '0' && t[0] <= '9')) {
+		f, err = strconv.ParseFloat(string(t), 64) // a JSON number (the common case)
+	} else {
+		err = json.Unmarshal(raw, &f)
+	}
+	if err != nil {
 		return 0, replyErr(route, ReasonNonFiniteLogprob, "%s: logprob %s is not a finite number", where, clip(raw, 40))
 	}
 	if math.IsNaN(f) || math.IsInf(f, 0) || math.IsInf(float64(float32(f)), 0) {
@@ -215,7 +235,12 @@ func entryID(route, where string, e *wireEntry) (id int32, ok bool, err error) {
 	}
 	if !isNull(e.Token) {
 		var s string
-		if json.Unmarshal(e.Token, &s) == nil && strings.HasPrefix(s, "token_id:") {
+		if t := bytes.TrimSpace(e.Token); len(t) >= 2 && t[0] == '"' && t[len(t)-1] == '"' && bytes.IndexByte(t, '\\') < 0 {
+			s = string(t[1 : len(t)-1]) // no escapes: the common case, without a decoder
+		} else if json.Unmarshal(e.Token, &s) != nil {
+			s = ""
+		}
+		if strings.HasPrefix(s, "token_id:") {
 			v, good := labelID(s)
 			if !good {
 				return 0, false, replyErr(route, ReasonBadTokenID, "%s: token %q is not token_id:<non-negative int32>", where, s)
@@ -350,7 +375,7 @@ func parseGenerate(body []byte, req *GenerateRequest) (Generation, error) {
 	}
 	for i := range entries {
 		e := &entries[i]
-		where := fmt.Sprintf("logprobs.content[%d]", i)
+		where := "logprobs.content[" + strconv.Itoa(i) + "]"
 		if g.LogProbs[i], err = logprobValue(route, where, e.Logprob); err != nil {
 			return Generation{}, err
 		}
