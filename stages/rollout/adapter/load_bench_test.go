@@ -1,9 +1,9 @@
 package adapter_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
-	"encoding/gob"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,8 +11,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
+	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -31,17 +32,19 @@ import (
 // sessions of T turns each, Claude Code style (every turn resends the whole
 // history with the previous reply echoed exactly as returned plus a new
 // tool_result), against the scripted engine with zero generation latency,
-// everything over real HTTP on loopback in this process.
+// everything over real HTTP on loopback. The adapter runs in a process of
+// its own (this test binary re-executed into TestLoadAdapterChild), so its
+// CPU time is measured apart from the load client's and the engine's.
 //
-// Reported per turn: process CPU (getrusage user+sys) raw, the engine's share
-// measured by replaying the identical engine traffic without the adapter, and
-// their difference (net, which still contains the load client's own HTTP and
-// JSON work); engine calls, /tokenize calls, engine bytes and new engine TCP
-// connections; client-seen latency p50/p99 and the achieved rate (turns/s,
-// closed loop: every session sends its next turn as soon as the last one is
-// answered, so latency includes queueing at that rate); live heap per session
-// at half and at all turns (engine logs cleared first), and the bytes the
-// recorded turns themselves hold (records.Turn ids, logprobs, messages).
+// Reported per turn: the adapter process's CPU (getrusage user+sys: its
+// server, its engine client and everything between); engine calls,
+// /tokenize calls, engine bytes and new engine TCP connections; client-seen
+// latency p50/p99 and the achieved rate (turns/s, closed loop: every session
+// sends its next turn as soon as the last one is answered, so latency
+// includes queueing at that rate); the adapter's live heap per session at
+// half and at all turns, and the bytes the recorded turns themselves hold
+// (records.Turn ids, logprobs, messages). KILN_LOAD_CPUPROFILE=FILE writes
+// the adapter process's CPU profile.
 //
 //	go test ./stages/rollout/adapter -run '^$' -bench AdapterLoad -benchtime 1x
 //
@@ -72,9 +75,8 @@ type loadConfig struct {
 }
 
 // loadScript makes every turn a reasoning block plus one qwen3_coder tool
-// call; the text depends only on the prompt length (not on the engine's
-// per-session turn counter, which the benchmark resets between phases), so
-// the replayed baseline generates exactly the same outputs.
+// call; the text depends only on the prompt length, not on the engine's
+// per-session turn counter, which the benchmark resets between phases.
 func loadScript(r enginetest.Request) enginetest.Output {
 	n := len(r.PromptIDs)
 	return enginetest.Output{Text: fmt.Sprintf("I should inspect part %d of the tree before editing anything.\n</think>\n\n"+
@@ -96,13 +98,6 @@ func toolResult(sid string, k int) string {
 	return sb.String()
 }
 
-// replayReq is one engine request of the adapter run, kept for the baseline.
-type replayReq struct {
-	Path   string
-	Header map[string][]string
-	Body   []byte
-}
-
 type engineTotals struct {
 	calls, tokenize, generate int
 	bytes                     int64
@@ -121,23 +116,6 @@ func (t *engineTotals) add(st map[string]enginetest.EndpointStats) {
 	}
 }
 
-// cpuTime is the process's user+system CPU time so far.
-func cpuTime(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-func liveHeap() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
-
 // countingServer serves h on loopback and counts accepted connections.
 func countingServer(h http.Handler, conns *atomic.Int64) *httptest.Server {
 	s := httptest.NewUnstartedServer(h)
@@ -150,6 +128,185 @@ func countingServer(h http.Handler, conns *atomic.Int64) *httptest.Server {
 	return s
 }
 
+// loadChildEnv names the environment of the adapter process the load
+// benchmark starts: the test binary re-executed into TestLoadAdapterChild.
+const (
+	loadChildEnv    = "KILN_LOAD_ADAPTER_CHILD"
+	loadChildEngine = "KILN_LOAD_ENGINE_URL"
+	loadChildTokDir = "KILN_LOAD_TOKENIZER_DIR"
+	loadChildProf   = "KILN_LOAD_CPUPROFILE"
+)
+
+// loadChild is the adapter process of the load benchmark, driven over its
+// stdin and stdout by a line protocol: it prints its listen address, then
+// answers "cpu" (its own user+system CPU in ns), "heap" (live heap bytes
+// after GC) and "finish" (finishes every session and prints a loadSummary
+// as JSON); EOF ends it.
+type loadChild struct {
+	ad  *adapter.Server
+	srv *http.Server
+}
+
+// loadSummary is what the child reports after finishing its sessions.
+type loadSummary struct {
+	Sessions      int
+	Turns         map[string]int
+	RecordedBytes int64
+	PromptTokens  int64
+	OutputTokens  int64
+	// NoReuse names the first turn whose prompt does not start with the
+	// previous turn's prompt+output, "" when every turn reused.
+	NoReuse string
+}
+
+// TestLoadAdapterChild is not a test: it is the adapter process of
+// BenchmarkAdapterLoad, and returns at once unless that benchmark started it.
+func TestLoadAdapterChild(t *testing.T) {
+	if os.Getenv(loadChildEnv) != "1" {
+		t.Skip("the adapter process of BenchmarkAdapterLoad")
+	}
+	if p := os.Getenv(loadChildProf); p != "" {
+		f, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
+	ec, err := engine.New(engine.Options{BaseURL: os.Getenv(loadChildEngine), Mode: engine.ModeGenerate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ec.Probe(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	sp, err := engine.LoadSpecialTokens(os.Getenv(loadChildTokDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ad := adapter.New(adapter.Options{Engine: ec, Special: sp, ReasoningParser: "qwen3", ToolParser: "qwen3_coder",
+		IDs: protocol.SeededIDs(7)})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: ad}
+	go srv.Serve(ln)
+	defer srv.Close()
+	out := bufio.NewWriter(os.Stdout)
+	fmt.Fprintln(out, ln.Addr().String())
+	out.Flush()
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		switch in.Text() {
+		case "cpu":
+			var ru syscall.Rusage
+			_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+			fmt.Fprintln(out, ru.Utime.Nano()+ru.Stime.Nano())
+		case "heap":
+			fmt.Fprintln(out, liveHeap())
+		case "finish":
+			sum := loadSummary{Turns: map[string]int{}}
+			for _, id := range ad.Sessions() {
+				turns, err := ad.Finish(id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sum.Sessions++
+				sum.Turns[id] = len(turns)
+				for k, tr := range turns {
+					sum.RecordedBytes += int64(4*(len(tr.PromptIDs)+len(tr.OutputIDs)+len(tr.OutputLogProbs)) + len(tr.PromptMessages))
+					sum.PromptTokens += int64(len(tr.PromptIDs))
+					sum.OutputTokens += int64(len(tr.OutputIDs))
+					if tr.ResponseMessage != nil {
+						sum.RecordedBytes += int64(len(*tr.ResponseMessage))
+					}
+					if k == 0 || sum.NoReuse != "" {
+						continue
+					}
+					prev := turns[k-1]
+					n := len(prev.PromptIDs) + len(prev.OutputIDs)
+					if len(tr.PromptIDs) <= n || !slices.Equal(tr.PromptIDs[:len(prev.PromptIDs)], prev.PromptIDs) ||
+						!slices.Equal(tr.PromptIDs[len(prev.PromptIDs):n], prev.OutputIDs) {
+						sum.NoReuse = fmt.Sprintf("session %s turn %d", id, k)
+					}
+				}
+			}
+			b, _ := json.Marshal(sum)
+			fmt.Fprintf(out, "%s\n", b)
+		default:
+			t.Fatalf("load child: unknown command %q", in.Text())
+		}
+		out.Flush()
+	}
+}
+
+// adapterProc is the parent's handle on the adapter process.
+type adapterProc struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Scanner
+	URL string
+}
+
+func startAdapterProc(b *testing.B, engineURL, tokDir string) *adapterProc {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestLoadAdapterChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), loadChildEnv+"=1", loadChildEngine+"="+engineURL, loadChildTokDir+"="+tokDir)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	outR, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	p := &adapterProc{cmd: cmd, in: in, out: bufio.NewScanner(outR)}
+	p.out.Buffer(nil, 16<<20)
+	p.URL = "http://" + p.line(b)
+	return p
+}
+
+func (p *adapterProc) line(b *testing.B) string {
+	if !p.out.Scan() {
+		b.Fatalf("adapter process ended: %v", p.out.Err())
+	}
+	return p.out.Text()
+}
+
+func (p *adapterProc) ask(b *testing.B, cmd string) string {
+	if _, err := fmt.Fprintln(p.in, cmd); err != nil {
+		b.Fatal(err)
+	}
+	return p.line(b)
+}
+
+func (p *adapterProc) num(b *testing.B, cmd string) int64 {
+	var n int64
+	if _, err := fmt.Sscan(p.ask(b, cmd), &n); err != nil {
+		b.Fatal(err)
+	}
+	return n
+}
+
+func (p *adapterProc) stop() {
+	p.in.Close()
+	_ = p.cmd.Wait()
+}
+
+func liveHeap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
 func runLoad(b *testing.B, cfg loadConfig) {
 	b.StopTimer()
 	dir := b.TempDir()
@@ -160,22 +317,8 @@ func runLoad(b *testing.B, cfg loadConfig) {
 	var engConns atomic.Int64
 	esrv := countingServer(eng, &engConns)
 	defer esrv.Close()
-	// As in production (adaptercmd): no HTTPClient, so the default transport.
-	ec, err := engine.New(engine.Options{BaseURL: esrv.URL, Mode: engine.ModeGenerate})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := ec.Probe(context.Background()); err != nil {
-		b.Fatal(err)
-	}
-	sp, err := engine.LoadSpecialTokens(dir)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ad := adapter.New(adapter.Options{Engine: ec, Special: sp, ReasoningParser: "qwen3", ToolParser: "qwen3_coder",
-		IDs: protocol.SeededIDs(7)})
-	asrv := httptest.NewServer(ad)
-	defer asrv.Close()
+	ad := startAdapterProc(b, esrv.URL, dir)
+	defer ad.stop()
 	eng.Reset()
 	engConns.Store(0)
 
@@ -201,7 +344,7 @@ func runLoad(b *testing.B, cfg loadConfig) {
 	oneTurn := func(s *sessState, k int) error {
 		body, _ := json.Marshal(map[string]any{"model": "claude-sonnet", "max_tokens": 512,
 			"tools": json.RawMessage(tools), "messages": s.hist})
-		req, err := http.NewRequest(http.MethodPost, asrv.URL+"/v1/messages", bytes.NewReader(body))
+		req, err := http.NewRequest(http.MethodPost, ad.URL+"/v1/messages", bytes.NewReader(body))
 		if err != nil {
 			return err
 		}
@@ -248,15 +391,14 @@ func runLoad(b *testing.B, cfg loadConfig) {
 
 	var (
 		totals   engineTotals
-		replays  []string
 		cpu      time.Duration
 		wall     time.Duration
-		base     = liveHeap()
+		base     = ad.num(b, "heap")
 		heapAt   []float64
 		phaseEnd = []int{cfg.turns / 2, cfg.turns}
 	)
 	done := 0
-	for pi, end := range phaseEnd {
+	for _, end := range phaseEnd {
 		from := done
 		var pace <-chan time.Time
 		if cfg.rate > 0 {
@@ -264,7 +406,7 @@ func runLoad(b *testing.B, cfg loadConfig) {
 			pace = tk.C
 			defer tk.Stop()
 		}
-		c0, w0 := cpuTime(b), time.Now()
+		c0, w0 := ad.num(b, "cpu"), time.Now()
 		b.StartTimer()
 		var wg sync.WaitGroup
 		for _, s := range sess {
@@ -282,58 +424,37 @@ func runLoad(b *testing.B, cfg loadConfig) {
 		wg.Wait()
 		b.StopTimer()
 		wall += time.Since(w0)
-		cpu += cpuTime(b) - c0
+		cpu += time.Duration(ad.num(b, "cpu") - c0)
 		for _, s := range sess {
 			if s.err != nil {
 				b.Fatal(s.err)
 			}
 		}
 		done = end
-		// Keep the engine traffic for the baseline (on disk, so it is not
-		// counted as live heap), then clear the engine's log and history.
 		totals.add(eng.Stats())
-		var rr []replayReq
-		for _, r := range eng.Requests() {
-			rr = append(rr, replayReq{Path: r.Path, Header: r.Header, Body: r.Body})
-		}
-		p := filepath.Join(dir, fmt.Sprintf("replay-%d.gob", pi))
-		writeGob(b, p, rr)
-		replays = append(replays, p)
 		eng.Reset()
 		client.CloseIdleConnections()
-		h := liveHeap()
+		h := ad.num(b, "heap")
 		heapAt = append(heapAt, float64(h-min(base, h))/float64(cfg.sessions))
 	}
 	newConns := engConns.Load()
 
 	// Every response was 200 (checked per turn); now check that reuse
 	// happened: turn k's prompt starts with turn k-1's prompt+output.
-	var recorded, promptTok, outTok int64
-	for _, s := range sess {
-		turns, err := ad.Finish(s.id)
-		if err != nil {
-			b.Fatal(err)
+	var sum loadSummary
+	if err := json.Unmarshal([]byte(ad.ask(b, "finish")), &sum); err != nil {
+		b.Fatal(err)
+	}
+	if sum.Sessions != cfg.sessions {
+		b.Fatalf("%d sessions finished, want %d", sum.Sessions, cfg.sessions)
+	}
+	for id, n := range sum.Turns {
+		if n != cfg.turns {
+			b.Fatalf("session %s: %d turns recorded, want %d", id, n, cfg.turns)
 		}
-		if len(turns) != cfg.turns {
-			b.Fatalf("session %s: %d turns recorded, want %d", s.id, len(turns), cfg.turns)
-		}
-		for k, t := range turns {
-			recorded += int64(4*(len(t.PromptIDs)+len(t.OutputIDs)+len(t.OutputLogProbs)) + len(t.PromptMessages))
-			promptTok += int64(len(t.PromptIDs))
-			outTok += int64(len(t.OutputIDs))
-			if t.ResponseMessage != nil {
-				recorded += int64(len(*t.ResponseMessage))
-			}
-			if k == 0 {
-				continue
-			}
-			prev := turns[k-1]
-			n := len(prev.PromptIDs) + len(prev.OutputIDs)
-			if len(t.PromptIDs) <= n || !slices.Equal(t.PromptIDs[:len(prev.PromptIDs)], prev.PromptIDs) ||
-				!slices.Equal(t.PromptIDs[len(prev.PromptIDs):n], prev.OutputIDs) {
-				b.Fatalf("session %s turn %d: no prefix reuse (prompt does not start with turn %d's prompt+output)", s.id, k, k-1)
-			}
-		}
+	}
+	if sum.NoReuse != "" {
+		b.Fatalf("%s: no prefix reuse (prompt does not start with the previous turn's prompt+output)", sum.NoReuse)
 	}
 
 	nTurns := cfg.sessions * cfg.turns
@@ -344,9 +465,6 @@ func runLoad(b *testing.B, cfg loadConfig) {
 		b.Fatalf("%d generate calls for %d turns", totals.generate, nTurns)
 	}
 
-	// Baseline: the same engine traffic without the adapter.
-	baseCPU := replayBaseline(b, cfg.sessions, replays)
-
 	var lat []time.Duration
 	for _, s := range sess {
 		lat = append(lat, s.lat...)
@@ -355,10 +473,7 @@ func runLoad(b *testing.B, cfg loadConfig) {
 	pct := func(p float64) float64 {
 		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Microseconds()) / 1e3
 	}
-	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(nTurns) }
-	b.ReportMetric(per(cpu), "cpu-µs/turn")
-	b.ReportMetric(per(baseCPU), "engine-cpu-µs/turn")
-	b.ReportMetric(per(cpu-baseCPU), "net-cpu-µs/turn")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(nTurns), "adapter-cpu-µs/turn")
 	b.ReportMetric(float64(totals.calls)/float64(nTurns), "engine-calls/turn")
 	b.ReportMetric(float64(totals.tokenize)/float64(nTurns), "tokenize/turn")
 	b.ReportMetric(float64(totals.bytes)/float64(nTurns), "engine-B/turn")
@@ -368,86 +483,7 @@ func runLoad(b *testing.B, cfg loadConfig) {
 	b.ReportMetric(float64(nTurns)/wall.Seconds(), "turns/s")
 	b.ReportMetric(heapAt[0], fmt.Sprintf("heap-B/session@%dturns", phaseEnd[0]))
 	b.ReportMetric(heapAt[1], fmt.Sprintf("heap-B/session@%dturns", phaseEnd[1]))
-	b.ReportMetric(float64(recorded)/float64(cfg.sessions), "recorded-B/session")
-	b.ReportMetric(float64(promptTok)/float64(nTurns), "prompt-tok/turn")
-	b.ReportMetric(float64(outTok)/float64(nTurns), "output-tok/turn")
-}
-
-func writeGob(b *testing.B, path string, v any) {
-	f, err := os.Create(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := gob.NewEncoder(f).Encode(v); err != nil {
-		b.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
-		b.Fatal(err)
-	}
-}
-
-// replayBaseline sends the recorded engine requests, in arrival order, from
-// as many workers as there were sessions to a fresh scripted engine, and
-// returns the process CPU time it took.
-func replayBaseline(b *testing.B, workers int, files []string) time.Duration {
-	eng := enginetest.New(loadEngineOptions())
-	esrv := httptest.NewServer(eng)
-	defer esrv.Close()
-	client := &http.Client{Transport: &http.Transport{MaxIdleConns: workers, MaxIdleConnsPerHost: workers}}
-	defer client.CloseIdleConnections()
-	var total time.Duration
-	for _, file := range files {
-		f, err := os.Open(file)
-		if err != nil {
-			b.Fatal(err)
-		}
-		var rr []replayReq
-		err = gob.NewDecoder(f).Decode(&rr)
-		f.Close()
-		if err != nil {
-			b.Fatal(err)
-		}
-		ch := make(chan replayReq)
-		var failed atomic.Value
-		c0 := cpuTime(b)
-		var wg sync.WaitGroup
-		for w := 0; w < workers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for r := range ch {
-					req, _ := http.NewRequest(http.MethodPost, esrv.URL+r.Path, bytes.NewReader(r.Body))
-					for k, v := range r.Header {
-						switch k {
-						case "Content-Length", "Host", "Connection", "Accept-Encoding":
-						default:
-							req.Header[k] = v
-						}
-					}
-					res, err := client.Do(req)
-					if err != nil {
-						failed.Store(err)
-						continue
-					}
-					_, _ = io.Copy(io.Discard, res.Body)
-					res.Body.Close()
-					if res.StatusCode != http.StatusOK {
-						failed.Store(fmt.Errorf("replay %s: status %d", r.Path, res.StatusCode))
-					}
-				}
-			}()
-		}
-		for _, r := range rr {
-			ch <- r
-		}
-		close(ch)
-		wg.Wait()
-		total += cpuTime(b) - c0
-		if err, _ := failed.Load().(error); err != nil {
-			b.Fatal(err)
-		}
-		eng.Reset()
-		runtime.GC()
-	}
-	return total
+	b.ReportMetric(float64(sum.RecordedBytes)/float64(cfg.sessions), "recorded-B/session")
+	b.ReportMetric(float64(sum.PromptTokens)/float64(nTurns), "prompt-tok/turn")
+	b.ReportMetric(float64(sum.OutputTokens)/float64(nTurns), "output-tok/turn")
 }

@@ -26,20 +26,169 @@ type prefix struct {
 }
 
 // canonicalHash hashes one JSON value so that deep-equal values (object
-// keys in any order, spec §3 step 3) hash alike.
+// keys in any order, spec §3 step 3) hash alike. raw is JSON as package
+// protocol encodes it: compact, one encoding per string value and numbers
+// kept as sent, so equal scalars are equal bytes and only object key order
+// needs normalizing (keys are sorted by their encoded bytes, which orders
+// equal keys alike).
 func canonicalHash(raw []byte) digest {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		// Not JSON: hash the bytes, prefixed so it never equals a value.
-		return sha256.Sum256(append([]byte{0}, raw...))
+	buf := make([]byte, 0, len(raw))
+	if out, end, ok := appendCanonical(buf, raw, skipSpace(raw, 0), 0); ok && skipSpace(raw, end) == len(raw) {
+		return sha256.Sum256(out)
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(v) // maps encode with sorted keys
-	return sha256.Sum256(buf.Bytes())
+	// Not JSON: hash the bytes, prefixed so it never equals a value.
+	return sha256.Sum256(append([]byte{0}, raw...))
+}
+
+// maxCanonicalDepth bounds the recursion of appendCanonical.
+const maxCanonicalDepth = 10000
+
+// appendCanonical appends the canonical form of the JSON value at b[i] and
+// returns the index after it.
+func appendCanonical(out, b []byte, i, depth int) ([]byte, int, bool) {
+	if i >= len(b) || depth > maxCanonicalDepth {
+		return out, i, false
+	}
+	switch b[i] {
+	case '{':
+		type field struct{ key, val []byte }
+		var fields []field
+		i = skipSpace(b, i+1)
+		if i < len(b) && b[i] == '}' {
+			return append(out, '{', '}'), i + 1, true
+		}
+		for {
+			if i >= len(b) || b[i] != '"' {
+				return out, i, false
+			}
+			ks := i
+			if i = skipString(b, i); i < 0 {
+				return out, i, false
+			}
+			key := b[ks:i]
+			if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
+				return out, i, false
+			}
+			vs := skipSpace(b, i+1)
+			if i = skipValue(b, vs); i < 0 {
+				return out, i, false
+			}
+			fields = append(fields, field{key, b[vs:i]})
+			if i = skipSpace(b, i); i >= len(b) {
+				return out, i, false
+			}
+			if b[i] == '}' {
+				i++
+				break
+			}
+			if b[i] != ',' {
+				return out, i, false
+			}
+			i = skipSpace(b, i+1)
+		}
+		slices.SortStableFunc(fields, func(x, y field) int { return bytes.Compare(x.key, y.key) })
+		out = append(out, '{')
+		for k, f := range fields {
+			if k > 0 {
+				out = append(out, ',')
+			}
+			out = append(out, f.key...)
+			out = append(out, ':')
+			var ok bool
+			if out, _, ok = appendCanonical(out, f.val, 0, depth+1); !ok {
+				return out, i, false
+			}
+		}
+		return append(out, '}'), i, true
+	case '[':
+		out = append(out, '[')
+		i = skipSpace(b, i+1)
+		if i < len(b) && b[i] == ']' {
+			return append(out, ']'), i + 1, true
+		}
+		for n := 0; ; n++ {
+			if n > 0 {
+				out = append(out, ',')
+			}
+			var ok bool
+			if out, i, ok = appendCanonical(out, b, i, depth+1); !ok {
+				return out, i, false
+			}
+			if i = skipSpace(b, i); i >= len(b) {
+				return out, i, false
+			}
+			if b[i] == ']' {
+				return append(out, ']'), i + 1, true
+			}
+			if b[i] != ',' {
+				return out, i, false
+			}
+			i = skipSpace(b, i+1)
+		}
+	}
+	j := skipValue(b, i)
+	if j < 0 {
+		return out, i, false
+	}
+	return append(out, b[i:j]...), j, true
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipString returns the index after the string at b[i], or -1.
+func skipString(b []byte, i int) int {
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1
+		}
+	}
+	return -1
+}
+
+// skipValue returns the index after the JSON value at b[i] (structure
+// only; scalars by extent), or -1.
+func skipValue(b []byte, i int) int {
+	if i >= len(b) {
+		return -1
+	}
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for ; i < len(b); i++ {
+			switch b[i] {
+			case '"':
+				if i = skipString(b, i); i < 0 {
+					return -1
+				}
+				i--
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+		}
+		return -1
+	}
+	j := i
+	for j < len(b) && !strings.ContainsRune(",}] \t\n\r", rune(b[j])) {
+		j++
+	}
+	if j == i {
+		return -1
+	}
+	return j
 }
 
 func hashMessages(msgs []json.RawMessage) []digest {

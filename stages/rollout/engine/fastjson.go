@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"math"
+	"strconv"
+	"unsafe"
 )
 
 // scanTokenize reads a /tokenize reply's "tokens", "count" and
@@ -149,6 +151,10 @@ func skipStr(b []byte, i int) int {
 	}
 }
 
+// structural classifies the bytes skipAny stops at inside containers:
+// '"' opens a string, '[' any opening bracket, ']' any closing one.
+var structural = [256]byte{'"': '"', '{': '[', '[': '[', '}': ']', ']': ']'}
+
 // skipAny returns the index after the JSON value at b[i] (structure only;
 // scalars by extent), or -1.
 func skipAny(b []byte, i int) int {
@@ -159,17 +165,33 @@ func skipAny(b []byte, i int) int {
 	case '"':
 		return skipStr(b, i)
 	case '{', '[':
+		if b[i] == '[' {
+			// A flat array of scalars (an id list: the large values of
+			// engine replies) ends at its first ']' when nothing before that
+			// opens a string or a container; vectorized byte searches find
+			// both.
+			if k := bytes.IndexByte(b[i+1:], ']'); k >= 0 {
+				seg := b[i+1 : i+1+k]
+				if bytes.IndexByte(seg, '"') < 0 && bytes.IndexByte(seg, '[') < 0 && bytes.IndexByte(seg, '{') < 0 && bytes.IndexByte(seg, '}') < 0 {
+					return i + 2 + k
+				}
+			}
+		}
 		depth := 0
 		for ; i < len(b); i++ {
-			switch b[i] {
+			c := structural[b[i]]
+			if c == 0 {
+				continue
+			}
+			switch c {
 			case '"':
 				if i = skipStr(b, i); i < 0 {
 					return -1
 				}
 				i--
-			case '{', '[':
+			case '[':
 				depth++
-			case '}', ']':
+			case ']':
 				depth--
 				if depth == 0 {
 					return i + 1
@@ -188,80 +210,160 @@ func skipAny(b []byte, i int) int {
 	return j
 }
 
-// splitObject returns the raw values of a JSON object's top-level keys
-// (keys without escapes only; duplicates: the last wins, as encoding/json).
-// ok is false when the structure is not a plain object.
-func splitObject(b []byte) (map[string]json.RawMessage, bool) {
+// eachField calls fn with every key (without escapes) and raw value of the
+// JSON object b, in order, without allocating; fn returns false to stop
+// early. ok is false when b is not a plain object (structure only, scalars by
+// extent) or a key holds an escape.
+func eachField(b []byte, fn func(key, val []byte) bool) bool {
 	i := skipWS(b, 0)
 	if i >= len(b) || b[i] != '{' {
-		return nil, false
+		return false
 	}
-	out := map[string]json.RawMessage{}
 	i = skipWS(b, i+1)
 	if i < len(b) && b[i] == '}' {
-		return out, skipWS(b, i+1) == len(b)
+		return skipWS(b, i+1) == len(b)
 	}
 	for {
 		if i >= len(b) || b[i] != '"' {
-			return nil, false
+			return false
 		}
 		ks := i
 		if i = skipStr(b, i); i < 0 {
-			return nil, false
+			return false
 		}
 		key := b[ks+1 : i-1]
 		if bytes.IndexByte(key, '\\') >= 0 {
-			return nil, false
+			return false
 		}
 		if i = skipWS(b, i); i >= len(b) || b[i] != ':' {
-			return nil, false
+			return false
 		}
 		vs := skipWS(b, i+1)
 		if i = skipAny(b, vs); i < 0 {
-			return nil, false
+			return false
 		}
-		out[string(key)] = b[vs:i]
+		if !fn(key, b[vs:i]) {
+			return false
+		}
 		if i = skipWS(b, i); i >= len(b) {
-			return nil, false
+			return false
 		}
 		switch b[i] {
 		case ',':
 			i = skipWS(b, i+1)
 		case '}':
-			return out, skipWS(b, i+1) == len(b)
+			return skipWS(b, i+1) == len(b)
 		default:
-			return nil, false
+			return false
 		}
 	}
 }
 
-// splitArray returns the raw elements of a JSON array.
-func splitArray(b []byte) ([]json.RawMessage, bool) {
+// eachElem calls fn with every raw element of the JSON array b, in order,
+// without allocating; fn returns false to stop early. ok is false when b is
+// not an array (structure only).
+func eachElem(b []byte, fn func(val []byte) bool) bool {
 	i := skipWS(b, 0)
 	if i >= len(b) || b[i] != '[' {
-		return nil, false
+		return false
 	}
-	var out []json.RawMessage
 	i = skipWS(b, i+1)
 	if i < len(b) && b[i] == ']' {
-		return out, skipWS(b, i+1) == len(b)
+		return skipWS(b, i+1) == len(b)
 	}
 	for {
 		vs := i
 		if i = skipAny(b, vs); i < 0 {
-			return nil, false
+			return false
 		}
-		out = append(out, b[vs:i])
+		if !fn(b[vs:i]) {
+			return false
+		}
 		if i = skipWS(b, i); i >= len(b) {
-			return nil, false
+			return false
 		}
 		switch b[i] {
 		case ',':
 			i = skipWS(b, i+1)
 		case ']':
-			return out, skipWS(b, i+1) == len(b)
+			return skipWS(b, i+1) == len(b)
 		default:
-			return nil, false
+			return false
 		}
 	}
+}
+
+// splitObject returns the raw values of a JSON object's top-level keys
+// (keys without escapes only; duplicates: the last wins, as encoding/json).
+// ok is false when the structure is not a plain object.
+func splitObject(b []byte) (map[string]json.RawMessage, bool) {
+	out := map[string]json.RawMessage{}
+	ok := eachField(b, func(key, val []byte) bool {
+		out[string(key)] = val
+		return true
+	})
+	if !ok {
+		return nil, false
+	}
+	return out, true
+}
+
+// splitArray returns the raw elements of a JSON array.
+func splitArray(b []byte) ([]json.RawMessage, bool) {
+	var out []json.RawMessage
+	ok := eachElem(b, func(val []byte) bool {
+		out = append(out, val)
+		return true
+	})
+	if !ok {
+		return nil, false
+	}
+	return out, true
+}
+
+// fieldsInto stores the values of the JSON object b whose keys match dst's
+// names exactly (the last duplicate wins, as in encoding/json). ok is false
+// for anything the fast path does not take: bad structure, or a key that
+// matches a name only case-insensitively (encoding/json would take it).
+func fieldsInto(b []byte, names []string, dst []json.RawMessage) bool {
+	for i := range dst {
+		dst[i] = nil
+	}
+	return eachField(b, func(key, val []byte) bool {
+		for i, n := range names {
+			if string(key) == n {
+				dst[i] = val
+				return true
+			}
+		}
+		for _, n := range names {
+			if bytes.EqualFold(key, []byte(n)) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// parseUint32 reads a JSON non-negative int32 without allocating.
+func parseUint32(raw []byte) (int32, bool) {
+	t := bytes.TrimSpace(raw)
+	v, end, ok := scanUint(t, 0)
+	if !ok || end != len(t) || v > math.MaxInt32 {
+		return 0, false
+	}
+	return int32(v), true
+}
+
+// parseFinite32 reads a JSON number that is finite as a float32.
+func parseFinite32(raw []byte) (float32, bool) {
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 || !(t[0] == '-' || (t[0] >= '0' && t[0] <= '9')) {
+		return 0, false
+	}
+	f, err := strconv.ParseFloat(unsafe.String(&t[0], len(t)), 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || math.IsInf(float64(float32(f)), 0) {
+		return 0, false
+	}
+	return float32(f), true
 }

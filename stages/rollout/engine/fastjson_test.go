@@ -52,3 +52,47 @@ func TestScanTokenize(t *testing.T) {
 		}
 	}
 }
+
+// The fast logprob-entry reader takes exactly the well-formed replies and
+// reads them as encoding/json does; everything else goes to the slow path.
+func TestFastEntries(t *testing.T) {
+	ids := []int32{101, 102}
+	cases := []struct {
+		name    string
+		content string
+		ok      bool
+		intIDs  bool
+	}{
+		{"integer ids", `[{"token_id":101,"logprob":-0.1},{"token_id":102,"logprob":-0.25}]`, true, true},
+		{"labels", `[{"token":"token_id:101","logprob":-0.1,"bytes":[1,2]},{"token":"token_id:102","logprob":-0.25,"top_logprobs":[]}]`, true, false},
+		{"both, spaced, reordered", ` [ { "logprob" : -0.1 , "token" : "token_id:101", "token_id" : 101 } , {"rank":1,"logprob":-2.5e-1,"token_id":102} ] `, true, true},
+		{"no ids", `[{"logprob":-0.1,"token":"a"},{"logprob":-0.25,"token":"b"}]`, true, false},
+		{"id mismatch", `[{"token_id":101,"logprob":-0.1},{"token_id":103,"logprob":-0.25}]`, false, false},
+		{"label mismatch", `[{"token":"token_id:101","logprob":-0.1},{"token":"token_id:7","logprob":-0.25}]`, false, false},
+		{"label vs id", `[{"token_id":101,"token":"token_id:102","logprob":-0.1},{"token_id":102,"logprob":-0.25}]`, false, false},
+		{"missing logprob", `[{"token_id":101},{"token_id":102,"logprob":-0.25}]`, false, false},
+		{"null logprob", `[{"token_id":101,"logprob":null},{"token_id":102,"logprob":-0.25}]`, false, false},
+		{"NaN string", `[{"token_id":101,"logprob":"NaN"},{"token_id":102,"logprob":-0.25}]`, false, false},
+		{"overflow float32", `[{"token_id":101,"logprob":-1e300},{"token_id":102,"logprob":-0.25}]`, false, false},
+		{"case-folded key", `[{"token_id":101,"Logprob":-0.1},{"token_id":102,"logprob":-0.25}]`, false, false},
+		{"escaped token", `[{"token":"token_id:10\u0031","logprob":-0.1},{"token_id":102,"logprob":-0.25}]`, false, false},
+		{"too few", `[{"token_id":101,"logprob":-0.1}]`, false, false},
+		{"too many", `[{"token_id":101,"logprob":-0.1},{"token_id":102,"logprob":-0.25},{"logprob":-1}]`, false, false},
+		{"negative id", `[{"token_id":-101,"logprob":-0.1},{"token_id":102,"logprob":-0.25}]`, false, false},
+		{"not a list", `{"token_id":101}`, false, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			lps, intIDs, ok := fastEntries([]byte(c.content), ids)
+			if ok != c.ok {
+				t.Fatalf("ok = %v, want %v", ok, c.ok)
+			}
+			if !ok {
+				return
+			}
+			if intIDs != c.intIDs || len(lps) != 2 || lps[0] != float32(-0.1) || lps[1] != float32(-0.25) {
+				t.Fatalf("got %v intIDs=%v", lps, intIDs)
+			}
+		})
+	}
+}

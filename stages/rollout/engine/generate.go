@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"strconv"
 )
 
 // SamplingParams are the vLLM sampling_params kiln sets (vllm-wire.md §5.3).
@@ -348,13 +349,37 @@ func (c *Client) generateBody(req *GenerateRequest, maxTokens int) ([]byte, erro
 		zero := 0
 		sp.RoutedExpertsPromptStart = &zero
 	}
-	return marshal(struct {
-		TokenIDs       []int32      `json:"token_ids"`
+	// The prompt ids (thousands) are written directly; encoding/json writes
+	// the rest, which follows them in the body.
+	rest, err := marshal(struct {
 		SamplingParams wireSampling `json:"sampling_params"`
 		Model          string       `json:"model,omitempty"`
 		RequestID      string       `json:"request_id,omitempty"`
 		CacheSalt      string       `json:"cache_salt,omitempty"`
-	}{req.PromptIDs, sp, c.opts.Model, req.RequestID, req.CacheSalt})
+	}{sp, c.opts.Model, req.RequestID, req.CacheSalt})
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, 0, len(rest)+16+7*len(req.PromptIDs))
+	b = append(b, `{"token_ids":`...)
+	b = appendIDs(b, req.PromptIDs)
+	b = append(b, ',')
+	return append(b, rest[1:]...), nil
+}
+
+// appendIDs appends ids as a JSON array (null for nil, as encoding/json).
+func appendIDs(b []byte, ids []int32) []byte {
+	if ids == nil {
+		return append(b, "null"...)
+	}
+	b = append(b, '[')
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(id), 10)
+	}
+	return append(b, ']')
 }
 
 func (c *Client) completionsBody(req *GenerateRequest, maxTokens int) ([]byte, error) {

@@ -62,6 +62,9 @@ type wireChoice struct {
 	RoutedExperts json.RawMessage `json:"routed_experts"`
 }
 
+// choiceFields are wireChoice's keys, in field order (the fast path).
+var choiceFields = []string{"token_ids", "logprobs", "finish_reason", "stop_reason", "sampling_mask", "routed_experts"}
+
 type wireEntry struct {
 	TokenID     json.RawMessage `json:"token_id"`
 	Token       json.RawMessage `json:"token"`
@@ -128,9 +131,10 @@ func decodeTop(route string, body []byte) (wireResponse, wireChoice, error) {
 		resp = wireResponse{Choices: top["choices"], Usage: top["usage"], Model: top["model"],
 			Created: top["created"], OutputMode: top["output_mode"], PromptTokenIDs: top["prompt_token_ids"]}
 		if elems, ok := splitArray(resp.Choices); ok && len(elems) == 1 {
-			var ch wireChoice
-			if err := json.Unmarshal(elems[0], &ch); err == nil {
-				return resp, ch, nil
+			var f [6]json.RawMessage
+			if fieldsInto(elems[0], choiceFields, f[:]) {
+				return resp, wireChoice{TokenIDs: f[0], Logprobs: f[1], FinishReason: f[2], StopReason: f[3],
+					SamplingMask: f[4], RoutedExperts: f[5]}, nil
 			}
 		}
 	}
@@ -161,6 +165,11 @@ func decodeTop(route string, body []byte) (wireResponse, wireChoice, error) {
 func tokenIDList(route, what string, raw json.RawMessage) ([]int32, error) {
 	if isNull(raw) {
 		return nil, replyErr(route, ReasonMissingTokenIDs, "%s missing", what)
+	}
+	if t := bytes.TrimSpace(raw); len(t) > 0 {
+		if ids, end, ok := scanIDs(t, 0); ok && end == len(t) {
+			return ids, nil
+		}
 	}
 	var items []json.RawMessage
 	if err := json.Unmarshal(raw, &items); err != nil {
@@ -354,11 +363,19 @@ func parseGenerate(body []byte, req *GenerateRequest) (Generation, error) {
 	var lp struct {
 		Content json.RawMessage `json:"content"`
 	}
-	if err := json.Unmarshal(ch.Logprobs, &lp); err != nil {
+	var content [1]json.RawMessage
+	if fieldsInto(ch.Logprobs, logprobsFields, content[:]) {
+		lp.Content = content[0]
+	} else if err := json.Unmarshal(ch.Logprobs, &lp); err != nil {
 		return Generation{}, replyErr(route, ReasonMissingLogprobs, "choices[0].logprobs is not an object: %v", err)
 	}
 	if isNull(lp.Content) {
 		return Generation{}, replyErr(route, ReasonMissingLogprobs, "choices[0].logprobs.content missing")
+	}
+	wantTop := req.Sampling.Logprobs > 0
+	if lps, intIDs, ok := fastEntries(lp.Content, g.OutputIDs); ok && !wantTop {
+		g.LogProbs = lps
+		return finishGenerate(route, g, resp, ch, req, intIDs)
 	}
 	var entries []wireEntry
 	if err := json.Unmarshal(lp.Content, &entries); err != nil {
@@ -369,7 +386,6 @@ func parseGenerate(body []byte, req *GenerateRequest) (Generation, error) {
 	}
 	g.LogProbs = make([]float32, n)
 	intIDs := false
-	wantTop := req.Sampling.Logprobs > 0
 	if wantTop {
 		g.TopLogProbs = make([][]TopLogProb, n)
 	}
@@ -393,6 +409,62 @@ func parseGenerate(body []byte, req *GenerateRequest) (Generation, error) {
 			}
 		}
 	}
+	return finishGenerate(route, g, resp, ch, req, intIDs)
+}
+
+// logprobsFields is the one key of choices[0].logprobs the reply is read for.
+var logprobsFields = []string{"content"}
+
+// entryFields are wireEntry's keys, in field order (the fast path).
+var entryFields = []string{"token_id", "token", "logprob", "top_logprobs"}
+
+// fastEntries reads the chat-shape logprob entries of a well-formed reply
+// without encoding/json: one finite logprob per output id, each entry's id
+// (integer token_id, or a "token_id:N" label, or none) equal to the output
+// id at its position. ok is false for anything else, and the caller then
+// takes the slow path, which words the error.
+func fastEntries(content []byte, ids []int32) (lps []float32, intIDs, ok bool) {
+	lps = make([]float32, 0, len(ids))
+	var f [4]json.RawMessage
+	ok = eachElem(content, func(e []byte) bool {
+		i := len(lps)
+		if i >= len(ids) || !fieldsInto(e, entryFields, f[:]) {
+			return false
+		}
+		lp, good := parseFinite32(f[2])
+		if !good {
+			return false
+		}
+		if !isNull(f[0]) {
+			id, good := parseUint32(f[0])
+			if !good || id != ids[i] {
+				return false
+			}
+			intIDs = true
+		}
+		if !isNull(f[1]) {
+			t := bytes.TrimSpace(f[1])
+			if len(t) < 2 || t[0] != '"' || t[len(t)-1] != '"' || bytes.IndexByte(t, '\\') >= 0 {
+				return false
+			}
+			if label, isLabel := bytes.CutPrefix(t[1:len(t)-1], []byte("token_id:")); isLabel {
+				id, good := parseUint32(label)
+				if !good || id != ids[i] {
+					return false
+				}
+			}
+		}
+		lps = append(lps, lp)
+		return true
+	})
+	return lps, intIDs, ok && len(lps) == len(ids)
+}
+
+// finishGenerate checks usage, names the shape and reads the optional
+// replay fields of a generate reply whose ids and logprobs are read.
+func finishGenerate(route string, g Generation, resp wireResponse, ch wireChoice, req *GenerateRequest, intIDs bool) (Generation, error) {
+	n := len(g.OutputIDs)
+	var err error
 	if err := checkUsage(route, resp.Usage, n, &g); err != nil {
 		return Generation{}, err
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -71,72 +72,330 @@ const maxDepth = 10000
 
 var errTooDeep = errors.New("JSON nested too deeply")
 
-// parseJSON decodes one JSON value (and nothing after it) into ordered form.
+// parseJSON decodes one JSON value (and nothing after it but white space)
+// into ordered form. It is strict as encoding/json is (RFC 8259 grammar;
+// invalid UTF-8 and lone surrogates become U+FFFD, as there), reads a
+// request body in one pass without a token stream, and reports errors with
+// their byte offset.
 func parseJSON(data []byte) (any, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	v, err := parseValue(dec, 0)
+	p := jsonParser{b: data}
+	p.ws()
+	v, err := p.value(0)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		if err == nil {
-			return nil, fmt.Errorf("unexpected data after the JSON value at offset %d", dec.InputOffset())
-		}
-		return nil, err
+	if p.ws(); p.i < len(p.b) {
+		return nil, fmt.Errorf("unexpected data after the JSON value at offset %d", p.i)
 	}
 	return v, nil
 }
 
-func parseValue(dec *json.Decoder, depth int) (any, error) {
-	tok, err := dec.Token()
-	if err != nil {
-		if err == io.EOF {
+type jsonParser struct {
+	b []byte
+	i int
+}
+
+func (p *jsonParser) ws() {
+	for p.i < len(p.b) {
+		switch p.b[p.i] {
+		case ' ', '\t', '\n', '\r':
+			p.i++
+		default:
+			return
+		}
+	}
+}
+
+func (p *jsonParser) errorf(format string, args ...any) error {
+	if p.i >= len(p.b) {
+		return io.ErrUnexpectedEOF
+	}
+	return fmt.Errorf("invalid character %q at offset %d: %s", p.b[p.i], p.i, fmt.Sprintf(format, args...))
+}
+
+func (p *jsonParser) value(depth int) (any, error) {
+	if p.i >= len(p.b) {
+		return nil, io.ErrUnexpectedEOF
+	}
+	switch c := p.b[p.i]; {
+	case c == '{':
+		if depth >= maxDepth {
+			return nil, errTooDeep
+		}
+		return p.object(depth)
+	case c == '[':
+		if depth >= maxDepth {
+			return nil, errTooDeep
+		}
+		return p.array(depth)
+	case c == '"':
+		return p.str()
+	case c == 't':
+		return p.literal("true", true)
+	case c == 'f':
+		return p.literal("false", false)
+	case c == 'n':
+		return p.literal("null", nil)
+	case c == '-' || (c >= '0' && c <= '9'):
+		return p.number()
+	}
+	return nil, p.errorf("looking for the beginning of a value")
+}
+
+func (p *jsonParser) literal(word string, v any) (any, error) {
+	if !bytes.HasPrefix(p.b[p.i:], []byte(word)) {
+		if len(p.b)-p.i < len(word) && bytes.HasPrefix([]byte(word), p.b[p.i:]) {
 			return nil, io.ErrUnexpectedEOF
 		}
-		return nil, err
+		return nil, p.errorf("in literal %s", word)
 	}
-	d, ok := tok.(json.Delim)
-	if !ok {
-		return tok, nil
-	}
-	if depth >= maxDepth {
-		return nil, errTooDeep
-	}
-	switch d {
-	case '{':
-		o := &object{}
-		for dec.More() {
-			kt, err := dec.Token()
-			if err != nil {
-				return nil, err
-			}
-			k, _ := kt.(string)
-			v, err := parseValue(dec, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			o.set(k, v)
-		}
-		if _, err := dec.Token(); err != nil {
-			return nil, err
-		}
+	p.i += len(word)
+	return v, nil
+}
+
+func (p *jsonParser) object(depth int) (any, error) {
+	p.i++ // {
+	o := &object{}
+	p.ws()
+	if p.i < len(p.b) && p.b[p.i] == '}' {
+		p.i++
 		return o, nil
-	case '[':
-		a := []any{}
-		for dec.More() {
-			v, err := parseValue(dec, depth+1)
-			if err != nil {
-				return nil, err
-			}
-			a = append(a, v)
+	}
+	for {
+		if p.i >= len(p.b) {
+			return nil, io.ErrUnexpectedEOF
 		}
-		if _, err := dec.Token(); err != nil {
+		if p.b[p.i] != '"' {
+			return nil, p.errorf("looking for the beginning of an object key string")
+		}
+		k, err := p.str()
+		if err != nil {
 			return nil, err
 		}
+		if p.ws(); p.i >= len(p.b) {
+			return nil, io.ErrUnexpectedEOF
+		}
+		if p.b[p.i] != ':' {
+			return nil, p.errorf("after object key")
+		}
+		p.i++
+		p.ws()
+		v, err := p.value(depth + 1)
+		if err != nil {
+			return nil, err
+		}
+		o.set(k.(string), v)
+		if p.ws(); p.i >= len(p.b) {
+			return nil, io.ErrUnexpectedEOF
+		}
+		switch p.b[p.i] {
+		case ',':
+			p.i++
+			p.ws()
+		case '}':
+			p.i++
+			return o, nil
+		default:
+			return nil, p.errorf("after object key:value pair")
+		}
+	}
+}
+
+func (p *jsonParser) array(depth int) (any, error) {
+	p.i++ // [
+	a := []any{}
+	p.ws()
+	if p.i < len(p.b) && p.b[p.i] == ']' {
+		p.i++
 		return a, nil
 	}
-	return nil, fmt.Errorf("unexpected %v", d)
+	for {
+		v, err := p.value(depth + 1)
+		if err != nil {
+			return nil, err
+		}
+		a = append(a, v)
+		if p.ws(); p.i >= len(p.b) {
+			return nil, io.ErrUnexpectedEOF
+		}
+		switch p.b[p.i] {
+		case ',':
+			p.i++
+			p.ws()
+		case ']':
+			p.i++
+			return a, nil
+		default:
+			return nil, p.errorf("after array element")
+		}
+	}
+}
+
+// number reads the RFC 8259 number grammar and keeps its text.
+func (p *jsonParser) number() (any, error) {
+	s := p.i
+	b := p.b
+	i := p.i
+	if b[i] == '-' {
+		i++
+	}
+	digits := func() int {
+		j := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		return i - j
+	}
+	switch {
+	case i >= len(b):
+		p.i = i
+		return nil, io.ErrUnexpectedEOF
+	case b[i] == '0':
+		i++
+	case b[i] >= '1' && b[i] <= '9':
+		digits()
+	default:
+		p.i = i
+		return nil, p.errorf("in numeric literal")
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if digits() == 0 {
+			p.i = i
+			if i >= len(b) {
+				return nil, io.ErrUnexpectedEOF
+			}
+			return nil, p.errorf("after decimal point in numeric literal")
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if digits() == 0 {
+			p.i = i
+			if i >= len(b) {
+				return nil, io.ErrUnexpectedEOF
+			}
+			return nil, p.errorf("in exponent of numeric literal")
+		}
+	}
+	p.i = i
+	return json.Number(b[s:i]), nil
+}
+
+// str reads a string at p.i (which holds '"'). Strings without escapes,
+// control characters or invalid UTF-8 are one slice conversion.
+func (p *jsonParser) str() (any, error) {
+	b := p.b
+	start := p.i + 1
+	i := start
+	for i < len(b) {
+		c := b[i]
+		if c == '"' {
+			p.i = i + 1
+			return string(b[start:i]), nil
+		}
+		if c == '\\' || c < 0x20 || c >= utf8.RuneSelf {
+			break
+		}
+		i++
+	}
+	// The slow path: escapes, and UTF-8 checked rune by rune.
+	out := make([]byte, 0, i-start+16)
+	out = append(out, b[start:i]...)
+	for i < len(b) {
+		c := b[i]
+		switch {
+		case c == '"':
+			p.i = i + 1
+			return string(out), nil
+		case c < 0x20:
+			p.i = i
+			return nil, p.errorf("in string literal")
+		case c == '\\':
+			if i+1 >= len(b) {
+				p.i = len(b)
+				return nil, io.ErrUnexpectedEOF
+			}
+			switch e := b[i+1]; e {
+			case '"', '\\', '/':
+				out = append(out, e)
+				i += 2
+			case 'b':
+				out, i = append(out, '\b'), i+2
+			case 'f':
+				out, i = append(out, '\f'), i+2
+			case 'n':
+				out, i = append(out, '\n'), i+2
+			case 'r':
+				out, i = append(out, '\r'), i+2
+			case 't':
+				out, i = append(out, '\t'), i+2
+			case 'u':
+				r, ok := hex4(b, i+2)
+				if !ok {
+					p.i = i + 2
+					if len(b)-(i+2) < 4 {
+						return nil, io.ErrUnexpectedEOF
+					}
+					return nil, p.errorf("in \\u hexadecimal character escape")
+				}
+				i += 6
+				if utf16.IsSurrogate(r) {
+					r2, ok := rune(-1), false
+					if i+1 < len(b) && b[i] == '\\' && b[i+1] == 'u' {
+						r2, ok = hex4(b, i+2)
+					}
+					if dec := utf16.DecodeRune(r, r2); ok && dec != utf8.RuneError {
+						r = dec
+						i += 6
+					} else {
+						r = utf8.RuneError
+					}
+				}
+				out = utf8.AppendRune(out, r)
+			default:
+				p.i = i + 1
+				return nil, p.errorf("in string escape code")
+			}
+		case c < utf8.RuneSelf:
+			out = append(out, c)
+			i++
+		default:
+			r, size := utf8.DecodeRune(b[i:])
+			if r == utf8.RuneError && size == 1 {
+				out = utf8.AppendRune(out, utf8.RuneError)
+			} else {
+				out = append(out, b[i:i+size]...)
+			}
+			i += size
+		}
+	}
+	p.i = len(b)
+	return nil, io.ErrUnexpectedEOF
+}
+
+func hex4(b []byte, i int) (rune, bool) {
+	if len(b)-i < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[i : i+4] {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c = c - 'a' + 10
+		case c >= 'A' && c <= 'F':
+			c = c - 'A' + 10
+		default:
+			return 0, false
+		}
+		r = r*16 + rune(c)
+	}
+	return r, true
 }
 
 // marshal encodes v compactly: keys in order, non-ASCII raw, no HTML
