@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"slices"
@@ -289,11 +290,11 @@ func (s *Server) reusePrompt(ctx context.Context, sess *session, msgs []json.Raw
 			continue
 		}
 		if end+1 < len(anchor) {
-			tail, err := s.opts.Engine.Detokenize(ctx, anchor[end+1:])
+			blank, err := s.blankTail(ctx, anchor[end+1:])
 			if err != nil {
 				return nil, false, err
 			}
-			if strings.TrimSpace(tail) != "" {
+			if !blank {
 				continue
 			}
 		}
@@ -305,6 +306,34 @@ func (s *Server) reusePrompt(ctx context.Context, sess *session, msgs []json.Raw
 		return out, true, nil
 	}
 	return full, false, nil // step 8
+}
+
+// maxCachedTail bounds the tails blankTail remembers (ids per tail).
+const maxCachedTail = 16
+
+// blankTail reports whether ids detokenize to white space only (spec §3
+// step 6), asking the engine once per distinct short tail.
+func (s *Server) blankTail(ctx context.Context, ids []int32) (bool, error) {
+	var key string
+	if len(ids) <= maxCachedTail {
+		b := make([]byte, 0, 4*len(ids))
+		for _, id := range ids {
+			b = binary.LittleEndian.AppendUint32(b, uint32(id))
+		}
+		key = string(b)
+		if v, ok := s.blankTails.Load(key); ok {
+			return v.(bool), nil
+		}
+	}
+	tail, err := s.opts.Engine.Detokenize(ctx, ids)
+	if err != nil {
+		return false, err
+	}
+	blank := strings.TrimSpace(tail) == ""
+	if key != "" {
+		s.blankTails.Store(key, blank)
+	}
+	return blank, nil
 }
 
 // ambiguous is spec §3 step 4: another stored prefix with identical messages

@@ -92,6 +92,11 @@ type Server struct {
 	toolFmt  parse.Format
 	trailing []string
 	specials map[int32]bool
+	// blankTails remembers, per short id sequence, whether it detokenizes
+	// to white space only (reuse step 6): the separator after an
+	// end-of-message token is the same few ids on every turn, and the
+	// tokenizer never changes under a running server.
+	blankTails sync.Map // string(ids as bytes) -> bool
 
 	mu       sync.Mutex
 	sessions map[string]*session
