@@ -256,7 +256,7 @@ func assembleSession(s *session, opts assembly.Options) ([]records.Trajectory, e
 		}
 		var resp json.RawMessage
 		if t.ResponseMessage != nil && strings.TrimSpace(*t.ResponseMessage) != "null" {
-			resp = json.RawMessage(*t.ResponseMessage)
+			resp = stringBytes(*t.ResponseMessage) // read only, as the prompt messages
 		}
 		err = sess.Record(assembly.Turn{
 			PromptIDs: t.PromptIDs, OutputIDs: t.OutputIDs, OutputLogProbs: t.OutputLogProbs,

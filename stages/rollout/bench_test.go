@@ -1,12 +1,14 @@
 package rollout
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/stages/rollout/assembly"
@@ -52,6 +54,18 @@ func benchSession(r *rand.Rand, id int) *session {
 	return s
 }
 
+// int32Bytes views ids as bytes, for the vectorized comparison.
+func int32Bytes(ids []int32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ids))), 4*len(ids))
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 func text(tokens int) string { return strings.Repeat("word", tokens) }
 
 // BenchmarkAssemble streams 250, 1000 and 4000 sessions through assembly
@@ -70,7 +84,8 @@ func BenchmarkAssemble(b *testing.B) {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
 			for it := 0; it < b.N; it++ {
 				r := rand.New(rand.NewPCG(uint64(n), 7))
-				var assembleTime, copyTime, copyAllTime time.Duration
+				var assembleTime, copyTime, copyAllTime, verifyTime time.Duration
+				var equal int
 				var tokens int64
 				var peak uint64
 				var ms runtime.MemStats
@@ -97,6 +112,20 @@ func BenchmarkAssemble(b *testing.B) {
 						textSink = append(textSink[:0], t.PromptMessages...)
 					}
 					copyAllTime += time.Since(start)
+					// The comparisons exact assembly cannot skip: each
+					// turn's prompt against the previous prompt and output
+					// (drift), and its message text against the previous
+					// turn's (the routing tree's deep equality).
+					start = time.Now()
+					for k := 1; k < len(s.turns); k++ {
+						p, t := &s.turns[k-1], &s.turns[k]
+						np := len(p.PromptIDs)
+						equal += boolInt(bytes.Equal(int32Bytes(t.PromptIDs[:np]), int32Bytes(p.PromptIDs)) &&
+							bytes.Equal(int32Bytes(t.PromptIDs[np:np+len(p.OutputIDs)]), int32Bytes(p.OutputIDs)))
+						n := len(p.PromptMessages) - 1
+						equal = equal + boolInt(t.PromptMessages[:n] == p.PromptMessages[:n])
+					}
+					verifyTime += time.Since(start)
 					start = time.Now()
 					segs, err := assembleSession(s, assembly.Options{Arena: arena})
 					assembleTime += time.Since(start)
@@ -113,7 +142,11 @@ func BenchmarkAssemble(b *testing.B) {
 				b.ReportMetric(float64(tokens)/copyTime.Seconds()/1e6, "copy-Mtok/s")
 				b.ReportMetric(assembleTime.Seconds()/copyTime.Seconds(), "x-copy")
 				b.ReportMetric(assembleTime.Seconds()/copyAllTime.Seconds(), "x-copy-tokens+text")
+				b.ReportMetric(assembleTime.Seconds()/verifyTime.Seconds(), "x-verify")
 				b.ReportMetric(float64(peak)/(1<<20), "peak-heap-MB")
+				if equal == 0 {
+					b.Fatal("no turn extends its predecessor: the generator is broken")
+				}
 				b.ReportMetric(float64(tokens)/1e6, "Mtok")
 			}
 		})

@@ -23,7 +23,7 @@ func (s *messageSplitter) split(str string) ([]json.RawMessage, error) {
 	// The messages alias str's bytes without copying them (a session's
 	// histories add up to far more bytes than its tokens); nothing writes
 	// to a message.
-	text := bytes.TrimSpace(unsafe.Slice(unsafe.StringData(str), len(str)))
+	text := bytes.TrimSpace(stringBytes(str))
 	if n := len(s.prev); n > 2 && len(text) > n && text[n-1] == ',' && bytes.Equal(text[:n-1], s.prev[:n-1]) {
 		// Appending in place is safe: earlier turns' slices never see
 		// elements past their own length.
@@ -109,4 +109,10 @@ func skipSpace(b []byte, i int) int {
 		i++
 	}
 	return i
+}
+
+// stringBytes is str's bytes without a copy. Nothing may write to them: the
+// turn records' strings are immutable, and assembly only reads messages.
+func stringBytes(str string) []byte {
+	return unsafe.Slice(unsafe.StringData(str), len(str))
 }
