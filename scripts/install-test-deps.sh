@@ -36,6 +36,12 @@ NPM_CLI_PACKAGES=(
 
 # Debian packages, one a line (e.g. bubblewrap).
 APT_PACKAGES=(
+	# fixtures: the sandbox, image unpacking, and building the base root
+	# filesystem of the fixture images (fixtures.BaseRootfs).
+	bubblewrap
+	debootstrap
+	fuse-overlayfs
+	umoci
 )
 
 # --- helpers ----------------------------------------------------------------
@@ -191,6 +197,26 @@ install_npm_clis() {
 	printf '%s\n' "${NPM_CLI_PACKAGES[@]}" >"$marker"
 }
 
+# --- fixtures ---------------------------------------------------------------
+
+# Builds kiln's test fixtures once (fixtures.Load): the debootstrap base root
+# filesystem ($CACHE/rootfs-<key>, needs root; mirror from
+# $KILN_DEBIAN_MIRROR) and the fixture set ($CACHE/fixtures-<key>: task
+# repositories, OCI layout, MiMo/SWE-bench inputs). Both are keyed by
+# version in the fixtures package, so this is a no-op once built.
+install_fixtures() {
+	need go "install Go"
+	local repo sudo=()
+	repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+	if ((EUID != 0)); then
+		need sudo "run as root: debootstrap needs it"
+		sudo=(sudo env "PATH=$PATH" "HOME=$HOME")
+	fi
+	(cd "$repo" && "${sudo[@]}" go run ./fixtures/cmd/kiln-fixtures build >/dev/null) ||
+		die "building the fixtures failed (see above)"
+	log "    fixtures built under $CACHE"
+}
+
 # --- main -------------------------------------------------------------------
 
 main() {
@@ -201,6 +227,7 @@ main() {
 	step "versitygw $VERSITYGW_VERSION" install_versitygw
 	step "npm packages" install_npm
 	step "npm CLIs" install_npm_clis
+	step "fixtures" install_fixtures
 	printf '%s\n' "$NPM_DIR" >"$CACHE/npm-current.tmp"
 	mv "$CACHE/npm-current.tmp" "$CACHE/npm-current"
 	printf '%s\n' "$NPM_CLIS_DIR" >"$CACHE/npm-clis-current.tmp"
