@@ -31,19 +31,25 @@ reference Python stack reads with --input-key prompt --label-key label
 --metadata-key metadata; kiln import tasks reads them back losslessly. Other
 kinds are written with their column names as keys.
 
+--format images-json (images datasets) writes the SUNABAKO_IMAGES map of the
+reference stack instead: {IMAGE: {"rootfs", "workdir", "env"}}, with rootfs
+under --root, and prints {"output": PATH, "images": N} when --out is given.
+
 Example:
-   kiln export tasks --format jsonl --out tasks.jsonl.zst`,
+   kiln export tasks --format jsonl --out tasks.jsonl.zst
+   kiln export images --format images-json --root /var/lib/kiln/images --out images.json`,
 		Flags: []cli.Flag{
 			stage.StoreFlag(),
-			&cli.StringFlag{Name: "format", Value: "jsonl", Usage: "output format (jsonl)"},
+			&cli.StringFlag{Name: "format", Value: "jsonl", Usage: "output format: jsonl, or images-json for an images dataset"},
 			&cli.StringFlag{Name: "out", Usage: "output file (default stdout); .zst compresses"},
+			imagesRootFlag(),
 		},
 		Action: func(c *cli.Context) error {
 			if err := stage.RequireArgs(c, 1, "REF"); err != nil {
 				return err
 			}
-			if f := c.String("format"); f != "jsonl" {
-				return stage.Usagef("export: unknown --format %q (want jsonl)", f)
+			if f := c.String("format"); f != "jsonl" && f != formatImagesJSON {
+				return stage.Usagef("export: unknown --format %q (want jsonl or %s)", f, formatImagesJSON)
 			}
 			st, err := stage.OpenStore(c)
 			if err != nil {
@@ -52,6 +58,9 @@ Example:
 			v, err := dataset.OpenString(c.Context, st, c.Args().First())
 			if err != nil {
 				return err
+			}
+			if c.String("format") == formatImagesJSON {
+				return exportImages(c, env, v)
 			}
 			return writeOutput(c.String("out"), env.Stdout, func(w io.Writer) error {
 				bw := bufio.NewWriterSize(w, 1<<20)

@@ -1,0 +1,23 @@
+// Command kiln-images imports task images into digest-named rootfs bundles
+// on a sandbox node and records them as an images dataset
+// ("kiln images import", "kiln images gc").
+package main
+
+import (
+	"os"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/kilnrl/kiln/stages/images"
+	"github.com/kilnrl/kiln/stages/stage"
+)
+
+func main() {
+	env := &stage.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stage.NewLogger(os.Stderr, false)}
+	app := stage.CommonApp(&cli.App{
+		Name:     "kiln-images",
+		Usage:    "import task images into rootfs bundles named by digest",
+		Commands: images.Commands(env),
+	}, os.Stdout, os.Stderr)
+	os.Exit(stage.Main(app, os.Args, os.Stderr))
+}

@@ -1,0 +1,147 @@
+package records
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+
+	"github.com/parquet-go/parquet-go"
+	"github.com/parquet-go/parquet-go/compress/zstd"
+)
+
+// Image is one row of the images kind (Parquet): one task image imported
+// into a bundle (kiln-images). Bundles live on each sandbox node's disk
+// under a bundle root chosen at use time; Bundle is relative to that root.
+type Image struct {
+	// Image is the reference exactly as the tasks name it.
+	Image string `parquet:"image" json:"image"`
+	// Digest is the image manifest's digest, "sha256:<hex>".
+	Digest string `parquet:"digest" json:"digest"`
+	// Bundle is the bundle directory relative to the bundle root
+	// ("sha256/<hex>"); the root filesystem is Bundle + "/rootfs".
+	Bundle string `parquet:"bundle" json:"bundle"`
+	// Env is a JSON object: the image config's Env split at the first "=",
+	// in image order, after the per-image overrides (EnvPathPrepend).
+	Env string `parquet:"env" json:"env"`
+	// Workdir is the tasks' working directory for this image (they must
+	// agree). It always wins over ConfigWorkdir for running tasks.
+	Workdir *string `parquet:"workdir,optional" json:"workdir"`
+	// ConfigWorkdir is the image config's WorkingDir ("/" when unset), kept
+	// for information only.
+	ConfigWorkdir string `parquet:"config_workdir" json:"config_workdir"`
+	// Command is a JSON array: the config's Entrypoint followed by its Cmd.
+	Command string `parquet:"command" json:"command"`
+	// Source says where the image came from: "registry", "oci:PATH",
+	// "docker-archive:PATH" or "oci-archive:PATH".
+	Source string `parquet:"source" json:"source"`
+	// SizeBytes is the total uncompressed size of the image's layers.
+	SizeBytes int64 `parquet:"size_bytes" json:"size_bytes"`
+	// Files is the number of layer entries applied (all layers).
+	Files int64 `parquet:"files" json:"files"`
+	// EnvPathPrepend is the directory put in front of PATH (nil: none).
+	EnvPathPrepend *string `parquet:"env_path_prepend,optional" json:"env_path_prepend"`
+}
+
+var imageJSONColumns = map[string]bool{"env": true, "command": true}
+
+// ImagesKind is the images record kind.
+var ImagesKind = Kind{
+	Name:     "images",
+	Encoding: Parquet,
+	Ext:      ".parquet",
+	Schema:   parquet.SchemaOf(Image{}).String(),
+	EachJSON: func(shard []byte, fn func(json.RawMessage) error) error {
+		return EachImage(shard, func(im Image) error {
+			row, err := im.MarshalRow()
+			if err != nil {
+				return err
+			}
+			return fn(row)
+		})
+	},
+}
+
+// Validate checks the invariants an images row must hold on write.
+func (im *Image) Validate() error {
+	if im.Image == "" {
+		return fmt.Errorf("images row: empty image")
+	}
+	if !strings.HasPrefix(im.Digest, "sha256:") || len(im.Digest) != len("sha256:")+64 {
+		return fmt.Errorf("image %q: digest %q is not sha256:<64 hex>", im.Image, im.Digest)
+	}
+	if im.Bundle == "" || path.IsAbs(im.Bundle) || path.Clean(im.Bundle) != im.Bundle || strings.HasPrefix(im.Bundle, "..") {
+		return fmt.Errorf("image %q: bundle %q must be a clean path relative to the bundle root", im.Image, im.Bundle)
+	}
+	if v := strings.TrimSpace(im.Env); !json.Valid([]byte(v)) || !strings.HasPrefix(v, "{") {
+		return fmt.Errorf("image %q: env is not a JSON object", im.Image)
+	}
+	if v := strings.TrimSpace(im.Command); !json.Valid([]byte(v)) || !strings.HasPrefix(v, "[") {
+		return fmt.Errorf("image %q: command is not a JSON array", im.Image)
+	}
+	return nil
+}
+
+// MarshalRow is the row's JSON view: columns in schema order, env and
+// command embedded as JSON.
+func (im *Image) MarshalRow() (json.RawMessage, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(im); err != nil {
+		return nil, err
+	}
+	return embedJSONColumns(bytes.TrimSpace(b.Bytes()), imageJSONColumns)
+}
+
+// ImageEncoder streams images rows into one Parquet shard (zstd).
+type ImageEncoder struct {
+	w *parquet.GenericWriter[Image]
+}
+
+// NewImageEncoder writes a Parquet file to w; Close finishes it.
+func NewImageEncoder(w io.Writer) *ImageEncoder {
+	return &ImageEncoder{w: parquet.NewGenericWriter[Image](w,
+		parquet.Compression(&zstd.Codec{Level: zstd.SpeedDefault}))}
+}
+
+// Write validates and appends rows.
+func (e *ImageEncoder) Write(rows ...Image) error {
+	for i := range rows {
+		if err := rows[i].Validate(); err != nil {
+			return err
+		}
+	}
+	_, err := e.w.Write(rows)
+	return err
+}
+
+// Close writes the footer.
+func (e *ImageEncoder) Close() error { return e.w.Close() }
+
+// EachImage decodes an images shard in row order.
+func EachImage(shard []byte, fn func(Image) error) error {
+	f, err := parquet.OpenFile(bytes.NewReader(shard), int64(len(shard)))
+	if err != nil {
+		return fmt.Errorf("images shard: %w", err)
+	}
+	r := parquet.NewGenericReader[Image](f)
+	defer r.Close()
+	buf := make([]Image, 256)
+	for {
+		n, err := r.Read(buf)
+		for i := 0; i < n; i++ {
+			if ferr := fn(buf[i]); ferr != nil {
+				return ferr
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("images shard: %w", err)
+		}
+	}
+}
