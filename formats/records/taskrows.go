@@ -175,8 +175,36 @@ func (t *Task) ReferenceRow() (json.RawMessage, error) {
 			}
 		case "eval_cmd":
 			if v, ok := g.get("eval_cmd"); ok {
-				md.set("eval_cmd", v)
+				// Where the reference writes it (§1.5): after problem_statement.
+				md.setAfter("problem_statement", "eval_cmd", v)
 			}
+		case "swebench":
+			// The reference's swebench protocol reads these rows from
+			// metadata.remote_env_info (§1.7); kiln's test command and log
+			// parser ride along.
+			rei := object{}
+			if raw, ok := md.get("remote_env_info"); ok {
+				if rei, err = parseObject(raw); err != nil {
+					return nil, fmt.Errorf("task %q: metadata.remote_env_info: %w", t.TaskID, err)
+				}
+			}
+			rei.set("instance_id", jsonString(t.TaskID))
+			for _, c := range []struct {
+				key string
+				v   *string
+			}{{"repo", t.Repo}, {"problem_statement", t.ProblemStatement}, {"image", t.Image}, {"workdir", t.Workdir}} {
+				if c.v != nil {
+					rei.set(c.key, jsonString(*c.v))
+				}
+			}
+			for _, k := range [][2]string{{"base_commit", "base_commit"}, {"test_patch", "test_patch"},
+				{"fail_to_pass", "FAIL_TO_PASS"}, {"pass_to_pass", "PASS_TO_PASS"}, {"test_cmd", "test_cmd"}, {"log_parser", "log_parser"}} {
+				if v, ok := g.get(k[0]); ok {
+					rei.set(k[1], v)
+				}
+			}
+			b, _ := rei.MarshalJSON()
+			md.set("remote_env_info", b)
 		case "f2p":
 			if v, ok := g.get("f2p_script"); ok {
 				rei := object{}
@@ -205,4 +233,20 @@ func (t *Task) ReferenceRow() (json.RawMessage, error) {
 		row = append(row, extra...)
 	}
 	return row.MarshalJSON()
+}
+
+// setAfter sets key like set; a new key goes right after anchor (or last
+// when anchor is absent).
+func (o *object) setAfter(anchor, key string, val json.RawMessage) {
+	if _, ok := o.get(key); ok {
+		o.set(key, val)
+		return
+	}
+	for i, m := range *o {
+		if m.Key == anchor {
+			*o = append((*o)[:i+1], append(object{{key, val}}, (*o)[i+1:]...)...)
+			return
+		}
+	}
+	*o = append(*o, member{key, val})
 }
