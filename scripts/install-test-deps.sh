@@ -42,6 +42,10 @@ APT_PACKAGES=(
 	debootstrap
 	fuse-overlayfs
 	umoci
+	# stages/grade: its grading-logic tests run patch(1) and the SWE-bench
+	# Pro parser (python3) on the host.
+	patch
+	python3
 )
 
 # --- helpers ----------------------------------------------------------------

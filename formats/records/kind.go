@@ -43,6 +43,9 @@ func kinds() map[string]Kind {
 		TasksKind.Name:        TasksKind,
 		TrajectoriesKind.Name: TrajectoriesKind,
 		TurnsKind.Name:        TurnsKind,
+		ImagesKind.Name:       ImagesKind,
+		GradesKind.Name:       GradesKind,
+		RolloutsKind.Name:     RolloutsKind,
 	}
 }
 

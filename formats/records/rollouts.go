@@ -1,0 +1,116 @@
+package records
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/parquet-go/parquet-go"
+	"github.com/parquet-go/parquet-go/compress/zstd"
+)
+
+// Rollout is one row of the rollouts kind (Parquet): one agent run on one
+// task (kiln-rollout), with the patch it produced. kiln-grade grades Patch
+// in a fresh sandbox; the ids carry over to the grades row.
+type Rollout struct {
+	RolloutID  int64 `parquet:"rollout_id" json:"rollout_id"`
+	Index      int64 `parquet:"index" json:"index"`
+	GroupIndex int64 `parquet:"group_index" json:"group_index"`
+	// Sample is the run's number within its task, 0..n-1.
+	Sample int64  `parquet:"sample" json:"sample"`
+	TaskID string `parquet:"task_id" json:"task_id"`
+	// Agent is the harness that ran ("claude-code", "codex", "shell", ...).
+	Agent          string `parquet:"agent" json:"agent"`
+	WeightsVersion string `parquet:"weights_version" json:"weights_version"`
+	// Patch is the workspace diff (git diff --binary, tree to tree); "" when
+	// the agent changed nothing.
+	Patch string `parquet:"patch" json:"patch"`
+	// AgentExitCode is the agent's exit status; -1: its time budget ran out.
+	AgentExitCode int64 `parquet:"agent_exit_code" json:"agent_exit_code"`
+	// AbortReason is set when the run was aborted (missing_image_or_workdir,
+	// unevaluatable:<why>, adapter_session_empty, wall_clock_timeout,
+	// exception:<type>); such runs are not graded.
+	AbortReason  *string   `parquet:"abort_reason,optional" json:"abort_reason"`
+	Turns        int64     `parquet:"turns" json:"turns"`
+	PromptTokens int64     `parquet:"prompt_tokens" json:"prompt_tokens"`
+	OutputTokens int64     `parquet:"output_tokens" json:"output_tokens"`
+	StartedAt    time.Time `parquet:"started_at,timestamp(millisecond)" json:"started_at"`
+	EndedAt      time.Time `parquet:"ended_at,timestamp(millisecond)" json:"ended_at"`
+	// Artifacts is the store key of the run's artifacts (commands, outputs,
+	// CLI logs), saved before its sandbox was removed.
+	Artifacts *string `parquet:"artifacts,optional" json:"artifacts"`
+}
+
+// RolloutsKind is the rollouts record kind.
+var RolloutsKind = Kind{
+	Name:     "rollouts",
+	Encoding: Parquet,
+	Ext:      ".parquet",
+	Schema:   parquet.SchemaOf(Rollout{}).String(),
+	EachJSON: func(shard []byte, fn func(json.RawMessage) error) error {
+		return EachRollout(shard, func(r Rollout) error {
+			row, err := r.MarshalRow()
+			if err != nil {
+				return err
+			}
+			return fn(row)
+		})
+	},
+}
+
+// Validate checks the invariants a rollouts row must hold on write.
+func (r *Rollout) Validate() error {
+	switch {
+	case r.TaskID == "":
+		return fmt.Errorf("rollout %d: empty task_id", r.RolloutID)
+	case r.Sample < 0 || r.Turns < 0 || r.PromptTokens < 0 || r.OutputTokens < 0:
+		return fmt.Errorf("rollout %d (task %q): negative sample, turns or token count", r.RolloutID, r.TaskID)
+	case !r.StartedAt.IsZero() && !r.EndedAt.IsZero() && r.EndedAt.Before(r.StartedAt):
+		return fmt.Errorf("rollout %d (task %q): ended_at %s is before started_at %s", r.RolloutID, r.TaskID,
+			r.EndedAt.Format(time.RFC3339Nano), r.StartedAt.Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+// MarshalRow is the row's JSON view, columns in schema order.
+func (r *Rollout) MarshalRow() (json.RawMessage, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(r); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSpace(b.Bytes()), nil
+}
+
+// RolloutEncoder streams rollouts into one Parquet shard (zstd).
+type RolloutEncoder struct {
+	w *parquet.GenericWriter[Rollout]
+}
+
+// NewRolloutEncoder writes a Parquet file to w; Close finishes it.
+func NewRolloutEncoder(w io.Writer) *RolloutEncoder {
+	return &RolloutEncoder{w: parquet.NewGenericWriter[Rollout](w,
+		parquet.Compression(&zstd.Codec{Level: zstd.SpeedDefault}))}
+}
+
+// Write validates and appends rows.
+func (e *RolloutEncoder) Write(rows ...Rollout) error {
+	for i := range rows {
+		if err := rows[i].Validate(); err != nil {
+			return err
+		}
+	}
+	_, err := e.w.Write(rows)
+	return err
+}
+
+// Close writes the footer.
+func (e *RolloutEncoder) Close() error { return e.w.Close() }
+
+// EachRollout decodes a rollouts shard in row order.
+func EachRollout(shard []byte, fn func(Rollout) error) error {
+	return eachParquetRow(shard, "rollouts", fn)
+}

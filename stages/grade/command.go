@@ -1,0 +1,570 @@
+package grade
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/formats/store"
+	"github.com/kilnrl/kiln/stages/sandbox"
+	"github.com/kilnrl/kiln/stages/stage"
+)
+
+// codeVersion is the grade stage's code version (dataset.Identity): bump
+// it whenever the grades written for the same inputs and arguments change.
+const codeVersion = "1"
+
+// Shards are flushed (and their rows receipted, so a rerun resumes after
+// them) every flushRows grades or flushEvery, whichever comes first.
+const (
+	flushRows  = 64
+	flushEvery = 30 * time.Second
+)
+
+// Commands returns the kiln-grade commands (the binary's default action
+// is the grade command itself).
+func Commands(env *stage.Env) []*cli.Command {
+	return []*cli.Command{Command(env)}
+}
+
+// Flags are kiln-grade's flags.
+func Flags() []cli.Flag {
+	return []cli.Flag{
+		stage.StoreFlag(),
+		&cli.StringFlag{Name: "tasks", Value: "tasks", Usage: "tasks dataset (name or name@version)"},
+		&cli.StringFlag{Name: "images", Value: "images", Usage: "images dataset of the tasks' images (kiln-images)"},
+		&cli.StringFlag{Name: "bundles", Usage: "bundle root on this node: the directory kiln-images unpacked the images into (required)"},
+		&cli.StringFlag{Name: "rollouts", Usage: "rollouts dataset whose patches to grade"},
+		&cli.StringFlag{Name: "patches", Usage: "patches file to grade (local or s3://; .zst ok): JSON lines {task_id, patch, sample?} or SWE-bench predictions {instance_id, model_patch} (JSONL or a JSON array)"},
+		&cli.BoolFlag{Name: "baseline", Usage: "grade the empty patch once per task instead, and flag tasks that pass without a fix"},
+		&cli.StringFlag{Name: "split", Usage: "grade only tasks of this split (the tasks' split column)"},
+		&cli.StringFlag{Name: "out", Value: "grades", Usage: "dataset name to write"},
+		&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Usage: "gradings run at once"},
+		&cli.DurationFlag{Name: "timeout", Value: DefaultTimeout, Usage: "limit of each grading command (the tests); a command past it is killed and graded failure timeout"},
+		&cli.StringFlag{Name: "sandbox", Value: "bwrap", Usage: "sandbox provider: bwrap, or local (no isolation: debugging only)"},
+		&cli.IntFlag{Name: "boot-concurrency", Usage: "sandboxes booting at once (default: --jobs)"},
+		stage.ShardFlag(),
+		stage.PrintVersionFlag(),
+	}
+}
+
+// Help is kiln-grade's manual.
+const Help = `Grades agent patches with each task's official tests, every patch in a fresh
+sandbox booted from the task's image bundle, and writes a grades dataset: one
+row per patch with reward 1 (the tests pass) or 0, and why not.
+
+What to grade (exactly one):
+   --rollouts REF   the patch of every rollouts row (aborted rollouts get a row
+                    with failure "aborted" and are not graded)
+   --patches FILE   JSON lines {"task_id", "patch", "sample"?}, or SWE-bench
+                    predictions {"instance_id", "model_patch"} as JSON lines or
+                    a JSON array, so external predictions can be graded
+   --baseline       the empty patch, once per task: the failing baseline a task
+                    must show before its rewards can be trusted. Tasks whose
+                    baseline passes are flagged on stderr and in the metrics
+                    (rows with baseline=true and reward 1).
+
+Per patch (reference spec-data-grade §5.1): boot a sandbox from the task's
+bundle (--bundles, as kiln-images unpacked it on this node); give the
+workspace to the agent user; set up SWE-bench Pro's scripts and run its
+before_repo_set_cmd; run pre_commands (the base the agent started from);
+apply the patch as agent (an empty patch applies vacuously) with git apply,
+then git apply --3way, then patch -p1, first success wins, resetting the
+touched files between attempts (the reference does not reset); then exactly
+one grading path, by the task's grading kind:
+   eval_cmd   cd WORKDIR && EVAL_CMD as the task's eval_user: exit 0 is reward 1
+              (MiMo's command resets the official test files and applies the
+              test patch itself)
+   swebench   as root: reset the test patch's files to the base commit, apply
+              the test patch, run test_cmd, parse its output with the task's
+              log parser (pytest: -rA summary and -v lines); reward 1 iff every
+              FAIL_TO_PASS and PASS_TO_PASS test PASSED (or XFAIL/XPASS) and
+              there is at least one. kiln parses logs itself; it does not run
+              the SWE-bench harness, and a SKIPPED required test fails.
+   swepro     SWE-bench Pro's run script and parser; reward 1 iff the required
+              tests are non-empty and all PASSED in result.json
+   f2p        the task's pytest file run with python in the workdir as agent
+
+The failure column says why a reward is 0: patch_failed (applied=false, no
+test ran), tests_failed, timeout (a grading command ran past --timeout; exit
+124), infra_error (kiln could not grade: sandbox, setup, result), no_grading
+(the task has no grading payload; no sandbox), aborted. A crash or a timeout
+is a row, never a gap. Each row's log column is the store key of its grading
+log (every command with its output, JSON lines), saved before the sandbox is
+removed, under OUT/_logs/VERSION/.
+
+Resumable: grades are committed in shards with row receipts, so a rerun of the
+same command grades only what is missing. --shard i/n grades every n-th row
+(inputs must then be pinned, name@version). --split NAME grades only the
+tasks of that split (other rows are skipped and counted).
+
+Examples:
+   kiln-grade --tasks tasks --images images --bundles /var/lib/kiln/bundles \
+       --rollouts rollouts/step-3 --out grades/step-3
+   kiln-grade --bundles /var/lib/kiln/bundles --patches preds.jsonl --out grades/preds
+   kiln-grade --bundles /var/lib/kiln/bundles --baseline --out grades/baseline`
+
+// Command is the grade command.
+func Command(env *stage.Env) *cli.Command {
+	return &cli.Command{
+		Name:        "grade",
+		Usage:       "grade patches with the tasks' official tests in fresh sandboxes",
+		Description: Help,
+		Flags:       Flags(),
+		Action:      func(c *cli.Context) error { return Action(c, env) },
+	}
+}
+
+// Action runs kiln-grade from parsed flags.
+func Action(c *cli.Context, env *stage.Env) error {
+	if c.NArg() != 0 {
+		return stage.Usagef("kiln-grade takes no arguments (did you mean --patches %s?)", c.Args().First())
+	}
+	o := Options{
+		Tasks: c.String("tasks"), Images: c.String("images"), Bundles: c.String("bundles"),
+		Rollouts: c.String("rollouts"), Patches: c.String("patches"), Baseline: c.Bool("baseline"),
+		Split: c.String("split"), Jobs: c.Int("jobs"), Timeout: c.Duration("timeout"),
+		Provider: c.String("sandbox"), BootConcurrency: c.Int("boot-concurrency"),
+	}
+	st, err := stage.OpenStore(c)
+	if err != nil {
+		return err
+	}
+	part, err := stage.PartFrom(c)
+	if err != nil {
+		return err
+	}
+	out := stage.Output{Name: c.String("out"), Part: part, PrintVersion: c.Bool("print-version"), Hook: env.Hook}
+	_, err = Run(c.Context, env, st, out, o)
+	return err
+}
+
+// Options describe one kiln-grade run.
+type Options struct {
+	Tasks, Images string // dataset references
+	Bundles       string // bundle root on this node
+	// Exactly one of Rollouts, Patches and Baseline.
+	Rollouts string
+	Patches  string
+	Baseline bool
+	Split    string
+	Jobs     int
+	Timeout  time.Duration
+	// Provider is the sandbox provider ("bwrap" if "").
+	Provider        string
+	BootConcurrency int
+	// Grader, if set, replaces the grader built from the options (tests,
+	// benchmarks); Boot then comes from it.
+	Grader *Grader
+}
+
+// Run grades per o and writes the grades version out names.
+func Run(ctx context.Context, env *stage.Env, st store.Store, out stage.Output, o Options) (dataset.Result, error) {
+	n := 0
+	for _, set := range []bool{o.Rollouts != "", o.Patches != "", o.Baseline} {
+		if set {
+			n++
+		}
+	}
+	if n != 1 {
+		return dataset.Result{}, stage.Usagef("give exactly one of --rollouts REF, --patches FILE and --baseline")
+	}
+	if o.Bundles == "" {
+		return dataset.Result{}, stage.Usagef("--bundles DIR is required: the bundle root kiln-images unpacked the images into on this node")
+	}
+	if o.Timeout <= 0 {
+		return dataset.Result{}, stage.Usagef("--timeout %s: want a positive duration such as 10m", o.Timeout)
+	}
+	if o.Jobs < 1 {
+		return dataset.Result{}, stage.Usagef("--jobs %d: want at least 1", o.Jobs)
+	}
+	if o.Provider == "" {
+		o.Provider = "bwrap"
+	}
+	if o.Provider != "bwrap" && o.Provider != "local" {
+		return dataset.Result{}, stage.Usagef("--sandbox %q: want bwrap or local", o.Provider)
+	}
+	bundles, err := filepath.Abs(o.Bundles)
+	if err != nil {
+		return dataset.Result{}, stage.UsageError{Err: err}
+	}
+	refs := []string{o.Tasks, o.Images}
+	if o.Rollouts != "" {
+		refs = append(refs, o.Rollouts)
+	}
+	inputs, err := stage.ResolveInputs(ctx, st, refs, out.Part)
+	if err != nil {
+		return dataset.Result{}, err
+	}
+	id := dataset.Identity{Stage: "grade", CodeVersion: codeVersion, Inputs: inputs,
+		Args: map[string]any{"timeout_s": o.Timeout.Seconds(), "split": o.Split, "baseline": o.Baseline, "sandbox": o.Provider}}
+	var patches stage.Input
+	if o.Patches != "" {
+		if patches, err = stage.ParseInput(o.Patches); err != nil {
+			return dataset.Result{}, stage.UsageError{Err: err}
+		}
+		ext, err := patches.Identify(ctx, "patches")
+		if err != nil {
+			return dataset.Result{}, err
+		}
+		id.External = []dataset.External{ext}
+	}
+	out.Kind, out.Identity = records.GradesKind, id
+	return stage.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
+		if fi, err := os.Stat(bundles); err != nil || !fi.IsDir() {
+			return nil, stage.Usagef("--bundles %q is not a directory: pass the bundle root kiln-images unpacked the images into", o.Bundles)
+		}
+		jobs, skipped, err := planJobs(ctx, st, inputs, bundles, patches, o)
+		if err != nil {
+			return nil, err
+		}
+		g := o.Grader
+		if g == nil {
+			boots := o.BootConcurrency
+			if boots <= 0 {
+				boots = o.Jobs
+			}
+			// Grader boots are not retried (spec §3.6): a failed boot is an
+			// infra_error row.
+			g = &Grader{Boot: sandbox.Boot, Timeout: o.Timeout,
+				Base: sandbox.Options{Provider: o.Provider, BootLimiter: sandbox.NewLimiter(boots), BootAttempts: 1, Log: env.Log}}
+		}
+		p := &producer{env: env, st: st, w: w, g: g, jobs: o.Jobs, logPrefix: fmt.Sprintf("%s/_logs/%s/", out.Name, w.Ref().Version)}
+		metrics, err := p.run(ctx, jobs, out.Part)
+		if err != nil {
+			return nil, err
+		}
+		if skipped > 0 {
+			metrics["skipped_other_split"] = skipped
+		}
+		if o.Baseline {
+			p.baselineSummary(metrics)
+		}
+		return metrics, nil
+	})
+}
+
+// planJobs reads the inputs and lists the gradings, in input order. Every
+// input problem (an unknown task id, an image that was not imported) is
+// found here, before anything is graded.
+func planJobs(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles string, patches stage.Input, o Options) ([]*job, int, error) {
+	tv, err := dataset.Open(ctx, st, inputs[0])
+	if err != nil {
+		return nil, 0, err
+	}
+	tasks, err := loadTasks(ctx, tv)
+	if err != nil {
+		return nil, 0, err
+	}
+	iv, err := dataset.Open(ctx, st, inputs[1])
+	if err != nil {
+		return nil, 0, err
+	}
+	images, err := loadImages(ctx, iv)
+	if err != nil {
+		return nil, 0, err
+	}
+	ts := &targets{tasks: tasks, images: images, imgRef: iv.Ref(), bundles: bundles, cache: map[string]*Target{}}
+	inSplit := func(t *records.Task) bool { return o.Split == "" || (t.Split != nil && *t.Split == o.Split) }
+	var jobs []*job
+	skipped := 0
+	add := func(j *job, t *records.Task) error {
+		if !inSplit(t) {
+			skipped++
+			return nil
+		}
+		j.row.TaskID, j.row.GroupIndex = t.TaskID, t.TaskIndex
+		if j.target, err = ts.get(t); err != nil {
+			return err
+		}
+		jobs = append(jobs, j)
+		return nil
+	}
+	switch {
+	case o.Baseline:
+		for _, t := range tasks.order {
+			j := &job{key: fmt.Sprintf("baseline-%d", t.TaskIndex)}
+			j.row.RolloutID, j.row.Index, j.row.Baseline = t.TaskIndex, t.TaskIndex, true
+			if err := add(j, t); err != nil {
+				return nil, 0, err
+			}
+		}
+		if o.Split != "" && len(jobs) == 0 {
+			return nil, 0, stage.BadInputError{Err: fmt.Errorf("tasks %s has no task of split %q", tasks.ref, o.Split)}
+		}
+	case o.Patches != "":
+		rc, err := patches.Open(ctx)
+		if err != nil {
+			return nil, 0, fmt.Errorf("patches %q: %w", o.Patches, err)
+		}
+		defer rc.Close()
+		samples := map[string]int64{}
+		err = readPatches(rc, o.Patches, func(n, ord int, taskID, patch string, sample *int64) error {
+			t := tasks.byID[taskID]
+			if t == nil {
+				return stage.BadInputError{Err: fmt.Errorf("patches %q row %d: task %q is not in tasks %s", o.Patches, n, taskID, tasks.ref)}
+			}
+			j := &job{key: fmt.Sprintf("patch-%d", ord), patch: patch}
+			j.row.RolloutID, j.row.Index = int64(ord), int64(ord)
+			if sample != nil {
+				j.row.Sample = *sample
+			} else {
+				j.row.Sample = samples[taskID]
+			}
+			samples[taskID]++
+			return add(j, t)
+		})
+		if err != nil {
+			return nil, 0, err
+		}
+	default:
+		rv, err := dataset.Open(ctx, st, inputs[2])
+		if err != nil {
+			return nil, 0, err
+		}
+		if rv.Kind().Name != records.RolloutsKind.Name {
+			return nil, 0, stage.Usagef("--rollouts %s holds %s records, not rollouts", rv.Ref(), rv.Kind().Name)
+		}
+		seen := map[int64]bool{}
+		err = rv.EachShard(ctx, func(_ int, data []byte) error {
+			return records.EachRollout(data, func(r records.Rollout) error {
+				t := tasks.byID[r.TaskID]
+				if t == nil {
+					return stage.BadInputError{Err: fmt.Errorf("rollouts %s: rollout %d: task %q is not in tasks %s", rv.Ref(), r.Index, r.TaskID, tasks.ref)}
+				}
+				if seen[r.Index] {
+					return stage.BadInputError{Err: fmt.Errorf("rollouts %s: index %d appears twice; one row per agent run", rv.Ref(), r.Index)}
+				}
+				seen[r.Index] = true
+				j := &job{key: fmt.Sprintf("rollout-%d", r.Index), patch: r.Patch}
+				if r.AbortReason != nil {
+					j.abort = *r.AbortReason
+				}
+				j.row.RolloutID, j.row.Index, j.row.Sample = r.RolloutID, r.Index, r.Sample
+				if err := add(j, t); err != nil {
+					return err
+				}
+				// The rollout's group is the task (DESIGN §3): keep its ids.
+				j.row.GroupIndex = r.GroupIndex
+				return nil
+			})
+		})
+		if err != nil {
+			return nil, 0, err
+		}
+	}
+	return jobs, skipped, nil
+}
+
+// producer grades jobs with a pool of workers and writes the rows in
+// receipted shards from one goroutine (the dataset writer is not safe for
+// concurrent use).
+type producer struct {
+	env       *stage.Env
+	st        store.Store
+	w         *dataset.Writer
+	g         *Grader
+	jobs      int
+	logPrefix string
+
+	pending  []records.Grade
+	keys     []string
+	baseline []records.Grade // every baseline row, for the summary
+	metrics  map[string]any
+}
+
+type result struct {
+	job *job
+	row records.Grade
+	err error
+}
+
+func (p *producer) run(ctx context.Context, all []*job, part dataset.Part) (map[string]any, error) {
+	p.metrics = map[string]any{"graded": 0, "reward_1": 0, "applied": 0, "resumed": 0}
+	var todo []*job
+	for i, j := range all {
+		if !part.Owns(i) {
+			continue
+		}
+		if p.w.Done(j.key) {
+			p.count("resumed", 1)
+			continue
+		}
+		todo = append(todo, j)
+	}
+	prog := stage.NewProgress(p.env.Stderr, p.env.Log, "grade", "patches", int64(len(todo)))
+	defer p.g.Wait() // sandboxes close in the background
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	work := make(chan *job)
+	results := make(chan result)
+	var wg sync.WaitGroup
+	for range min(p.jobs, max(len(todo), 1)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range work {
+				row, err := p.gradeOne(ctx, j)
+				select {
+				case results <- result{j, row, err}:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+	}
+	go func() {
+		defer close(work)
+		for _, j := range todo {
+			select {
+			case work <- j:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	go func() { wg.Wait(); close(results) }()
+
+	var durations []time.Duration
+	var firstErr error
+	last := time.Now()
+	for res := range results {
+		if res.err != nil {
+			if firstErr == nil {
+				firstErr = res.err
+				cancel()
+			}
+			continue
+		}
+		prog.Add(1)
+		p.add(res.job, res.row)
+		durations = append(durations, time.Duration(res.row.DurationMS)*time.Millisecond)
+		if len(p.pending) >= flushRows || time.Since(last) >= flushEvery {
+			if err := p.flush(ctx); err != nil && firstErr == nil {
+				firstErr = err
+				cancel()
+			}
+			last = time.Now()
+		}
+	}
+	// Grades finished before an interruption are kept: a rerun resumes
+	// after them.
+	if err := p.flush(context.WithoutCancel(ctx)); err != nil && firstErr == nil {
+		firstErr = err
+	}
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	prog.Done()
+	if len(durations) > 0 {
+		sort.Slice(durations, func(i, j int) bool { return durations[i] < durations[j] })
+		p.metrics["duration_ms_p50"] = durations[len(durations)/2].Milliseconds()
+		p.metrics["duration_ms_max"] = durations[len(durations)-1].Milliseconds()
+	}
+	return p.metrics, nil
+}
+
+// gradeOne grades a job and saves its log. The error is non-nil only when
+// the run must stop (the log cannot be stored, ctx cancelled): a grading
+// that fails is a row.
+func (p *producer) gradeOne(ctx context.Context, j *job) (records.Grade, error) {
+	row := j.row
+	t := j.target
+	if t.Grading != nil {
+		row.GradingKind = &t.Grading.Kind
+	}
+	if t.ImageDigest != "" {
+		row.ImageDigest = &t.ImageDigest
+	}
+	if j.abort != "" {
+		row.ExitCode, row.Failure = -1, records.FailureAborted
+		row.Error = optional("the rollout was aborted: " + j.abort)
+		return row, nil
+	}
+	o := p.g.Grade(ctx, t, j.patch)
+	if err := ctx.Err(); err != nil {
+		return row, err // interrupted: no verdict; a rerun grades it
+	}
+	o.Fill(&row)
+	key := p.logPrefix + j.key + ".jsonl"
+	if _, err := p.st.Put(ctx, key, bytes.NewReader(o.Log), int64(len(o.Log))); err != nil {
+		return row, fmt.Errorf("saving the grading log of %s (task %q) to %q: %w", j.key, t.TaskID, key, err)
+	}
+	row.Log = &key
+	return row, nil
+}
+
+func (p *producer) count(key string, n int) {
+	v, _ := p.metrics[key].(int)
+	p.metrics[key] = v + n
+}
+
+func (p *producer) add(j *job, row records.Grade) {
+	p.pending = append(p.pending, row)
+	p.keys = append(p.keys, j.key)
+	p.count("graded", 1)
+	p.count("failure_"+row.Failure, 1)
+	if row.Reward == 1 {
+		p.count("reward_1", 1)
+	}
+	if row.Applied {
+		p.count("applied", 1)
+	}
+	if row.Baseline {
+		p.baseline = append(p.baseline, row)
+	}
+}
+
+func (p *producer) flush(ctx context.Context) error {
+	if len(p.pending) == 0 {
+		return nil
+	}
+	// Rows finish in any order; a shard holds its rows by index.
+	rows := p.pending
+	sort.SliceStable(rows, func(i, j int) bool { return rows[i].Index < rows[j].Index })
+	_, err := p.w.WriteShard(ctx, int64(len(rows)), p.keys, func(out io.Writer) error {
+		enc := records.NewGradeEncoder(out)
+		if err := enc.Write(rows...); err != nil {
+			return err
+		}
+		return enc.Close()
+	})
+	p.pending, p.keys = nil, nil
+	return err
+}
+
+// baselineSummary reports the tasks whose empty patch passes: their tests
+// do not detect the bug, so a reward on them means nothing. Rows resumed
+// from an earlier attempt are not in this run's summary.
+func (p *producer) baselineSummary(metrics map[string]any) {
+	var passing []string
+	for _, r := range p.baseline {
+		if r.Reward == 1 {
+			passing = append(passing, r.TaskID)
+		}
+	}
+	sort.Strings(passing)
+	metrics["baseline_passing"] = len(passing)
+	if len(passing) == 0 {
+		fmt.Fprintf(p.env.Stderr, "baseline: all %d graded tasks fail with the empty patch, as they should\n", len(p.baseline))
+		return
+	}
+	metrics["baseline_passing_tasks"] = strings.Join(passing, ",")
+	fmt.Fprintf(p.env.Stderr, "baseline: %d of %d tasks PASS with the empty patch; their tests do not detect the bug, so their rewards cannot be trusted: %s\n",
+		len(passing), len(p.baseline), strings.Join(passing, ", "))
+}

@@ -1,0 +1,251 @@
+package grade
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/stages/stage"
+)
+
+// job is one grading to do: a patch on a task, with the ids of its row.
+type job struct {
+	// key names the row in receipts and its log: stable across reruns of
+	// the same version.
+	key    string
+	row    records.Grade // ids, task_id and baseline filled in
+	patch  string
+	abort  string // the rollout's abort_reason ("" = graded)
+	target *Target
+}
+
+// taskTable is the tasks version, by id.
+type taskTable struct {
+	ref   dataset.Ref
+	byID  map[string]*records.Task
+	order []*records.Task
+}
+
+func loadTasks(ctx context.Context, v *dataset.Version) (*taskTable, error) {
+	tt := &taskTable{ref: v.Ref(), byID: map[string]*records.Task{}}
+	if v.Kind().Name != records.TasksKind.Name {
+		return nil, stage.Usagef("--tasks %s holds %s records, not tasks", v.Ref(), v.Kind().Name)
+	}
+	err := v.EachShard(ctx, func(_ int, data []byte) error {
+		return records.EachTask(data, func(t records.Task) error {
+			if _, dup := tt.byID[t.TaskID]; dup {
+				return stage.BadInputError{Err: fmt.Errorf("tasks %s: task id %q appears twice; task ids must be unique", v.Ref(), t.TaskID)}
+			}
+			tp := &t
+			tt.byID[t.TaskID] = tp
+			tt.order = append(tt.order, tp)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return tt, nil
+}
+
+func loadImages(ctx context.Context, v *dataset.Version) (map[string]records.Image, error) {
+	if v.Kind().Name != records.ImagesKind.Name {
+		return nil, stage.Usagef("--images %s holds %s records, not images", v.Ref(), v.Kind().Name)
+	}
+	out := map[string]records.Image{}
+	err := v.EachShard(ctx, func(_ int, data []byte) error {
+		return records.EachImage(data, func(im records.Image) error {
+			out[im.Image] = im
+			return nil
+		})
+	})
+	return out, err
+}
+
+// targets resolves tasks to what grading them needs: the image's bundle
+// under the bundle root, its environment, the decoded grading payload.
+type targets struct {
+	tasks   *taskTable
+	images  map[string]records.Image
+	imgRef  dataset.Ref
+	bundles string
+	cache   map[string]*Target
+}
+
+// get returns the target of a task. An image missing from the images
+// version, or a bundle missing on this node, is a bad input (nothing can
+// be graded right until it is imported); a task whose own columns make it
+// ungradeable is a Target with Invalid set, graded as infra_error.
+func (ts *targets) get(t *records.Task) (*Target, error) {
+	if tg, ok := ts.cache[t.TaskID]; ok {
+		return tg, nil
+	}
+	tg := &Target{TaskID: t.TaskID}
+	ts.cache[t.TaskID] = tg
+	g, err := ParseGrading(t.Grading)
+	if err != nil {
+		tg.Invalid = err.Error()
+		return tg, nil
+	}
+	tg.Grading = g
+	if t.EvalUser != nil {
+		tg.EvalUser = *t.EvalUser
+	}
+	if tg.PreCommands, err = preCommandsBody(t.PreCommands); err != nil {
+		tg.Invalid = err.Error()
+		return tg, nil
+	}
+	if g == nil {
+		return tg, nil // no grading path: no sandbox, so no image needed
+	}
+	if t.Image == nil || *t.Image == "" {
+		tg.Invalid = "the task has no image (missing_image_or_workdir)"
+		return tg, nil
+	}
+	im, ok := ts.images[*t.Image]
+	if !ok {
+		return nil, stage.BadInputError{Err: fmt.Errorf("image %q of task %q is not in images %s: import it with kiln-images (for the tasks %s) and pass that version",
+			*t.Image, t.TaskID, ts.imgRef, ts.tasks.ref)}
+	}
+	rootfs := filepath.Join(ts.bundles, filepath.FromSlash(im.Bundle), "rootfs")
+	if fi, err := os.Stat(rootfs); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("bundle of image %q (task %q) is not on this node: %q is not a directory; run kiln-images with --bundles %s here: %w",
+			*t.Image, t.TaskID, rootfs, ts.bundles, os.ErrNotExist)
+	}
+	env, err := envList(im.Env)
+	if err != nil {
+		return nil, stage.BadInputError{Err: fmt.Errorf("images %s: image %q: env: %w", ts.imgRef, im.Image, err)}
+	}
+	tg.Sandbox.Rootfs, tg.Sandbox.Env = rootfs, env
+	tg.ImageDigest = im.Digest
+	switch {
+	case t.Workdir != nil && *t.Workdir != "":
+		tg.Workdir = *t.Workdir
+	case im.Workdir != nil && *im.Workdir != "":
+		tg.Workdir = *im.Workdir
+	default:
+		tg.Workdir = "/testbed" // the reference's default (spec §2.2)
+	}
+	return tg, nil
+}
+
+// envList turns an env JSON object into KEY=VALUE entries in its order.
+func envList(obj string) ([]string, error) {
+	dec := json.NewDecoder(strings.NewReader(obj))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, fmt.Errorf("not a JSON object")
+	}
+	var out []string
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		var v string
+		if err := dec.Decode(&v); err != nil {
+			return nil, fmt.Errorf("value of %v is not a string", k)
+		}
+		out = append(out, fmt.Sprint(k)+"="+v)
+	}
+	return out, nil
+}
+
+// patchRow is one line of a patches file: kiln's {task_id, patch,
+// sample} or a SWE-bench prediction {instance_id, model_patch}.
+type patchRow struct {
+	TaskID     *string `json:"task_id"`
+	Patch      *string `json:"patch"`
+	Sample     *int64  `json:"sample"`
+	InstanceID *string `json:"instance_id"`
+	ModelPatch *string `json:"model_patch"`
+}
+
+// readPatches reads a patches file: JSON lines (blank lines skipped), or
+// one JSON array (as SWE-bench writes predictions .json). fn gets each
+// row's 1-based line (or element) number for messages and its 0-based
+// ordinal among the rows.
+func readPatches(r io.Reader, name string, fn func(n, ord int, taskID, patch string, sample *int64) error) error {
+	br := bufio.NewReaderSize(r, 1<<20)
+	first, err := peekNonSpace(br)
+	if err != nil {
+		return err
+	}
+	ord := 0
+	handle := func(n int, raw []byte) error {
+		defer func() { ord++ }()
+		var p patchRow
+		if err := json.Unmarshal(raw, &p); err != nil {
+			return stage.BadInputError{Err: fmt.Errorf("patches %q row %d: not a JSON object of patch fields: %w", name, n, err)}
+		}
+		switch {
+		case p.TaskID != nil:
+			if p.Patch == nil {
+				return stage.BadInputError{Err: fmt.Errorf("patches %q row %d (task %q): no \"patch\" key; write \"patch\": \"\" for an empty patch", name, n, *p.TaskID)}
+			}
+			return fn(n, ord, *p.TaskID, *p.Patch, p.Sample)
+		case p.InstanceID != nil:
+			patch := ""
+			if p.ModelPatch != nil { // SWE-bench: a null model_patch is an empty patch
+				patch = *p.ModelPatch
+			}
+			return fn(n, ord, *p.InstanceID, patch, p.Sample)
+		}
+		return stage.BadInputError{Err: fmt.Errorf("patches %q row %d: want {\"task_id\", \"patch\"} or a SWE-bench prediction {\"instance_id\", \"model_patch\"}", name, n)}
+	}
+	if first == '[' {
+		dec := json.NewDecoder(br)
+		if _, err := dec.Token(); err != nil {
+			return stage.BadInputError{Err: fmt.Errorf("patches %q: %w", name, err)}
+		}
+		for n := 1; dec.More(); n++ {
+			var raw json.RawMessage
+			if err := dec.Decode(&raw); err != nil {
+				return stage.BadInputError{Err: fmt.Errorf("patches %q element %d: %w", name, n, err)}
+			}
+			if err := handle(n, raw); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for n := 1; ; n++ {
+		line, err := br.ReadBytes('\n')
+		if len(bytes.TrimSpace(line)) > 0 {
+			if herr := handle(n, line); herr != nil {
+				return herr
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("patches %q: %w", name, err)
+		}
+	}
+}
+
+func peekNonSpace(br *bufio.Reader) (byte, error) {
+	for {
+		b, err := br.Peek(1)
+		if err == io.EOF {
+			return 0, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		switch b[0] {
+		case ' ', '\t', '\r', '\n':
+			br.ReadByte()
+			continue
+		}
+		return b[0], nil
+	}
+}
