@@ -50,7 +50,9 @@
 //  3. For the first surviving prefix, anchor = render(M[:d], S, no
 //     generation prompt) — /tokenize call 2. R must start with anchor; end is
 //     the last index of the previous turn's last output id in anchor, and
-//     anchor[end+1:] must decode (POST /detokenize) to whitespace only.
+//     anchor[end+1:] must decode (POST /detokenize) to whitespace only; the
+//     answer for each distinct short tail is remembered for the server's
+//     life (the same separator ids follow every turn's end token).
 //  4. Prompt = previous prompt ids + previous output ids + R[end+1:]: the
 //     suffix is R's own rendering of the new messages in their full context,
 //     so it needs no extra render, and everything before it is the exact
