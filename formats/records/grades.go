@@ -1,13 +1,11 @@
 package records
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 
 	"github.com/parquet-go/parquet-go"
-	"github.com/parquet-go/parquet-go/compress/zstd"
 )
 
 // Failure classes of a grade (the grades kind's failure column). A grade
@@ -108,66 +106,16 @@ func (g *Grade) Validate() error {
 
 // MarshalRow is the row's JSON view: columns in schema order, tests embedded.
 func (g *Grade) MarshalRow() (json.RawMessage, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(g); err != nil {
-		return nil, err
-	}
-	return embedJSONColumns(bytes.TrimSpace(b.Bytes()), gradeJSONColumns)
+	return marshalRow(g, gradeJSONColumns)
 }
 
 // GradeEncoder streams grades into one Parquet shard (zstd).
-type GradeEncoder struct {
-	w *parquet.GenericWriter[Grade]
-}
+type GradeEncoder = ParquetEncoder[Grade, *Grade]
 
 // NewGradeEncoder writes a Parquet file to w; Close finishes it.
-func NewGradeEncoder(w io.Writer) *GradeEncoder {
-	return &GradeEncoder{w: parquet.NewGenericWriter[Grade](w,
-		parquet.Compression(&zstd.Codec{Level: zstd.SpeedDefault}))}
-}
-
-// Write validates and appends rows.
-func (e *GradeEncoder) Write(rows ...Grade) error {
-	for i := range rows {
-		if err := rows[i].Validate(); err != nil {
-			return err
-		}
-	}
-	_, err := e.w.Write(rows)
-	return err
-}
-
-// Close writes the footer.
-func (e *GradeEncoder) Close() error { return e.w.Close() }
+func NewGradeEncoder(w io.Writer) *GradeEncoder { return newParquetEncoder[Grade](w) }
 
 // EachGrade decodes a grades shard in row order.
 func EachGrade(shard []byte, fn func(Grade) error) error {
 	return eachParquetRow(shard, "grades", fn)
-}
-
-// eachParquetRow decodes a Parquet shard of rows of type T in row order.
-func eachParquetRow[T any](shard []byte, kind string, fn func(T) error) error {
-	f, err := parquet.OpenFile(bytes.NewReader(shard), int64(len(shard)))
-	if err != nil {
-		return fmt.Errorf("%s shard: %w", kind, err)
-	}
-	r := parquet.NewGenericReader[T](f)
-	defer r.Close()
-	buf := make([]T, 256)
-	for {
-		n, err := r.Read(buf)
-		for i := 0; i < n; i++ {
-			if ferr := fn(buf[i]); ferr != nil {
-				return ferr
-			}
-		}
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("%s shard: %w", kind, err)
-		}
-	}
 }

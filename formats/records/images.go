@@ -1,7 +1,6 @@
 package records
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -9,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/parquet-go/parquet-go"
-	"github.com/parquet-go/parquet-go/compress/zstd"
 )
 
 // Image is one row of the images kind (Parquet): one task image imported
@@ -87,61 +85,16 @@ func (im *Image) Validate() error {
 // MarshalRow is the row's JSON view: columns in schema order, env and
 // command embedded as JSON.
 func (im *Image) MarshalRow() (json.RawMessage, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(im); err != nil {
-		return nil, err
-	}
-	return embedJSONColumns(bytes.TrimSpace(b.Bytes()), imageJSONColumns)
+	return marshalRow(im, imageJSONColumns)
 }
 
 // ImageEncoder streams images rows into one Parquet shard (zstd).
-type ImageEncoder struct {
-	w *parquet.GenericWriter[Image]
-}
+type ImageEncoder = ParquetEncoder[Image, *Image]
 
 // NewImageEncoder writes a Parquet file to w; Close finishes it.
-func NewImageEncoder(w io.Writer) *ImageEncoder {
-	return &ImageEncoder{w: parquet.NewGenericWriter[Image](w,
-		parquet.Compression(&zstd.Codec{Level: zstd.SpeedDefault}))}
-}
-
-// Write validates and appends rows.
-func (e *ImageEncoder) Write(rows ...Image) error {
-	for i := range rows {
-		if err := rows[i].Validate(); err != nil {
-			return err
-		}
-	}
-	_, err := e.w.Write(rows)
-	return err
-}
-
-// Close writes the footer.
-func (e *ImageEncoder) Close() error { return e.w.Close() }
+func NewImageEncoder(w io.Writer) *ImageEncoder { return newParquetEncoder[Image](w) }
 
 // EachImage decodes an images shard in row order.
 func EachImage(shard []byte, fn func(Image) error) error {
-	f, err := parquet.OpenFile(bytes.NewReader(shard), int64(len(shard)))
-	if err != nil {
-		return fmt.Errorf("images shard: %w", err)
-	}
-	r := parquet.NewGenericReader[Image](f)
-	defer r.Close()
-	buf := make([]Image, 256)
-	for {
-		n, err := r.Read(buf)
-		for i := 0; i < n; i++ {
-			if ferr := fn(buf[i]); ferr != nil {
-				return ferr
-			}
-		}
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("images shard: %w", err)
-		}
-	}
+	return eachParquetRow(shard, "images", fn)
 }

@@ -1,14 +1,12 @@
 package records
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"time"
 
 	"github.com/parquet-go/parquet-go"
-	"github.com/parquet-go/parquet-go/compress/zstd"
 )
 
 // Rollout is one row of the rollouts kind (Parquet): one agent run on one
@@ -76,39 +74,14 @@ func (r *Rollout) Validate() error {
 
 // MarshalRow is the row's JSON view, columns in schema order.
 func (r *Rollout) MarshalRow() (json.RawMessage, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(r); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSpace(b.Bytes()), nil
+	return marshalRow(r, nil)
 }
 
 // RolloutEncoder streams rollouts into one Parquet shard (zstd).
-type RolloutEncoder struct {
-	w *parquet.GenericWriter[Rollout]
-}
+type RolloutEncoder = ParquetEncoder[Rollout, *Rollout]
 
 // NewRolloutEncoder writes a Parquet file to w; Close finishes it.
-func NewRolloutEncoder(w io.Writer) *RolloutEncoder {
-	return &RolloutEncoder{w: parquet.NewGenericWriter[Rollout](w,
-		parquet.Compression(&zstd.Codec{Level: zstd.SpeedDefault}))}
-}
-
-// Write validates and appends rows.
-func (e *RolloutEncoder) Write(rows ...Rollout) error {
-	for i := range rows {
-		if err := rows[i].Validate(); err != nil {
-			return err
-		}
-	}
-	_, err := e.w.Write(rows)
-	return err
-}
-
-// Close writes the footer.
-func (e *RolloutEncoder) Close() error { return e.w.Close() }
+func NewRolloutEncoder(w io.Writer) *RolloutEncoder { return newParquetEncoder[Rollout](w) }
 
 // EachRollout decodes a rollouts shard in row order.
 func EachRollout(shard []byte, fn func(Rollout) error) error {

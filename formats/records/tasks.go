@@ -7,7 +7,6 @@ import (
 	"io"
 
 	"github.com/parquet-go/parquet-go"
-	"github.com/parquet-go/parquet-go/compress/zstd"
 )
 
 // Task is one row of the tasks kind (Parquet): one coding task. Columns
@@ -91,62 +90,20 @@ func (t *Task) Validate() error {
 
 // MarshalRow is the task's JSON view: columns in schema order, JSON columns embedded.
 func (t *Task) MarshalRow() (json.RawMessage, error) {
-	raw, err := json.Marshal(t)
-	if err != nil {
-		return nil, err
-	}
-	return embedJSONColumns(raw, taskJSONColumns)
+	return marshalRow(t, taskJSONColumns)
 }
 
 // TaskEncoder streams tasks into one Parquet shard (zstd).
-type TaskEncoder struct {
-	w *parquet.GenericWriter[Task]
-}
+type TaskEncoder = ParquetEncoder[Task, *Task]
 
 // NewTaskEncoder writes a Parquet file to w; Close finishes it.
 func NewTaskEncoder(w io.Writer) *TaskEncoder {
-	return &TaskEncoder{w: parquet.NewGenericWriter[Task](w,
-		parquet.Compression(&zstd.Codec{Level: zstd.SpeedDefault}),
-		parquet.MaxRowsPerRowGroup(8192))}
+	return newParquetEncoder[Task](w, parquet.MaxRowsPerRowGroup(8192))
 }
 
-// Write validates and appends tasks.
-func (e *TaskEncoder) Write(tasks ...Task) error {
-	for i := range tasks {
-		if err := tasks[i].Validate(); err != nil {
-			return err
-		}
-	}
-	_, err := e.w.Write(tasks)
-	return err
-}
-
-// Close writes the footer.
-func (e *TaskEncoder) Close() error { return e.w.Close() }
-
-// EachTask decodes a tasks shard row group by row group.
+// EachTask decodes a tasks shard in row order.
 func EachTask(shard []byte, fn func(Task) error) error {
-	f, err := parquet.OpenFile(bytes.NewReader(shard), int64(len(shard)))
-	if err != nil {
-		return fmt.Errorf("tasks shard: %w", err)
-	}
-	r := parquet.NewGenericReader[Task](f)
-	defer r.Close()
-	buf := make([]Task, 256)
-	for {
-		n, err := r.Read(buf)
-		for i := 0; i < n; i++ {
-			if ferr := fn(buf[i]); ferr != nil {
-				return ferr
-			}
-		}
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("tasks shard: %w", err)
-		}
-	}
+	return eachParquetRow(shard, "tasks", fn)
 }
 
 // embedJSONColumns rewrites string fields named in cols to embedded JSON,
