@@ -232,6 +232,13 @@ func Run(ctx context.Context, env *stage.Env, st store.Store, out stage.Output, 
 		}
 		g := o.Grader
 		if g == nil {
+			// Sandboxes of an earlier run on this node that was killed
+			// (preempted, OOM-killed) still hold overlay mounts and cgroups.
+			if o.Provider != "local" {
+				if _, err := sandbox.Sweep(ctx, "", env.Log); err != nil {
+					env.Log.Warn("could not release every dead sandbox's leftovers", "err", err)
+				}
+			}
 			boots := o.BootConcurrency
 			if boots <= 0 {
 				boots = o.Jobs

@@ -145,8 +145,14 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 			s.teardown()
 		}
 	}()
-	if s.state, err = os.MkdirTemp(o.StateDir, "kiln-sandbox-"+s.id+"-"); err != nil {
+	if s.state, err = os.MkdirTemp(o.StateDir, stateDirPrefix+s.id+"-"); err != nil {
 		return nil, fmt.Errorf("sandbox state dir: %w", err)
+	}
+	if s.stateDir, err = os.Open(s.state); err != nil {
+		return nil, err
+	}
+	if err := lockState(s.stateDir); err != nil {
+		return nil, err
 	}
 	upper, work, merged := filepath.Join(s.state, "upper"), filepath.Join(s.state, "work"), filepath.Join(s.state, "merged")
 	for _, d := range []string{upper, work, merged} {
@@ -165,9 +171,6 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 				return nil, err
 			}
 		}
-	}
-	if s.stateDir, err = os.Open(s.state); err != nil {
-		return nil, err
 	}
 	s.ctlSock = s.sockPath("ctl.sock")
 	if s.rec, err = newRecorder(filepath.Join(s.state, "commands.jsonl")); err != nil {
@@ -198,6 +201,9 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 	}
 	if cgr.err != nil {
 		return nil, fmt.Errorf("sandbox cgroup: %w", cgr.err)
+	}
+	if err := writeLeftovers(s.state, s.ov, s.cg); err != nil {
+		return nil, err
 	}
 	if o.Endpoint != "" {
 		if s.endpoint, err = listenEndpoint(s.sockPath("endpoint.sock"), o.Endpoint); err != nil {
