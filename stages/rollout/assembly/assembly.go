@@ -88,6 +88,32 @@ type Session struct {
 	// the history, not quadratic.
 	lastMsgs []json.RawMessage
 	lastPath []*node
+
+	// Nodes, recorded turns and record's scratch messages come from
+	// session-owned slabs: a session makes a few nodes per turn, and one
+	// allocation each would be most of what routing costs.
+	nodes    []node
+	childBuf []*node
+	turnBuf  []Turn
+	msgBuf   []message
+}
+
+// newNode returns a zeroed node from the session's slab.
+func (s *Session) newNode() *node {
+	if len(s.nodes) == cap(s.nodes) {
+		s.nodes = make([]node, 0, 64)
+	}
+	s.nodes = s.nodes[:len(s.nodes)+1]
+	return &s.nodes[len(s.nodes)-1]
+}
+
+// keepTurn stores t for the session's life and returns its address.
+func (s *Session) keepTurn(t *Turn) *Turn {
+	if len(s.turnBuf) == cap(s.turnBuf) {
+		s.turnBuf = make([]Turn, 0, 16)
+	}
+	s.turnBuf = append(s.turnBuf, *t)
+	return &s.turnBuf[len(s.turnBuf)-1]
 }
 
 // replayKind is which replay columns the session's turns carry.
@@ -131,15 +157,20 @@ func (m *message) readRole() error {
 }
 
 func (m *message) readHead() (head, error) {
-	var h head
 	if role, hasRole, toolCalls, ok := scanHead(m.raw); ok {
 		m.role, m.hasRole = role, true
+		h := head{ToolCalls: toolCalls}
 		if hasRole {
-			h.Role = &role
+			h.Role = &m.role // m lives in a slab or node: no copy escapes
 		}
-		h.ToolCalls = toolCalls
 		return h, nil
 	}
+	return m.decodeHead()
+}
+
+// decodeHead is readHead through encoding/json (which words the errors).
+func (m *message) decodeHead() (head, error) {
+	var h head
 	raw := bytes.TrimSpace(m.raw)
 	if len(raw) == 0 || raw[0] != '{' {
 		if json.Valid(raw) {
@@ -287,7 +318,10 @@ func (s *Session) record(t Turn) error {
 	if err != nil {
 		return fmt.Errorf("turn %d: %w", s.turns+1, err)
 	}
-	resp := message{raw: t.ResponseMessage}
+	// The leaf is taken now so the response message is read in place.
+	leaf := s.newNode()
+	resp := &leaf.msg
+	*resp = message{raw: t.ResponseMessage}
 	rnone, useTool := isNull(t.ResponseMessage), false
 	if !rnone {
 		h, err := resp.readHead()
@@ -311,10 +345,11 @@ func (s *Session) record(t Turn) error {
 	path := s.lastPath[:d]
 	// msgs holds the messages from depth base on, read as they are needed.
 	base := d
-	msgs := make([]message, len(raws)-base)
-	for i := range msgs {
-		msgs[i].raw = raws[base+i]
+	msgs := s.msgBuf[:0]
+	for _, raw := range raws[base:] {
+		msgs = append(msgs, message{raw: raw})
 	}
+	s.msgBuf = msgs
 	at := func(d int) *message { return &msgs[d-base] }
 descend:
 	for ; d < len(raws); d++ {
@@ -364,8 +399,9 @@ descend:
 		if err := m.readRole(); err != nil {
 			return fmt.Errorf("turn %d: prompt_messages[%d]: %w", s.turns+1, d, err)
 		}
-		n := &node{msg: *m}
-		cur.children = append(cur.children, n)
+		n := s.newNode()
+		n.msg = *m
+		s.addChild(cur, n)
 		cur = n
 		path = append(path, cur)
 	}
@@ -376,9 +412,24 @@ descend:
 	s.turns++
 	// A generated leaf is an assistant node whatever its message says.
 	resp.role, resp.hasRole = "assistant", true
-	leaf := &node{msg: resp, none: rnone, turn: &t, turnIndex: s.turns, useTool: useTool}
-	cur.children = append(cur.children, leaf)
+	leaf.none, leaf.turn, leaf.turnIndex, leaf.useTool = rnone, s.keepTurn(&t), s.turns, useTool
+	s.addChild(cur, leaf)
 	return nil
+}
+
+// addChild appends n to p's children; a first child's one-entry list comes
+// from the session's slab (most nodes have exactly one child).
+func (s *Session) addChild(p, n *node) {
+	if p.children != nil {
+		p.children = append(p.children, n)
+		return
+	}
+	if len(s.childBuf) == cap(s.childBuf) {
+		s.childBuf = make([]*node, 0, 128)
+	}
+	s.childBuf = append(s.childBuf, n)
+	i := len(s.childBuf) - 1
+	p.children = s.childBuf[i : i+1 : i+1]
 }
 
 // sameMemory reports whether a and b are the same bytes in memory.

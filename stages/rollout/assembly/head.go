@@ -44,9 +44,13 @@ func scanHead(b []byte) (role string, hasRole bool, toolCalls []byte, ok bool) {
 			case v[0] != '"':
 				return "", false, nil, false // not a string: let encoding/json judge
 			case bytes.IndexByte(v, '\\') < 0:
-				role = string(v[1 : len(v)-1])
-			case json.Unmarshal(v, &role) != nil:
-				return "", false, nil, false
+				role = internRole(v[1 : len(v)-1])
+			default:
+				var r string
+				if json.Unmarshal(v, &r) != nil {
+					return "", false, nil, false
+				}
+				role = r
 			}
 			hasRole = true
 		case `"tool_calls"`:
@@ -143,4 +147,22 @@ func skipValue(b []byte, i int) int {
 		return -1
 	}
 	return i
+}
+
+// internRole returns the chat roles as constants, so reading a role
+// allocates nothing; any other role is copied.
+func internRole(b []byte) string {
+	switch string(b) {
+	case "user":
+		return "user"
+	case "assistant":
+		return "assistant"
+	case "system":
+		return "system"
+	case "tool":
+		return "tool"
+	case "developer":
+		return "developer"
+	}
+	return string(b)
 }
