@@ -336,6 +336,13 @@ func (s *Session) record(t Turn) error {
 	// path without comparing (see Session.lastPath).
 	raws := t.PromptMessages
 	cur, d := s.root, 0
+	if n := min(len(s.lastMsgs), len(s.lastPath)); n > 0 && len(raws) >= n &&
+		&raws[0] == &s.lastMsgs[0] && sameMemory(raws[n-1], s.lastMsgs[n-1]) {
+		// The same list, extended (a splitter appends each turn's new
+		// messages to the previous turn's list in place): its first n
+		// entries are the previous turn's, entry for entry.
+		cur, d = s.lastPath[n-1], n
+	}
 	for d < len(raws) && d < len(s.lastPath) && sameMemory(raws[d], s.lastMsgs[d]) {
 		cur = s.lastPath[d]
 		d++
