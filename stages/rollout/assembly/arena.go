@@ -10,6 +10,60 @@ type Arena struct {
 	i32 chunks[int32]
 	u8  chunks[uint8]
 	f32 chunks[float32]
+
+	// The routing trees' slabs, recycled from one session to the next (a
+	// session's tree is garbage once Segments has linearized it).
+	nodes slabs[node]
+	kids  slabs[*node]
+	turns slabs[Turn]
+}
+
+// slabs is a free list of fixed-capacity chunks.
+type slabs[T any] struct{ free [][]T }
+
+// get returns an empty chunk of capacity n (a recycled one if any).
+func (s *slabs[T]) get(n int) []T {
+	if s == nil {
+		return make([]T, 0, n)
+	}
+	if k := len(s.free); k > 0 {
+		c := s.free[k-1]
+		s.free = s.free[:k-1]
+		return c[:0]
+	}
+	return make([]T, 0, n)
+}
+
+// put takes chunks back, cleared (so they hold no references).
+func (s *slabs[T]) put(cs [][]T) {
+	if s == nil {
+		return
+	}
+	for _, c := range cs {
+		clear(c[:cap(c)])
+		s.free = append(s.free, c)
+	}
+}
+
+func (a *Arena) nodeSlabs() *slabs[node] {
+	if a == nil {
+		return nil
+	}
+	return &a.nodes
+}
+
+func (a *Arena) kidSlabs() *slabs[*node] {
+	if a == nil {
+		return nil
+	}
+	return &a.kids
+}
+
+func (a *Arena) turnSlabs() *slabs[Turn] {
+	if a == nil {
+		return nil
+	}
+	return &a.turns
 }
 
 // Reset makes all memory handed out reusable: segments built before must

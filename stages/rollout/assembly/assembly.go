@@ -92,28 +92,35 @@ type Session struct {
 	// Nodes, recorded turns and record's scratch messages come from
 	// session-owned slabs: a session makes a few nodes per turn, and one
 	// allocation each would be most of what routing costs.
-	nodes    []node
-	childBuf []*node
-	turnBuf  []Turn
+	// The chunks of each slab kind, the last one being filled; with
+	// Options.Arena they are recycled after Segments.
+	nodeSlab [][]node
+	kidSlab  [][]*node
+	turnSlab [][]Turn
 	msgBuf   []message
+}
+
+// grow returns the slab's current chunk with room for one more element,
+// taking a new chunk of capacity n when the last is full.
+func grow[T any](chunks *[][]T, pool *slabs[T], n int) *[]T {
+	if k := len(*chunks); k == 0 || len((*chunks)[k-1]) == cap((*chunks)[k-1]) {
+		*chunks = append(*chunks, pool.get(n))
+	}
+	return &(*chunks)[len(*chunks)-1]
 }
 
 // newNode returns a zeroed node from the session's slab.
 func (s *Session) newNode() *node {
-	if len(s.nodes) == cap(s.nodes) {
-		s.nodes = make([]node, 0, 64)
-	}
-	s.nodes = s.nodes[:len(s.nodes)+1]
-	return &s.nodes[len(s.nodes)-1]
+	c := grow(&s.nodeSlab, s.opts.Arena.nodeSlabs(), 64)
+	*c = (*c)[:len(*c)+1]
+	return &(*c)[len(*c)-1]
 }
 
 // keepTurn stores t for the session's life and returns its address.
 func (s *Session) keepTurn(t *Turn) *Turn {
-	if len(s.turnBuf) == cap(s.turnBuf) {
-		s.turnBuf = make([]Turn, 0, 16)
-	}
-	s.turnBuf = append(s.turnBuf, *t)
-	return &s.turnBuf[len(s.turnBuf)-1]
+	c := grow(&s.turnSlab, s.opts.Arena.turnSlabs(), 16)
+	*c = append(*c, *t)
+	return &(*c)[len(*c)-1]
 }
 
 // replayKind is which replay columns the session's turns carry.
@@ -431,12 +438,10 @@ func (s *Session) addChild(p, n *node) {
 		p.children = append(p.children, n)
 		return
 	}
-	if len(s.childBuf) == cap(s.childBuf) {
-		s.childBuf = make([]*node, 0, 128)
-	}
-	s.childBuf = append(s.childBuf, n)
-	i := len(s.childBuf) - 1
-	p.children = s.childBuf[i : i+1 : i+1]
+	c := grow(&s.kidSlab, s.opts.Arena.kidSlabs(), 128)
+	*c = append(*c, n)
+	i := len(*c) - 1
+	p.children = (*c)[i : i+1 : i+1]
 }
 
 // sameMemory reports whether a and b are the same bytes in memory.

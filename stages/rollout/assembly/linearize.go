@@ -74,7 +74,16 @@ type leafMeta struct {
 // the recorded turn's routes.
 func (s *Session) Segments(base Base) ([]records.Trajectory, error) {
 	root, kind, T := s.root, s.replay, s.opts.ForkMergeMaxResponseTokens
+	nodes, kids, turns := s.nodeSlab, s.kidSlab, s.turnSlab
 	*s = Session{opts: s.opts, root: &node{}}
+	// The segments hold no reference into the tree: once linearized, its
+	// memory serves the next session.
+	defer func() {
+		a := s.opts.Arena
+		a.nodeSlabs().put(nodes)
+		a.kidSlabs().put(kids)
+		a.turnSlabs().put(turns)
+	}()
 
 	l := &linearizer{kind: kind, T: T, base: base, arena: s.opts.Arena}
 	var gens []*node
