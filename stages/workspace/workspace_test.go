@@ -2,8 +2,6 @@ package workspace_test
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"strings"
 	"testing"
 
@@ -12,22 +10,10 @@ import (
 	"github.com/kilnrl/kiln/stages/workspace"
 )
 
+// helper is the kiln-sandbox-helper binary built for this test run.
 var helper string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "kiln-workspace-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	if helper, err = sandboxtest.BuildHelper(dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { sandboxtest.Main(m, &helper) }
 
 const (
 	agentRepo  = "/work/agent repo" // the space exercises quoting

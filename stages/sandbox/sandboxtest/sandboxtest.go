@@ -61,6 +61,24 @@ func BuildHelper(dir string) (string, error) {
 	return out, nil
 }
 
+// Main is a TestMain for packages whose tests boot sandboxes: it builds the
+// helper into a temporary directory, stores its path in *helper, runs the
+// tests and exits with their code.
+func Main(m *testing.M, helper *string) {
+	dir, err := os.MkdirTemp("", "kiln-helper-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if *helper, err = BuildHelper(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
 // Boot boots a bwrap sandbox over the base rootfs (unless opts.Rootfs is
 // set) with the given helper and closes it when the test ends.
 func Boot(tb testing.TB, helper string, opts sandbox.Options) sandbox.Sandbox {
