@@ -378,6 +378,16 @@ func TestGC(t *testing.T) {
 		require.NoError(t, err)
 		writeTasks(t, ctx, lost, 0, 1)
 		writeTasks(t, ctx, winner, 0, 1)
+		// Attachments: the committed version keeps its own, the dead
+		// writer's go with its version.
+		attach := func(r dataset.Ref, rel string) string {
+			key := dataset.AttachmentKey(r, rel)
+			_, err := st.Put(ctx, key, strings.NewReader("log"), 3)
+			require.NoError(t, err)
+			return key
+		}
+		kept := attach(winner.Ref(), "logs/row-0.jsonl")
+		gone := attach(dead.Ref(), "logs/row-0.jsonl")
 		_, err = winner.Commit(ctx, nil)
 		require.NoError(t, err)
 
@@ -393,14 +403,22 @@ func TestGC(t *testing.T) {
 			reasons[o.Reason]++
 			assert.False(t, strings.HasSuffix(o.Key, "manifest.json"), o.Key)
 		}
-		assert.Equal(t, 2, reasons[dataset.ReasonUncommitted], "dead writer's shard and row receipt: %v", orphans)
+		assert.Equal(t, 3, reasons[dataset.ReasonUncommitted], "dead writer's shard, row receipt and attachment: %v", orphans)
+		for _, o := range orphans {
+			assert.NotEqual(t, kept, o.Key, "a committed version's attachment is not an orphan")
+		}
+		assert.Contains(t, orphans, dataset.Orphan{Key: gone, Size: 3, Reason: dataset.ReasonUncommitted})
 		// The loser's shard, and the receipts of both committed versions
 		// (two part receipts, three row receipts).
 		assert.Equal(t, 6, reasons[dataset.ReasonUnreferenced], "%v", orphans)
 
 		assert.Equal(t, orphans, list(dataset.GCOptions{Now: time.Now().Add(time.Minute)}))
 		assert.Empty(t, list(dataset.GCOptions{DryRun: true, Now: time.Now().Add(time.Minute)}))
-		// Committed data is intact.
+		// Committed data and attachments are intact.
+		_, err = st.Stat(ctx, kept)
+		require.NoError(t, err)
+		_, err = st.Stat(ctx, gone)
+		require.Error(t, err)
 		got, err := dataset.Open(ctx, st, v.Ref())
 		require.NoError(t, err)
 		assert.Equal(t, ids(0, 3), readIDs(t, ctx, got))

@@ -8,6 +8,11 @@
 //	<name>/_v/<version>/rows/p<part>/<attempt>-<seq>.json     row receipts
 //	<name>/_v/<version>/parts/<part>-of-<parts>.json          part receipts
 //	<name>/_v/<version>/manifest.json                         the commit
+//	<name>/_v/<version>/attachments/...                       files stored beside the rows
+//
+// Attachments (AttachmentKey) are what a stage stores beside its rows and
+// points to from them — grading logs, agent artifacts: a committed version
+// keeps them, and GC collects them with a version that never commits.
 //
 // The commit protocol: shards are written first under keys unique to the
 // writing attempt; each flushed shard may get a row receipt naming the input

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/kilnrl/kiln/formats/store"
@@ -38,8 +39,8 @@ const (
 
 // GC finds the files the commit protocol leaves behind: everything in a
 // version directory without a manifest, files of committed versions that
-// their manifest does not name (a losing attempt's shards, receipts), and
-// the store's own leftovers. Files younger than the grace period are kept.
+// their manifest does not name (a losing attempt's shards, receipts) other
+// than the version's attachments, and the store's own leftovers. Files younger than the grace period are kept.
 // fn is called for each orphan, in key order, before it is removed.
 func GC(ctx context.Context, st store.Store, opts GCOptions, fn func(Orphan)) error {
 	now := opts.Now
@@ -90,6 +91,9 @@ func GC(ctx context.Context, st store.Store, opts GCOptions, fn func(Orphan)) er
 			}
 		}
 		for _, f := range vf.files {
+			if vf.committed && strings.HasPrefix(f.Key, dir+attachmentsDir) {
+				continue // the committed version's own attachments
+			}
 			if !keep[f.Key] && f.ModTime.Before(cutoff) {
 				orphans = append(orphans, Orphan{Key: f.Key, Size: f.Size, Reason: reason})
 			}

@@ -61,6 +61,17 @@ func versionDir(name, version string) string { return name + "/_v/" + version + 
 
 func manifestKey(name, version string) string { return versionDir(name, version) + "manifest.json" }
 
+// attachmentsDir is the subdirectory of a version holding its attachments.
+const attachmentsDir = "attachments/"
+
+// AttachmentKey is the store key of the attachment rel (a relative,
+// slash-separated path) of version r: a file a stage stores beside r's rows
+// and names in them. It belongs to the version: kept once the version is
+// committed, collected by GC if it never is. r must be pinned.
+func AttachmentKey(r Ref, rel string) string {
+	return versionDir(r.Name, r.Version) + attachmentsDir + strings.TrimPrefix(rel, "/")
+}
+
 // splitVersionKey parses a key inside a version directory.
 func splitVersionKey(key string) (name, version, rest string, ok bool) {
 	i := strings.Index(key, "/_v/")

@@ -32,7 +32,7 @@ func TestIndependentReadersGradesRollouts(t *testing.T) {
 			enc := records.NewGradeEncoder(b)
 			if err := enc.Write(
 				records.Grade{RolloutID: 1, Index: 1, GroupIndex: 0, Sample: 1, TaskID: "täsk-1", Reward: 1, Applied: true,
-					ApplyMethod: ptr("git_apply"), Failure: records.FailureNone, DurationMS: 1234, Log: ptr("grades/_logs/v/1.jsonl"),
+					ApplyMethod: ptr("git_apply"), Failure: records.FailureNone, DurationMS: 1234, Log: ptr("grades/_v/v/attachments/logs/1.jsonl"),
 					GradingKind: ptr("swebench"), Tests: &tests},
 				records.Grade{RolloutID: 2, Index: 2, TaskID: "t2", ExitCode: 124, Failure: records.FailureTimeout,
 					Error: ptr("the grading command timed out"), Baseline: true},

@@ -15,7 +15,7 @@ func TestGradesRoundTrip(t *testing.T) {
 	rows := []Grade{
 		{RolloutID: 7, Index: 7, GroupIndex: 2, Sample: 1, TaskID: "fixture-calc-003", Reward: 1, Applied: true,
 			ApplyMethod: ptr("git_apply"), ExitCode: 0, Failure: FailureNone, DurationMS: 812,
-			ImageDigest: ptr("sha256:" + string(bytes.Repeat([]byte("a"), 64))), Log: ptr("grades/_logs/v/7.jsonl"),
+			ImageDigest: ptr("sha256:" + string(bytes.Repeat([]byte("a"), 64))), Log: ptr("grades/_v/v/attachments/logs/7.jsonl"),
 			GradingKind: ptr("swebench"), Tests: &tests},
 		{RolloutID: 8, Index: 8, GroupIndex: 2, TaskID: "fixture-calc-003", Applied: false, ExitCode: -1,
 			Failure: FailurePatchFailed, Error: ptr("no method applied"), Baseline: true},

@@ -15,9 +15,10 @@ func gcCommand(env *Env) *cli.Command {
 		Name:  "gc",
 		Usage: "remove what interrupted or losing writers left behind",
 		Description: `Removes files that no committed version needs: everything in a version that
-never committed (a killed or failed writer), files of a committed version its
-manifest does not name (a losing attempt's shards, receipts), and the store's
-own debris (temporary files, incomplete S3 multipart uploads). Committed
+never committed (a killed or failed writer, its attachments such as grading
+logs included), files of a committed version its manifest does not name (a
+losing attempt's shards, receipts; a committed version's attachments stay),
+and the store's own debris (temporary files, incomplete S3 multipart uploads). Committed
 versions are never touched. Anything younger than --grace is kept, because a
 writer may still be working on it: keep it above the longest a stage's part
 can run, including the time its row receipts wait to be resumed.

@@ -103,7 +103,9 @@ test ran), tests_failed, timeout (a grading command ran past --timeout; exit
 (the task has no grading payload; no sandbox), aborted. A crash or a timeout
 is a row, never a gap. Each row's log column is the store key of its grading
 log (every command with its output, JSON lines), saved before the sandbox is
-removed, under OUT/_logs/VERSION/.
+removed, as an attachment of the version (OUT/_v/VERSION/attachments/logs/):
+kept with the committed version, collected by kiln gc with one that never
+commits.
 
 Resumable: grades are committed in shards with row receipts, so a rerun of the
 same command grades only what is missing. --shard i/n grades every n-th row
@@ -248,7 +250,7 @@ func Run(ctx context.Context, env *stage.Env, st store.Store, out stage.Output, 
 			g = &Grader{Boot: sandbox.Boot, Timeout: o.Timeout,
 				Base: sandbox.Options{Provider: o.Provider, BootLimiter: sandbox.NewLimiter(boots), BootAttempts: 1, Log: env.Log}}
 		}
-		p := &producer{env: env, st: st, w: w, g: g, jobs: o.Jobs, logPrefix: fmt.Sprintf("%s/_logs/%s/", out.Name, w.Ref().Version)}
+		p := &producer{env: env, st: st, w: w, g: g, jobs: o.Jobs, version: w.Ref()}
 		metrics, err := p.run(ctx, jobs, out.Part)
 		if err != nil {
 			return nil, err
@@ -379,12 +381,12 @@ func planJobs(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles
 // receipted shards from one goroutine (the dataset writer is not safe for
 // concurrent use).
 type producer struct {
-	env       *stage.Env
-	st        store.Store
-	w         *dataset.Writer
-	g         *Grader
-	jobs      int
-	logPrefix string
+	env     *stage.Env
+	st      store.Store
+	w       *dataset.Writer
+	g       *Grader
+	jobs    int
+	version dataset.Ref // the grading logs are its attachments
 
 	pending  []records.Grade
 	keys     []string
@@ -508,7 +510,7 @@ func (p *producer) gradeOne(ctx context.Context, j *job) (records.Grade, error) 
 		return row, err // interrupted: no verdict; a rerun grades it
 	}
 	o.Fill(&row)
-	key := p.logPrefix + j.key + ".jsonl"
+	key := dataset.AttachmentKey(p.version, "logs/"+j.key+".jsonl")
 	if _, err := p.st.Put(ctx, key, bytes.NewReader(o.Log), int64(len(o.Log))); err != nil {
 		return row, fmt.Errorf("saving the grading log of %s (task %q) to %q: %w", j.key, t.TaskID, key, err)
 	}

@@ -179,7 +179,7 @@ func TestRunPatchesFormats(t *testing.T) {
 			// Each row's log is in the store under its key.
 			for _, r := range rows {
 				require.NotNil(t, r.Log)
-				assert.True(t, strings.HasPrefix(*r.Log, "grades/_logs/"+res.Ref.Version+"/"), *r.Log)
+				assert.True(t, strings.HasPrefix(*r.Log, "grades/_v/"+res.Ref.Version+"/attachments/logs/"), *r.Log)
 				data, _, err := store.ReadAll(context.Background(), w.st, *r.Log)
 				require.NoError(t, err)
 				assert.Contains(t, string(data), `"task_id":"`+r.TaskID+`"`)
