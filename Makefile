@@ -4,11 +4,12 @@ SHELL   := /bin/bash
 GO      ?= go
 BIN     ?= bin
 STORE   ?= ./data
+BUNDLES ?= ./bundles
 # Benchmark size: 100M tokens by default, small in CI.
 KILN_BENCH_TOKENS ?= 100000000
 export KILN_BENCH_TOKENS
 
-.PHONY: all build deps test test-short bench bench-ci demo vet clean
+.PHONY: all build deps test test-short bench bench-ci demo demo-grade vet clean
 
 all: build
 
@@ -49,6 +50,21 @@ demo: build
 	$(BIN)/kiln log --store $(STORE) tasks/mimo-smoke
 	$(BIN)/kiln export --store $(STORE) --out $(STORE)/mimo-smoke.export.jsonl tasks/mimo-smoke
 	$(BIN)/kiln gc --store $(STORE) --dry-run
+
+# The data side end to end on the fixture tasks, as root (debootstrap for the
+# fixture images, bubblewrap for the sandboxes): MiMo inputs to tasks, task
+# images to rootfs bundles, the gold patches and the empty-patch baseline
+# graded by the official tests in fresh sandboxes.
+demo-grade: build
+	@fx=$$($(GO) run ./fixtures/cmd/kiln-fixtures build --print-dir) && set -x && \
+	$(BIN)/kiln convert mimo --store $(STORE) --data $$fx/mimo --out demo/tasks && \
+	$(BIN)/kiln images import --store $(STORE) --tasks demo/tasks --root $(BUNDLES) \
+		--source kiln.local/fixtures=oci:$$fx/oci --out demo/images && \
+	$(BIN)/kiln grade --store $(STORE) --tasks demo/tasks --images demo/images --bundles $(BUNDLES) \
+		--patches $$fx/gold-patches.jsonl --out demo/grades && \
+	$(BIN)/kiln grade --store $(STORE) --tasks demo/tasks --images demo/images --bundles $(BUNDLES) \
+		--baseline --out demo/baseline && \
+	$(BIN)/kiln show --store $(STORE) --rows 4 demo/grades
 
 clean:
 	rm -rf $(BIN)
