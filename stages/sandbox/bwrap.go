@@ -215,7 +215,11 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 		"--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
 		"--die-with-parent", "--new-session", "--hostname", "sandbox",
 		"--bind", merged, "/",
-		"--proc", "/proc", "--dev", "/dev",
+		// /proc read-only: without a user namespace the sandbox's root is
+		// the host's uid 0, and a writable /proc/sys would let it set
+		// host-wide sysctls (kernel.core_pattern runs a program as host
+		// root: an escape), as Docker's read-only /proc/sys prevents.
+		"--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev",
 		"--perms", "1777", "--tmpfs", "/tmp",
 		"--perms", "1777", "--tmpfs", "/dev/shm",
 		"--tmpfs", "/run", "--dir", "/run/kiln",

@@ -134,6 +134,12 @@ func TestIsolation(t *testing.T) {
 		{"shared files are read-only", sandbox.Cmd{Shell: "echo x >> /run/kiln/helper || echo x >> /run/kiln/endpoint.sock || rm /run/kiln/endpoint.sock"}, false, ""},
 		{"no mounting", sandbox.Cmd{Shell: "mkdir -p /mnt/x && mount -t tmpfs none /mnt/x"}, false, ""},
 		{"no device nodes", sandbox.Cmd{Shell: "mknod /tmp/vda b 253 0"}, false, ""},
+		// The sandbox's root is the host's uid 0 (no user namespace): a
+		// writable /proc/sys would let it set host-wide sysctls, and
+		// kernel.core_pattern runs a program as host root. Writing back the
+		// current value changes nothing even if it were allowed.
+		{"host sysctls read-only to root", sandbox.Cmd{Shell: `v=$(cat /proc/sys/kernel/core_pattern) && echo "$v" > /proc/sys/kernel/core_pattern`}, false, ""},
+		{"host page cache not droppable", sandbox.Cmd{Shell: "echo 1 > /proc/sys/vm/drop_caches"}, false, ""},
 		{"root writes stay in the overlay", sandbox.Cmd{Shell: "echo evil >> /etc/passwd && echo evil > /etc/hostname && echo evil > /etc/hosts && rm -rf /usr/share/doc && touch /usr/bin/git && echo done"}, true, "done\n"},
 		{"agent installs into its home", sandbox.Cmd{Shell: "mkdir -p ~/.local/bin && printf '#!/bin/sh\\necho tool\\n' > ~/.local/bin/tool && chmod +x ~/.local/bin/tool && ~/.local/bin/tool", User: sandbox.Agent}, true, "tool\n"},
 	}
