@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
@@ -91,9 +92,9 @@ func (t *Turn) Validate() error {
 	case t.TopPTokenOffsets != nil && len(t.TopPTokenOffsets) != len(t.OutputIDs)+1:
 		return where("rollout_top_p_token_offsets has %d entries, want %d", len(t.TopPTokenOffsets), len(t.OutputIDs)+1)
 	}
-	var msgs []json.RawMessage
-	if err := json.Unmarshal([]byte(t.PromptMessages), &msgs); err != nil {
-		return where("prompt_messages is not a JSON array: %v", err)
+	// A whole history per turn: checked in one pass, without decoding it.
+	if pm := strings.TrimSpace(t.PromptMessages); !strings.HasPrefix(pm, "[") || !json.Valid([]byte(pm)) {
+		return where("prompt_messages is not a JSON array")
 	}
 	if t.ResponseMessage != nil && !json.Valid([]byte(*t.ResponseMessage)) {
 		return where("response_message is not valid JSON")

@@ -51,6 +51,7 @@ func TestTurnValidate(t *testing.T) {
 		{"no session", Turn{PromptMessages: "[]"}, "empty session"},
 		{"logprob count", Turn{Session: "s", PromptMessages: "[]", OutputIDs: []int32{1, 2}, OutputLogProbs: []float32{-1}}, "output_log_probs has 1 entries for 2 output ids"},
 		{"messages", Turn{Session: "s", PromptMessages: "{}"}, "prompt_messages is not a JSON array"},
+		{"messages not JSON", Turn{Session: "s", PromptMessages: `[{"role":"user"},`}, "prompt_messages is not a JSON array"},
 		{"offsets", Turn{Session: "s", PromptMessages: "[]", OutputIDs: []int32{1}, Replay: Replay{TopPTokenOffsets: []int32{0}}}, "rollout_top_p_token_offsets has 1 entries, want 2"},
 	}
 	for _, c := range cases {
