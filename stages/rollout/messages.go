@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-
-	"github.com/kilnrl/kiln/stages/rollout/assembly"
 	"unsafe"
+
+	"github.com/kilnrl/kiln/stages/rollout/jsonskim"
 )
 
 // messageSplitter splits a session's prompt_messages (a JSON array per
@@ -49,13 +49,13 @@ func (s *messageSplitter) split(str string) ([]json.RawMessage, error) {
 // without decoding them. It checks structure (brackets, strings, commas),
 // not the elements' grammar: each message is decoded later anyway.
 func splitArray(b []byte) ([]json.RawMessage, bool) {
-	i := skipSpace(b, 0)
+	i := jsonskim.Space(b, 0)
 	if i >= len(b) || b[i] != '[' {
 		return nil, false
 	}
-	i = skipSpace(b, i+1)
+	i = jsonskim.Space(b, i+1)
 	if i < len(b) && b[i] == ']' {
-		return nil, skipSpace(b, i+1) == len(b)
+		return nil, jsonskim.Space(b, i+1) == len(b)
 	}
 	return splitElements(b, i, nil)
 }
@@ -64,7 +64,7 @@ func splitArray(b []byte) ([]json.RawMessage, bool) {
 // first element, or whitespace before it) up to the closing ']', which must
 // end b.
 func splitElements(b []byte, i int, out []json.RawMessage) ([]json.RawMessage, bool) {
-	i = skipSpace(b, i)
+	i = jsonskim.Space(b, i)
 	for {
 		start := i
 		depth := 0
@@ -72,7 +72,7 @@ func splitElements(b []byte, i int, out []json.RawMessage) ([]json.RawMessage, b
 		for ; i < len(b); i++ {
 			switch b[i] {
 			case '"':
-				if i = assembly.SkipJSONString(b, i); i < 0 {
+				if i = jsonskim.String(b, i); i < 0 {
 					return nil, false
 				}
 				i-- // at the closing quote
@@ -98,17 +98,10 @@ func splitElements(b []byte, i int, out []json.RawMessage) ([]json.RawMessage, b
 		}
 		out = append(out, elem)
 		if b[i] == ']' {
-			return out, skipSpace(b, i+1) == len(b)
+			return out, jsonskim.Space(b, i+1) == len(b)
 		}
-		i = skipSpace(b, i+1) // past ','
+		i = jsonskim.Space(b, i+1) // past ','
 	}
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
 }
 
 // stringBytes is str's bytes without a copy. Nothing may write to them: the

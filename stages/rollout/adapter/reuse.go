@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/kilnrl/kiln/stages/rollout/engine"
+	"github.com/kilnrl/kiln/stages/rollout/jsonskim"
 )
 
 type digest = [sha256.Size]byte
@@ -34,7 +35,7 @@ type prefix struct {
 // equal keys alike).
 func canonicalHash(raw []byte) digest {
 	buf := make([]byte, 0, len(raw))
-	if out, end, ok := appendCanonical(buf, raw, skipSpace(raw, 0), 0); ok && skipSpace(raw, end) == len(raw) {
+	if out, end, ok := appendCanonical(buf, raw, jsonskim.Space(raw, 0), 0); ok && jsonskim.Space(raw, end) == len(raw) {
 		return sha256.Sum256(out)
 	}
 	// Not JSON: hash the bytes, prefixed so it never equals a value.
@@ -54,7 +55,7 @@ func appendCanonical(out, b []byte, i, depth int) ([]byte, int, bool) {
 	case '{':
 		type field struct{ key, val []byte }
 		var fields []field
-		i = skipSpace(b, i+1)
+		i = jsonskim.Space(b, i+1)
 		if i < len(b) && b[i] == '}' {
 			return append(out, '{', '}'), i + 1, true
 		}
@@ -63,19 +64,19 @@ func appendCanonical(out, b []byte, i, depth int) ([]byte, int, bool) {
 				return out, i, false
 			}
 			ks := i
-			if i = skipString(b, i); i < 0 {
+			if i = jsonskim.String(b, i); i < 0 {
 				return out, i, false
 			}
 			key := b[ks:i]
-			if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
+			if i = jsonskim.Space(b, i); i >= len(b) || b[i] != ':' {
 				return out, i, false
 			}
-			vs := skipSpace(b, i+1)
-			if i = skipValue(b, vs); i < 0 {
+			vs := jsonskim.Space(b, i+1)
+			if i = jsonskim.Value(b, vs); i < 0 {
 				return out, i, false
 			}
 			fields = append(fields, field{key, b[vs:i]})
-			if i = skipSpace(b, i); i >= len(b) {
+			if i = jsonskim.Space(b, i); i >= len(b) {
 				return out, i, false
 			}
 			if b[i] == '}' {
@@ -85,7 +86,7 @@ func appendCanonical(out, b []byte, i, depth int) ([]byte, int, bool) {
 			if b[i] != ',' {
 				return out, i, false
 			}
-			i = skipSpace(b, i+1)
+			i = jsonskim.Space(b, i+1)
 		}
 		slices.SortStableFunc(fields, func(x, y field) int { return bytes.Compare(x.key, y.key) })
 		out = append(out, '{')
@@ -103,7 +104,7 @@ func appendCanonical(out, b []byte, i, depth int) ([]byte, int, bool) {
 		return append(out, '}'), i, true
 	case '[':
 		out = append(out, '[')
-		i = skipSpace(b, i+1)
+		i = jsonskim.Space(b, i+1)
 		if i < len(b) && b[i] == ']' {
 			return append(out, ']'), i + 1, true
 		}
@@ -115,7 +116,7 @@ func appendCanonical(out, b []byte, i, depth int) ([]byte, int, bool) {
 			if out, i, ok = appendCanonical(out, b, i, depth+1); !ok {
 				return out, i, false
 			}
-			if i = skipSpace(b, i); i >= len(b) {
+			if i = jsonskim.Space(b, i); i >= len(b) {
 				return out, i, false
 			}
 			if b[i] == ']' {
@@ -124,72 +125,14 @@ func appendCanonical(out, b []byte, i, depth int) ([]byte, int, bool) {
 			if b[i] != ',' {
 				return out, i, false
 			}
-			i = skipSpace(b, i+1)
+			i = jsonskim.Space(b, i+1)
 		}
 	}
-	j := skipValue(b, i)
+	j := jsonskim.Value(b, i)
 	if j < 0 {
 		return out, i, false
 	}
 	return append(out, b[i:j]...), j, true
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// skipString returns the index after the string at b[i], or -1.
-func skipString(b []byte, i int) int {
-	for j := i + 1; j < len(b); j++ {
-		switch b[j] {
-		case '\\':
-			j++
-		case '"':
-			return j + 1
-		}
-	}
-	return -1
-}
-
-// skipValue returns the index after the JSON value at b[i] (structure
-// only; scalars by extent), or -1.
-func skipValue(b []byte, i int) int {
-	if i >= len(b) {
-		return -1
-	}
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for ; i < len(b); i++ {
-			switch b[i] {
-			case '"':
-				if i = skipString(b, i); i < 0 {
-					return -1
-				}
-				i--
-			case '{', '[':
-				depth++
-			case '}', ']':
-				if depth--; depth == 0 {
-					return i + 1
-				}
-			}
-		}
-		return -1
-	}
-	j := i
-	for j < len(b) && !strings.ContainsRune(",}] \t\n\r", rune(b[j])) {
-		j++
-	}
-	if j == i {
-		return -1
-	}
-	return j
 }
 
 func hashMessages(msgs []json.RawMessage) []digest {

@@ -6,6 +6,8 @@ import (
 	"math"
 	"strconv"
 	"unsafe"
+
+	"github.com/kilnrl/kiln/stages/rollout/jsonskim"
 )
 
 // scanTokenize reads a /tokenize reply's "tokens", "count" and
@@ -14,11 +16,11 @@ import (
 // ok is false for anything unexpected; callers then use encoding/json,
 // which also produces the error message.
 func scanTokenize(b []byte) (tokens []int32, count int, hasCount bool, maxLen int, ok bool) {
-	i := skipWS(b, 0)
+	i := jsonskim.Space(b, 0)
 	if i >= len(b) || b[i] != '{' {
 		return nil, 0, false, 0, false
 	}
-	i = skipWS(b, i+1)
+	i = jsonskim.Space(b, i+1)
 	if i < len(b) && b[i] == '}' {
 		return nil, 0, false, 0, false // no tokens: let the slow path report it
 	}
@@ -27,14 +29,14 @@ func scanTokenize(b []byte) (tokens []int32, count int, hasCount bool, maxLen in
 			return nil, 0, false, 0, false
 		}
 		ks := i
-		if i = skipStr(b, i); i < 0 {
+		if i = jsonskim.String(b, i); i < 0 {
 			return nil, 0, false, 0, false
 		}
 		key := b[ks:i]
-		if i = skipWS(b, i); i >= len(b) || b[i] != ':' {
+		if i = jsonskim.Space(b, i); i >= len(b) || b[i] != ':' {
 			return nil, 0, false, 0, false
 		}
-		i = skipWS(b, i+1)
+		i = jsonskim.Space(b, i+1)
 		switch string(key) {
 		case `"tokens"`:
 			var good bool
@@ -44,7 +46,7 @@ func scanTokenize(b []byte) (tokens []int32, count int, hasCount bool, maxLen in
 		case `"count"`, `"max_model_len"`:
 			n, j, good := scanUint(b, i)
 			if !good {
-				if j = skipAny(b, i); j < 0 || string(b[i:j]) != "null" {
+				if j = jsonskim.Value(b, i); j < 0 || string(b[i:j]) != "null" {
 					return nil, 0, false, 0, false
 				}
 			} else if string(key) == `"count"` {
@@ -54,18 +56,18 @@ func scanTokenize(b []byte) (tokens []int32, count int, hasCount bool, maxLen in
 			}
 			i = j
 		default:
-			if i = skipAny(b, i); i < 0 {
+			if i = jsonskim.Value(b, i); i < 0 {
 				return nil, 0, false, 0, false
 			}
 		}
-		if i = skipWS(b, i); i >= len(b) {
+		if i = jsonskim.Space(b, i); i >= len(b) {
 			return nil, 0, false, 0, false
 		}
 		switch b[i] {
 		case ',':
-			i = skipWS(b, i+1)
+			i = jsonskim.Space(b, i+1)
 		case '}':
-			if skipWS(b, i+1) != len(b) || tokens == nil {
+			if jsonskim.Space(b, i+1) != len(b) || tokens == nil {
 				return nil, 0, false, 0, false
 			}
 			return tokens, count, hasCount, maxLen, true
@@ -82,7 +84,7 @@ func scanIDs(b []byte, i int) ([]int32, int, bool) {
 	}
 	// Each id takes at least two bytes ("n,"), which bounds the count.
 	ids := make([]int32, 0, bytes.Count(b[i:], []byte{','})+1)
-	i = skipWS(b, i+1)
+	i = jsonskim.Space(b, i+1)
 	if i < len(b) && b[i] == ']' {
 		return ids, i + 1, true
 	}
@@ -92,13 +94,13 @@ func scanIDs(b []byte, i int) ([]int32, int, bool) {
 			return nil, i, false
 		}
 		ids = append(ids, int32(n))
-		i = skipWS(b, j)
+		i = jsonskim.Space(b, j)
 		if i >= len(b) {
 			return nil, i, false
 		}
 		switch b[i] {
 		case ',':
-			i = skipWS(b, i+1)
+			i = jsonskim.Space(b, i+1)
 		case ']':
 			return ids, i + 1, true
 		default:
@@ -125,172 +127,10 @@ func scanUint(b []byte, i int) (int, int, bool) {
 	return n, j, true
 }
 
-func skipWS(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// skipStr returns the index after the string at b[i], or -1.
-func skipStr(b []byte, i int) int {
-	for j := i + 1; ; {
-		k := bytes.IndexByte(b[j:], '"')
-		if k < 0 {
-			return -1
-		}
-		q := j + k
-		bs := 0
-		for p := q - 1; p > i && b[p] == '\\'; p-- {
-			bs++
-		}
-		if bs%2 == 0 {
-			return q + 1
-		}
-		j = q + 1
-	}
-}
-
-// structural classifies the bytes skipAny stops at inside containers:
-// '"' opens a string, '[' any opening bracket, ']' any closing one.
-var structural = [256]byte{'"': '"', '{': '[', '[': '[', '}': ']', ']': ']'}
-
-// skipAny returns the index after the JSON value at b[i] (structure only;
-// scalars by extent), or -1.
-func skipAny(b []byte, i int) int {
-	if i >= len(b) {
-		return -1
-	}
-	switch b[i] {
-	case '"':
-		return skipStr(b, i)
-	case '{', '[':
-		if b[i] == '[' {
-			// A flat array of scalars (an id list: the large values of
-			// engine replies) ends at its first ']' when nothing before that
-			// opens a string or a container; vectorized byte searches find
-			// both.
-			if k := bytes.IndexByte(b[i+1:], ']'); k >= 0 {
-				seg := b[i+1 : i+1+k]
-				if bytes.IndexByte(seg, '"') < 0 && bytes.IndexByte(seg, '[') < 0 && bytes.IndexByte(seg, '{') < 0 && bytes.IndexByte(seg, '}') < 0 {
-					return i + 2 + k
-				}
-			}
-		}
-		depth := 0
-		for ; i < len(b); i++ {
-			c := structural[b[i]]
-			if c == 0 {
-				continue
-			}
-			switch c {
-			case '"':
-				if i = skipStr(b, i); i < 0 {
-					return -1
-				}
-				i--
-			case '[':
-				depth++
-			case ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
-			}
-		}
-		return -1
-	}
-	j := i
-	for j < len(b) && b[j] != ',' && b[j] != '}' && b[j] != ']' && b[j] != ' ' && b[j] != '\n' && b[j] != '\t' && b[j] != '\r' {
-		j++
-	}
-	if j == i {
-		return -1
-	}
-	return j
-}
-
-// eachField calls fn with every key (without escapes) and raw value of the
-// JSON object b, in order, without allocating; fn returns false to stop
-// early. ok is false when b is not a plain object (structure only, scalars by
-// extent) or a key holds an escape.
+// eachField is jsonskim.EachField refusing keys with escapes: keys are
+// matched by their raw text.
 func eachField(b []byte, fn func(key, val []byte) bool) bool {
-	i := skipWS(b, 0)
-	if i >= len(b) || b[i] != '{' {
-		return false
-	}
-	i = skipWS(b, i+1)
-	if i < len(b) && b[i] == '}' {
-		return skipWS(b, i+1) == len(b)
-	}
-	for {
-		if i >= len(b) || b[i] != '"' {
-			return false
-		}
-		ks := i
-		if i = skipStr(b, i); i < 0 {
-			return false
-		}
-		key := b[ks+1 : i-1]
-		if bytes.IndexByte(key, '\\') >= 0 {
-			return false
-		}
-		if i = skipWS(b, i); i >= len(b) || b[i] != ':' {
-			return false
-		}
-		vs := skipWS(b, i+1)
-		if i = skipAny(b, vs); i < 0 {
-			return false
-		}
-		if !fn(key, b[vs:i]) {
-			return false
-		}
-		if i = skipWS(b, i); i >= len(b) {
-			return false
-		}
-		switch b[i] {
-		case ',':
-			i = skipWS(b, i+1)
-		case '}':
-			return skipWS(b, i+1) == len(b)
-		default:
-			return false
-		}
-	}
-}
-
-// eachElem calls fn with every raw element of the JSON array b, in order,
-// without allocating; fn returns false to stop early. ok is false when b is
-// not an array (structure only).
-func eachElem(b []byte, fn func(val []byte) bool) bool {
-	i := skipWS(b, 0)
-	if i >= len(b) || b[i] != '[' {
-		return false
-	}
-	i = skipWS(b, i+1)
-	if i < len(b) && b[i] == ']' {
-		return skipWS(b, i+1) == len(b)
-	}
-	for {
-		vs := i
-		if i = skipAny(b, vs); i < 0 {
-			return false
-		}
-		if !fn(b[vs:i]) {
-			return false
-		}
-		if i = skipWS(b, i); i >= len(b) {
-			return false
-		}
-		switch b[i] {
-		case ',':
-			i = skipWS(b, i+1)
-		case ']':
-			return skipWS(b, i+1) == len(b)
-		default:
-			return false
-		}
-	}
+	return jsonskim.EachField(b, func(k, v []byte) bool { return bytes.IndexByte(k, '\\') < 0 && fn(k, v) })
 }
 
 // splitObject returns the raw values of a JSON object's top-level keys
@@ -311,7 +151,7 @@ func splitObject(b []byte) (map[string]json.RawMessage, bool) {
 // splitArray returns the raw elements of a JSON array.
 func splitArray(b []byte) ([]json.RawMessage, bool) {
 	var out []json.RawMessage
-	ok := eachElem(b, func(val []byte) bool {
+	ok := jsonskim.EachElem(b, func(val []byte) bool {
 		out = append(out, val)
 		return true
 	})

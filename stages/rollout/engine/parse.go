@@ -7,6 +7,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/kilnrl/kiln/stages/rollout/jsonskim"
 )
 
 // Shape names the response layout a generation was read from
@@ -426,7 +428,7 @@ var entryFields = []string{"token_id", "token", "logprob", "top_logprobs"}
 func fastEntries(content []byte, ids []int32) (lps []float32, intIDs, ok bool) {
 	lps = make([]float32, 0, len(ids))
 	var f [4]json.RawMessage
-	ok = eachElem(content, func(e []byte) bool {
+	ok = jsonskim.EachElem(content, func(e []byte) bool {
 		i := len(lps)
 		if i >= len(ids) || !fieldsInto(e, entryFields, f[:]) {
 			return false

@@ -1,0 +1,180 @@
+// Package jsonskim walks JSON text by structure without decoding it: where
+// a value starts and ends, an object's keys and raw values, an array's raw
+// elements. The hot paths of the agent runtime read large JSON (request
+// histories, engine replies, recorded messages) for a few fields each; this
+// finds them at memory speed and leaves decoding (and the wording of errors)
+// to the callers' encoding/json fallbacks.
+//
+// Contract: structure is checked — strings end, brackets match in kind,
+// keys, colons and commas come in order — but scalars are taken by extent
+// (up to the next delimiter), not validated. A function that returns -1 or
+// false has found text it cannot vouch for.
+package jsonskim
+
+import "bytes"
+
+// Space returns the index of the first non-white-space byte at or after i.
+func Space(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// String returns the index after the string starting at b[i] (a '"'), or
+// -1 if it does not end. It jumps from quote to quote with the vectorized
+// bytes.IndexByte, so long texts cost memory bandwidth, not a loop per byte.
+func String(b []byte, i int) int {
+	for j := i + 1; ; {
+		k := bytes.IndexByte(b[j:], '"')
+		if k < 0 {
+			return -1
+		}
+		q := j + k
+		bs := 0 // backslashes right before the quote
+		for p := q - 1; p > i && b[p] == '\\'; p-- {
+			bs++
+		}
+		if bs%2 == 0 {
+			return q + 1
+		}
+		j = q + 1
+	}
+}
+
+// class sorts the bytes Value stops at inside containers.
+var class = [256]byte{'"': '"', '{': '{', '[': '[', '}': '}', ']': ']'}
+
+// Value returns the index after the JSON value starting at b[i], or -1.
+func Value(b []byte, i int) int {
+	if i >= len(b) {
+		return -1
+	}
+	switch b[i] {
+	case '"':
+		return String(b, i)
+	case '{', '[':
+		if b[i] == '[' {
+			// A flat array of scalars (an id list: the large values of
+			// engine replies) ends at its first ']' when nothing before it
+			// opens a string or a container: vectorized searches find both.
+			if k := bytes.IndexByte(b[i+1:], ']'); k >= 0 {
+				seg := b[i+1 : i+1+k]
+				if bytes.IndexByte(seg, '"') < 0 && bytes.IndexByte(seg, '[') < 0 &&
+					bytes.IndexByte(seg, '{') < 0 && bytes.IndexByte(seg, '}') < 0 {
+					return i + 2 + k
+				}
+			}
+		}
+		var small [64]byte
+		stack := small[:0] // the closers expected
+		for ; i < len(b); i++ {
+			switch c := class[b[i]]; c {
+			case 0:
+			case '"':
+				if i = String(b, i); i < 0 {
+					return -1
+				}
+				i--
+			case '{', '[':
+				stack = append(stack, c+2) // '{'+2 = '}', '['+2 = ']'
+			default: // '}', ']'
+				if len(stack) == 0 || stack[len(stack)-1] != c {
+					return -1
+				}
+				if stack = stack[:len(stack)-1]; len(stack) == 0 {
+					return i + 1
+				}
+			}
+		}
+		return -1
+	}
+	start := i
+	for i < len(b) && b[i] != ',' && b[i] != '}' && b[i] != ']' && b[i] != ' ' && b[i] != '\n' && b[i] != '\t' && b[i] != '\r' {
+		i++
+	}
+	if i == start {
+		return -1
+	}
+	return i
+}
+
+// EachField calls fn with every key (the text between its quotes, escapes
+// not undone) and raw value of the JSON object b, in order, without
+// allocating; fn returns false to stop, and EachField then returns false.
+// It returns false when b is not one object (white space around it aside).
+func EachField(b []byte, fn func(key, val []byte) bool) bool {
+	i := Space(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return false
+	}
+	i = Space(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return Space(b, i+1) == len(b)
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return false
+		}
+		ks := i
+		if i = String(b, i); i < 0 {
+			return false
+		}
+		key := b[ks+1 : i-1]
+		if i = Space(b, i); i >= len(b) || b[i] != ':' {
+			return false
+		}
+		vs := Space(b, i+1)
+		if i = Value(b, vs); i < 0 {
+			return false
+		}
+		if !fn(key, b[vs:i]) {
+			return false
+		}
+		if i = Space(b, i); i >= len(b) {
+			return false
+		}
+		switch b[i] {
+		case ',':
+			i = Space(b, i+1)
+		case '}':
+			return Space(b, i+1) == len(b)
+		default:
+			return false
+		}
+	}
+}
+
+// EachElem calls fn with every raw element of the JSON array b, in order,
+// without allocating; fn returns false to stop, and EachElem then returns
+// false. It returns false when b is not one array.
+func EachElem(b []byte, fn func(val []byte) bool) bool {
+	i := Space(b, 0)
+	if i >= len(b) || b[i] != '[' {
+		return false
+	}
+	i = Space(b, i+1)
+	if i < len(b) && b[i] == ']' {
+		return Space(b, i+1) == len(b)
+	}
+	for {
+		vs := i
+		if i = Value(b, vs); i < 0 {
+			return false
+		}
+		if !fn(b[vs:i]) {
+			return false
+		}
+		if i = Space(b, i); i >= len(b) {
+			return false
+		}
+		switch b[i] {
+		case ',':
+			i = Space(b, i+1)
+		case ']':
+			return Space(b, i+1) == len(b)
+		default:
+			return false
+		}
+	}
+}
