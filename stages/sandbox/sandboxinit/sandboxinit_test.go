@@ -2,8 +2,12 @@ package sandboxinit
 
 import (
 	"os"
+	"os/exec"
 	"slices"
+	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestCappedBuffer(t *testing.T) {
@@ -40,10 +44,31 @@ func TestMergeEnv(t *testing.T) {
 }
 
 func TestSessionOf(t *testing.T) {
+	// The test's own session may be led by a process outside this pid
+	// namespace (CI runners), where the kernel reports session 0; compare
+	// with what the kernel says rather than assuming a positive id.
 	sid, pgid, ok := sessionOf(os.Getpid())
-	if !ok || sid <= 0 || pgid <= 0 {
-		t.Fatalf("own session: %d %d %v", sid, pgid, ok)
+	wantSid, err := unix.Getsid(0)
+	if err != nil {
+		t.Fatal(err)
 	}
+	if !ok || sid != wantSid || pgid != syscall.Getpgrp() {
+		t.Fatalf("own session: %d %d %v; kernel says session %d group %d", sid, pgid, ok, wantSid, syscall.Getpgrp())
+	}
+
+	// A child that leads its own session reports its pid for both, as the
+	// commands init starts do.
+	cmd := exec.Command("sleep", "10")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	sid, pgid, ok = sessionOf(cmd.Process.Pid)
+	if !ok || sid != cmd.Process.Pid || pgid != cmd.Process.Pid {
+		t.Fatalf("session leader %d: session %d group %d ok %v", cmd.Process.Pid, sid, pgid, ok)
+	}
+
 	if _, _, ok := sessionOf(1 << 30); ok {
 		t.Fatal("session of a missing pid")
 	}
