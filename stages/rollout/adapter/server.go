@@ -183,11 +183,26 @@ func writeError(w http.ResponseWriter, p protocol.Protocol, e *protocol.Error) {
 	writeJSON(w, e.Status, e.Body(p))
 }
 
+// readBody reads a request body of at most MaxBodyBytes, in one
+// allocation when the client sent its length (the decoded request keeps
+// slices of it).
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	rd := http.MaxBytesReader(w, r.Body, MaxBodyBytes)
+	if r.ContentLength <= 0 || r.ContentLength > MaxBodyBytes {
+		return io.ReadAll(rd)
+	}
+	body := make([]byte, r.ContentLength)
+	if _, err := io.ReadFull(rd, body); err != nil {
+		return nil, err
+	}
+	return body, nil
+}
+
 type decoder func(http.Header, []byte) (protocol.Request, error)
 
 func (s *Server) turnHandler(p protocol.Protocol, decode decoder) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+		body, err := readBody(w, r)
 		if err != nil {
 			writeError(w, p, &protocol.Error{Status: http.StatusBadRequest, Type: "invalid_request_error",
 				Message: "reading request body: " + err.Error()})

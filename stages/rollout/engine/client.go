@@ -67,8 +67,10 @@ type Options struct {
 	// BaseURL of the vLLM server (or router), e.g. http://127.0.0.1:8000.
 	// Required; a trailing slash is dropped.
 	BaseURL string
-	// HTTPClient; nil means a new client with a pooled transport (up to
-	// 1024 idle connections to the engine) and no total timeout.
+	// HTTPClient; nil means kiln's own HTTP/1.1 transport for http:// URLs
+	// (persistent connections, up to 1024 idle, no proxy: the engine is
+	// reached directly) and net/http's pooled transport for https://.
+	// Set it to route engine calls through a proxy or add TLS settings.
 	HTTPClient *http.Client
 	// Model is sent as "model" when non-empty; it must be a served model
 	// name or a loaded LoRA name (else vLLM answers 404).
@@ -87,9 +89,12 @@ type Options struct {
 
 // Client talks to one vLLM-compatible engine. It is safe for concurrent use.
 type Client struct {
-	opts Options
-	base string
-	hc   *http.Client
+	opts     Options
+	base     string
+	basePath string       // the base URL's path, for h1
+	hc       *http.Client // set when h1 is nil
+	h1       *h1Pool      // plain-http engines without Options.HTTPClient
+	bufs     bufPool      // request and reply bodies
 
 	probeMu    sync.Mutex // serialises lazy probes
 	mu         sync.Mutex
@@ -130,11 +135,15 @@ func New(opts Options) (*Client, error) {
 		return nil, errors.New("engine: Options.APIKey contains a line break")
 	}
 	c := &Client{opts: opts, base: strings.TrimRight(u.String(), "/"), hc: opts.HTTPClient, contextLen: opts.ContextLength}
-	if c.hc == nil {
+	switch {
+	case c.hc == nil && u.Scheme == "http":
+		c.h1 = newH1Pool(u.Host, maxIdleConns, &c.bufs)
+		c.basePath = strings.TrimRight(u.EscapedPath(), "/")
+	case c.hc == nil:
 		// The default transport keeps 2 idle connections per host, so an
 		// adapter serving many sessions would reconnect on most calls.
 		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 1024, 1024
+		tr.MaxIdleConns, tr.MaxIdleConnsPerHost = maxIdleConns, maxIdleConns
 		c.hc = &http.Client{Transport: tr}
 	}
 	switch opts.Mode {
@@ -153,6 +162,10 @@ func (c *Client) ContextLength() int {
 	return c.contextLen
 }
 
+// maxIdleConns bounds the idle connections kept to the engine: one per
+// concurrent request at the adapter's usual session counts.
+const maxIdleConns = 1024
+
 // maxResponse bounds a reply body (routed-experts arrays can be large).
 const maxResponse = 1 << 30
 
@@ -161,20 +174,63 @@ type httpReply struct {
 	body   []byte
 }
 
-// do sends one request. body nil means GET. It never retries.
+// release recycles the reply's body; nothing may use it afterwards (values
+// parsed from it are copies).
+func (c *Client) release(r *httpReply) {
+	c.bufs.put(r.body)
+	r.body = nil
+}
+
+// do sends one request. body nil means GET. It retries only a request the
+// server cannot have seen (h1Pool).
 func (c *Client) do(ctx context.Context, method, path string, body []byte, hdr map[string]string) (*httpReply, error) {
 	if c.opts.RequestTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.opts.RequestTimeout)
 		defer cancel()
 	}
+	var r *httpReply
+	var err error
+	if c.h1 != nil {
+		r, err = c.doH1(ctx, method, path, body, hdr)
+	} else {
+		r, err = c.doHTTP(ctx, method, path, body, hdr)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("engine: %s %s aborted: %w", method, c.base+path, ctx.Err())
+		}
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("engine: no server at %s (%s %s: connection refused); is vLLM running and the engine URL right? %w", c.base, method, path, err)
+		}
+		return nil, fmt.Errorf("engine: %s %s: %w", method, c.base+path, err)
+	}
+	return r, nil
+}
+
+func (c *Client) doH1(ctx context.Context, method, path string, body []byte, hdr map[string]string) (*httpReply, error) {
+	req := h1Request{method: method, path: c.basePath + path, body: body}
+	if c.opts.APIKey != "" {
+		req.headers = append(req.headers, [2]string{"Authorization", "Bearer " + c.opts.APIKey})
+	}
+	for k, v := range hdr {
+		req.headers = append(req.headers, [2]string{k, v})
+	}
+	status, b, err := c.h1.roundTrip(ctx, &req)
+	if err != nil {
+		return nil, err
+	}
+	return &httpReply{status: status, body: b}, nil
+}
+
+func (c *Client) doHTTP(ctx context.Context, method, path string, body []byte, hdr map[string]string) (*httpReply, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
 	if err != nil {
-		return nil, fmt.Errorf("engine: %s %s: %w", method, c.base+path, err)
+		return nil, err
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
@@ -188,24 +244,15 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, hdr m
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("engine: %s %s aborted: %w", method, c.base+path, ctx.Err())
-		}
-		if errors.Is(err, syscall.ECONNREFUSED) {
-			return nil, fmt.Errorf("engine: no server at %s (%s %s: connection refused); is vLLM running and the engine URL right? %w", c.base, method, path, err)
-		}
-		return nil, fmt.Errorf("engine: %s %s: %w", method, c.base+path, err)
+		return nil, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse+1))
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("engine: %s %s aborted: %w", method, c.base+path, ctx.Err())
-		}
-		return nil, fmt.Errorf("engine: %s %s: reading reply: %w", method, c.base+path, err)
+		return nil, fmt.Errorf("reading reply: %w", err)
 	}
 	if len(b) > maxResponse {
-		return nil, fmt.Errorf("engine: %s %s: reply larger than %d bytes", method, c.base+path, maxResponse)
+		return nil, fmt.Errorf("reply larger than %d bytes", maxResponse)
 	}
 	return &httpReply{status: resp.StatusCode, body: b}, nil
 }

@@ -83,26 +83,51 @@ func scanIDs(b []byte, i int) ([]int32, int, bool) {
 		return nil, i, false
 	}
 	// Each id takes at least two bytes ("n,"), which bounds the count.
-	ids := make([]int32, 0, bytes.Count(b[i:], []byte{','})+1)
+	ids := make([]int32, bytes.Count(b[i:], []byte{','})+1)
+	n := 0
 	i = jsonskim.Space(b, i+1)
 	if i < len(b) && b[i] == ']' {
-		return ids, i + 1, true
+		return ids[:0], i + 1, true
 	}
 	for {
-		n, j, ok := scanUint(b, i)
-		if !ok || n > math.MaxInt32 {
+		// The digits of one id, inline: this loop reads every prompt id
+		// the engine renders. At most 10 digits fit an int32 check below;
+		// a leading zero, sign, fraction or exponent is refused.
+		j, v := i, uint64(0)
+		for j < len(b) && j-i < 11 {
+			d := b[j] - '0'
+			if d > 9 {
+				break
+			}
+			v = v*10 + uint64(d)
+			j++
+		}
+		if j == i || j-i > 10 || v > math.MaxInt32 || (b[i] == '0' && j-i > 1) || n == len(ids) {
 			return nil, i, false
 		}
-		ids = append(ids, int32(n))
-		i = jsonskim.Space(b, j)
-		if i >= len(b) {
+		ids[n] = int32(v)
+		n++
+		if j >= len(b) {
+			return nil, j, false
+		}
+		switch b[j] {
+		case ',':
+			i = j + 1
+			if i < len(b) && b[i] <= ' ' {
+				i = jsonskim.Space(b, i)
+			}
+			continue
+		case ']':
+			return ids[:n], j + 1, true
+		}
+		if i = jsonskim.Space(b, j); i >= len(b) {
 			return nil, i, false
 		}
 		switch b[i] {
 		case ',':
 			i = jsonskim.Space(b, i+1)
 		case ']':
-			return ids, i + 1, true
+			return ids[:n], i + 1, true
 		default:
 			return nil, i, false
 		}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"encoding/json"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -27,6 +28,17 @@ func TestScanTokenize(t *testing.T) {
 		{`{"count":2}`, false},
 		{`{"tokens":[1]} x`, false},
 		{`[1,2]`, false},
+		{`{"tokens":[0,9,10,99999999]}`, true},
+		{"{\"tokens\":[ 1 ,\n2\t, 3 ]}", true},
+		{`{"tokens":[00000000001]}`, false},
+		{`{"tokens":[99999999999]}`, false},
+		{`{"tokens":[4294967297]}`, false},
+		{`{"tokens":[1e3]}`, false},
+		{`{"tokens":[1,,2]}`, false},
+		{`{"tokens":[,1]}`, false},
+		{`{"tokens":[1 2]}`, false},
+		{`{"tokens":[1,"2"]}`, false},
+		{`{"tokens":[1,2`, false},
 	}
 	for _, c := range cases {
 		ids, count, hasCount, maxLen, ok := scanTokenize([]byte(c.body))
@@ -95,4 +107,12 @@ func TestFastEntries(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestAppendUint32(t *testing.T) {
+	for _, v := range []uint32{0, 1, 9, 10, 11, 99, 100, 101, 999, 1000, 65535, 151643, 999999, 1000000, 2147483647, 4294967295} {
+		assert.Equal(t, strconv.FormatUint(uint64(v), 10), string(appendUint32([]byte("x"), v))[1:], v)
+	}
+	assert.Equal(t, "[0,7,-3,151645]", string(appendIDs(nil, []int32{0, 7, -3, 151645})))
+	assert.Equal(t, "null", string(appendIDs(nil, nil)))
 }

@@ -41,6 +41,7 @@ func (c *Client) TokenizeChat(ctx context.Context, req ChatRequest) ([]int32, er
 	if err != nil {
 		return nil, err
 	}
+	defer c.bufs.put(body)
 	return c.tokenize(ctx, body)
 }
 
@@ -51,7 +52,7 @@ func (c *Client) tokenizeBody(req ChatRequest) ([]byte, error) {
 	if req.AddGenerationPrompt && req.ContinueFinalMessage {
 		return nil, errors.New("engine: TokenizeChat: AddGenerationPrompt and ContinueFinalMessage are exclusive (vLLM answers 400 to both)")
 	}
-	var b bytes.Buffer
+	b := bytes.NewBuffer(c.bufs.get(256 + bodySize(req.Messages) + bodySize(req.Tools)))
 	b.WriteByte('{')
 	if c.opts.Model != "" {
 		m, _ := marshal(c.opts.Model)
@@ -83,11 +84,11 @@ func (c *Client) tokenizeBody(req ChatRequest) ([]byte, error) {
 		}
 		b.WriteByte(']')
 	}
-	fmt.Fprintf(&b, `,"add_generation_prompt":%t`, req.AddGenerationPrompt)
+	fmt.Fprintf(b, `,"add_generation_prompt":%t`, req.AddGenerationPrompt)
 	if req.ContinueFinalMessage {
 		b.WriteString(`,"continue_final_message":true`)
 	}
-	fmt.Fprintf(&b, `,"add_special_tokens":%t`, req.AddSpecialTokens)
+	fmt.Fprintf(b, `,"add_special_tokens":%t`, req.AddSpecialTokens)
 	if req.ChatTemplateKwargs != nil {
 		if !validValue(req.ChatTemplateKwargs, '{') {
 			return nil, errors.New("engine: TokenizeChat: ChatTemplateKwargs is not a JSON object")
@@ -104,6 +105,15 @@ func (c *Client) tokenizeBody(req ChatRequest) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
+// bodySize is the bytes of raw values written one after another.
+func bodySize(vals []json.RawMessage) int {
+	n := 0
+	for _, v := range vals {
+		n += len(v) + 1
+	}
+	return n
+}
+
 // validValue: raw is valid JSON whose first byte is open ('{' or '[').
 func validValue(raw json.RawMessage, open byte) bool {
 	t := bytes.TrimSpace(raw)
@@ -116,6 +126,7 @@ func (c *Client) tokenize(ctx context.Context, body []byte) ([]int32, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer c.release(r)
 	if r.status/100 != 2 {
 		return nil, c.httpError(http.MethodPost, path, r)
 	}
@@ -174,6 +185,7 @@ func (c *Client) Detokenize(ctx context.Context, ids []int32) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	defer c.release(r)
 	if r.status/100 != 2 {
 		return "", c.httpError(http.MethodPost, path, r)
 	}

@@ -1,0 +1,263 @@
+package engine
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// h1Pool is the engine client's own HTTP/1.1 transport for plain-http
+// engines: persistent connections, each request written with one writev and
+// its reply read on the calling goroutine.
+//
+// Why not net/http.Transport: every request there hands off between three
+// goroutines (caller, the connection's write loop and its read loop), and
+// on the adapter's hot path — four engine exchanges per turn — those
+// wake-ups and the futex traffic behind them were about a fifth of the
+// adapter's CPU. The engine is one server the adapter owns the connections
+// to, so a transport without proxies, HTTP/2 or redirects is enough.
+//
+// Contract: a request is sent on an idle connection when one is known to be
+// open, else on a new one; the connection goes back to the pool only when
+// its reply was read whole and the server did not ask to close. A request
+// whose context ends closes its connection (that is how vLLM learns to abort
+// the generation). A request on a reused connection that the server had
+// is never sent again: a server that drops a connection may have acted on the
+// request (a generation), so the failure goes to the caller. Idle
+// connections are checked for a close by the server (keep-alive timeout)
+// before reuse, which leaves that race a window of microseconds.
+type h1Pool struct {
+	addr    string // host:port
+	host    string // Host header
+	maxIdle int
+	dialer  net.Dialer
+	bufs    *bufPool // reply bodies
+
+	mu   sync.Mutex
+	idle []*h1Conn // most recently used last
+}
+
+type h1Conn struct {
+	nc       net.Conn
+	br       *bufio.Reader
+	hdr      []byte // request head scratch, reused
+	idleFrom time.Time
+}
+
+// h1IdleTimeout drops connections idle longer than this; servers close
+// theirs after a few seconds anyway (uvicorn's default keep-alive is 5 s).
+const h1IdleTimeout = 90 * time.Second
+
+func newH1Pool(host string, maxIdle int, bufs *bufPool) *h1Pool {
+	addr := host
+	if _, _, err := net.SplitHostPort(host); err != nil {
+		addr = net.JoinHostPort(host, "80")
+	}
+	return &h1Pool{addr: addr, host: host, maxIdle: maxIdle, bufs: bufs, dialer: net.Dialer{KeepAlive: 30 * time.Second}}
+}
+
+// get returns an open idle connection or dials a new one.
+func (p *h1Pool) get(ctx context.Context) (c *h1Conn, err error) {
+	now := time.Now()
+	for {
+		p.mu.Lock()
+		n := len(p.idle)
+		if n == 0 {
+			p.mu.Unlock()
+			break
+		}
+		c = p.idle[n-1]
+		p.idle[n-1] = nil
+		p.idle = p.idle[:n-1]
+		p.mu.Unlock()
+		if now.Sub(c.idleFrom) < h1IdleTimeout && c.br.Buffered() == 0 && peerOpen(c.nc) {
+			return c, nil
+		}
+		c.nc.Close()
+	}
+	nc, err := p.dialer.DialContext(ctx, "tcp", p.addr)
+	if err != nil {
+		return nil, err
+	}
+	return &h1Conn{nc: nc, br: bufio.NewReaderSize(nc, 32<<10)}, nil
+}
+
+func (p *h1Pool) put(c *h1Conn) {
+	c.idleFrom = time.Now()
+	p.mu.Lock()
+	if len(p.idle) < p.maxIdle {
+		p.idle = append(p.idle, c)
+		c = nil
+	}
+	p.mu.Unlock()
+	if c != nil {
+		c.nc.Close()
+	}
+}
+
+// closeIdle closes every idle connection.
+func (p *h1Pool) closeIdle() {
+	p.mu.Lock()
+	idle := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	for _, c := range idle {
+		c.nc.Close()
+	}
+}
+
+// peerOpen reports whether an idle connection is still open at the other
+// end: a non-blocking peek that finds nothing to read. It finds a close the
+// server made while the connection sat idle, for one syscall.
+func peerOpen(nc net.Conn) bool {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	open := false
+	var buf [1]byte
+	err = rc.Read(func(fd uintptr) bool {
+		n, _, e := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		// Nothing to read is the healthy idle state; an unsolicited byte
+		// or EOF (n == 0) or an error means the connection is not reusable.
+		open = n < 0 && (e == syscall.EAGAIN || e == syscall.EWOULDBLOCK)
+		return true
+	})
+	return err == nil && open
+}
+
+// h1Request is one request's parts.
+type h1Request struct {
+	method, path string
+	body         []byte // nil for GET
+	headers      [][2]string
+}
+
+// roundTrip sends r and returns the reply's status and whole body.
+func (p *h1Pool) roundTrip(ctx context.Context, r *h1Request) (int, []byte, error) {
+	c, err := p.get(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	return p.exchange(ctx, c, r)
+}
+
+// exchange runs one request on c and either returns c to the pool or closes
+// it.
+func (p *h1Pool) exchange(ctx context.Context, c *h1Conn, r *h1Request) (status int, body []byte, err error) {
+	// Closing the connection is what unblocks the I/O below and tells the
+	// engine to stop; the connection is then never reused.
+	stop := context.AfterFunc(ctx, func() { c.nc.Close() })
+	keep := false
+	defer func() {
+		if stop() && keep {
+			p.put(c)
+			return
+		}
+		c.nc.Close()
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+	}()
+
+	for _, h := range r.headers {
+		if strings.ContainsAny(h[0], "\r\n: ") || strings.ContainsAny(h[1], "\r\n") {
+			return 0, nil, fmt.Errorf("header %q: %q is not a valid header line", h[0], h[1])
+		}
+	}
+	c.hdr = appendRequestHead(c.hdr[:0], p.host, r)
+	bufs := net.Buffers{c.hdr}
+	if len(r.body) > 0 {
+		bufs = append(bufs, r.body)
+	}
+	if _, err := bufs.WriteTo(c.nc); err != nil {
+		return 0, nil, err
+	}
+	resp, err := http.ReadResponse(c.br, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	if resp.ContentLength > maxResponse {
+		resp.Body.Close()
+		return 0, nil, fmt.Errorf("reply larger than %d bytes", maxResponse)
+	}
+	if resp.ContentLength >= 0 {
+		body = p.bufs.get(int(resp.ContentLength))[:resp.ContentLength]
+		_, err = io.ReadFull(resp.Body, body)
+	} else {
+		body, err = io.ReadAll(io.LimitReader(resp.Body, maxResponse+1))
+		if err == nil && len(body) > maxResponse {
+			err = fmt.Errorf("reply larger than %d bytes", maxResponse)
+		}
+	}
+	if err != nil {
+		return 0, nil, fmt.Errorf("reading reply: %w", err)
+	}
+	// Close drains what is left of the body (a chunked body's trailer),
+	// which leaves the connection at the next reply.
+	if err := resp.Body.Close(); err != nil {
+		return 0, nil, fmt.Errorf("reading reply: %w", err)
+	}
+	keep = !resp.Close && resp.ProtoAtLeast(1, 1)
+	return resp.StatusCode, body, nil
+}
+
+// appendRequestHead writes the request line and headers (checked by the
+// caller for line breaks).
+func appendRequestHead(b []byte, host string, r *h1Request) []byte {
+	b = append(b, r.method...)
+	b = append(b, ' ')
+	b = append(b, r.path...)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, host...)
+	b = append(b, "\r\nUser-Agent: kiln\r\nAccept: application/json\r\n"...)
+	if r.body != nil {
+		b = append(b, "Content-Type: application/json\r\nContent-Length: "...)
+		b = strconv.AppendInt(b, int64(len(r.body)), 10)
+		b = append(b, "\r\n"...)
+	}
+	for _, h := range r.headers {
+		b = append(b, h[0]...)
+		b = append(b, ": "...)
+		b = append(b, h[1]...)
+		b = append(b, "\r\n"...)
+	}
+	return append(b, "\r\n"...)
+}
+
+// bufPool recycles request and reply bodies: a turn builds two /tokenize
+// bodies and a generate body of the whole prompt and reads replies as large,
+// and none of them outlives its call (parsed values are copies).
+type bufPool struct{ p sync.Pool }
+
+// maxPooled keeps rare huge bodies (routed-experts replies) out of the pool.
+const maxPooled = 4 << 20
+
+// get returns an empty buffer with at least n bytes of capacity.
+func (bp *bufPool) get(n int) []byte {
+	if v, ok := bp.p.Get().(*[]byte); ok && cap(*v) >= n {
+		return (*v)[:0]
+	}
+	return make([]byte, 0, max(n, 4<<10))
+}
+
+// put returns b for reuse; the caller must not touch b afterwards.
+func (bp *bufPool) put(b []byte) {
+	if cap(b) == 0 || cap(b) > maxPooled {
+		return
+	}
+	b = b[:0]
+	bp.p.Put(&b)
+}
