@@ -2,6 +2,8 @@ package engine
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 
@@ -65,11 +67,15 @@ func TestScanTokenize(t *testing.T) {
 	}
 }
 
-// The fast logprob-entry reader takes exactly the well-formed replies and
+// The one-pass generate reader takes exactly the well-formed replies and
 // reads them as encoding/json does; everything else goes to the slow path.
-func TestFastEntries(t *testing.T) {
+func TestFastGenerate(t *testing.T) {
 	ids := []int32{101, 102}
-	cases := []struct {
+	reply := func(content string) string {
+		return `{"request_id":"r","choices":[{"index":0,"token_ids":[101,102],"logprobs":{"content":` + content +
+			`},"finish_reason":"stop"}],"prompt_token_ids":[1,2,3]}`
+	}
+	entries := []struct {
 		name    string
 		content string
 		ok      bool
@@ -85,6 +91,7 @@ func TestFastEntries(t *testing.T) {
 		{"missing logprob", `[{"token_id":101},{"token_id":102,"logprob":-0.25}]`, false, false},
 		{"null logprob", `[{"token_id":101,"logprob":null},{"token_id":102,"logprob":-0.25}]`, false, false},
 		{"NaN string", `[{"token_id":101,"logprob":"NaN"},{"token_id":102,"logprob":-0.25}]`, false, false},
+		{"bare NaN", `[{"token_id":101,"logprob":NaN},{"token_id":102,"logprob":-0.25}]`, false, false},
 		{"overflow float32", `[{"token_id":101,"logprob":-1e300},{"token_id":102,"logprob":-0.25}]`, false, false},
 		{"case-folded key", `[{"token_id":101,"Logprob":-0.1},{"token_id":102,"logprob":-0.25}]`, false, false},
 		{"escaped token", `[{"token":"token_id:10\u0031","logprob":-0.1},{"token_id":102,"logprob":-0.25}]`, false, false},
@@ -93,18 +100,46 @@ func TestFastEntries(t *testing.T) {
 		{"negative id", `[{"token_id":-101,"logprob":-0.1},{"token_id":102,"logprob":-0.25}]`, false, false},
 		{"not a list", `{"token_id":101}`, false, false},
 	}
-	for _, c := range cases {
+	for _, c := range entries {
 		t.Run(c.name, func(t *testing.T) {
-			lps, intIDs, ok := fastEntries([]byte(c.content), ids)
+			r, ok := fastGenerate([]byte(reply(c.content)))
+			ok = ok && !namesOtherIDs(r.entryIDs, r.ids)
 			if ok != c.ok {
 				t.Fatalf("ok = %v, want %v", ok, c.ok)
 			}
 			if !ok {
 				return
 			}
-			if intIDs != c.intIDs || len(lps) != 2 || lps[0] != float32(-0.1) || lps[1] != float32(-0.25) {
-				t.Fatalf("got %v intIDs=%v", lps, intIDs)
+			assert.Equal(t, ids, r.ids)
+			if r.intIDs != c.intIDs || len(r.lps) != 2 || r.lps[0] != float32(-0.1) || r.lps[1] != float32(-0.25) {
+				t.Fatalf("got %v intIDs=%v", r.lps, r.intIDs)
 			}
+			assert.Equal(t, `"stop"`, string(r.ch.FinishReason))
+			assert.Equal(t, `[1,2,3]`, string(r.resp.PromptTokenIDs))
+		})
+	}
+	good := `[{"token_id":101,"logprob":-0.1},{"token_id":102,"logprob":-0.25}]`
+	shapes := []struct {
+		name, body string
+		ok         bool
+	}{
+		{"every field", `{"choices":[{"token_ids":[101,102],"logprobs":{"content":` + good + `},"finish_reason":"length","stop_reason":null,"sampling_mask":null,"routed_experts":null}],"usage":{"prompt_tokens":3},"model":"m","created":1,"output_mode":"tokens"}`, true},
+		{"two choices", `{"choices":[{"token_ids":[101,102],"logprobs":{"content":` + good + `}},{"token_ids":[101,102],"logprobs":{"content":` + good + `}}]}`, false},
+		{"no choices", `{"choices":[]}`, false},
+		{"case-folded choices", `{"Choices":[{"token_ids":[101,102],"logprobs":{"content":` + good + `}}]}`, false},
+		{"case-folded token_ids", `{"choices":[{"Token_ids":[101,102],"logprobs":{"content":` + good + `}}]}`, false},
+		{"null token_ids", `{"choices":[{"token_ids":null,"logprobs":{"content":` + good + `}}]}`, false},
+		{"no logprobs", `{"choices":[{"token_ids":[]}]}`, false},
+		{"null content", `{"choices":[{"token_ids":[],"logprobs":{"content":null}}]}`, false},
+		{"empty output", `{"choices":[{"token_ids":[],"logprobs":{"content":[]}}]}`, true},
+		{"trailing bytes", `{"choices":[{"token_ids":[101,102],"logprobs":{"content":` + good + `}}]} x`, false},
+		{"escaped key", `{"choices":[{"token_ids":[101,102],"logprobs":{"content":` + good + `}}],"u\u0073age":null}`, false},
+		{"truncated", `{"choices":[{"token_ids":[101,102],"logprobs":{"content":` + good, false},
+	}
+	for _, c := range shapes {
+		t.Run(c.name, func(t *testing.T) {
+			_, ok := fastGenerate([]byte(c.body))
+			assert.Equal(t, c.ok, ok)
 		})
 	}
 }
@@ -115,4 +150,38 @@ func TestAppendUint32(t *testing.T) {
 	}
 	assert.Equal(t, "[0,7,-3,151645]", string(appendIDs(nil, []int32{0, 7, -3, 151645})))
 	assert.Equal(t, "null", string(appendIDs(nil, nil)))
+}
+
+// On any valid JSON reply, parseGenerate (the one-pass reader first) gives
+// what the encoding/json path gives. Values the one-pass reader skips are
+// checked for structure only, so a reply whose skipped parts break the
+// grammar may be read rather than refused; on such input it must still not
+// fail where the slow path succeeds.
+func FuzzParseGenerate(f *testing.F) {
+	for _, name := range []string{"generate_a.json", "generate_b.json", "generate_c.json"} {
+		b, err := os.ReadFile(filepath.Join("testdata", name))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte(`{"choices":[{"token_ids":[],"logprobs":{"content":[]}}]}`))
+	f.Add([]byte(`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"token":"token_id:5","logprob":-1}]},"finish_reason":"length","stop_reason":7}],"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req := &GenerateRequest{PromptIDs: []int32{1, 2}}
+		fast, fastErr := parseGenerate(body, req)
+		slow, slowErr := parseGenerateSlow(body, req)
+		if !json.Valid(body) {
+			if fastErr != nil && slowErr == nil {
+				t.Fatalf("fast err %v where the slow path reads the reply", fastErr)
+			}
+			return
+		}
+		if (fastErr == nil) != (slowErr == nil) {
+			t.Fatalf("fast err %v, slow err %v", fastErr, slowErr)
+		}
+		if fastErr == nil {
+			assert.Equal(t, slow, fast)
+		}
+	})
 }

@@ -7,8 +7,6 @@ import (
 	"math"
 	"strconv"
 	"strings"
-
-	"github.com/kilnrl/kiln/stages/rollout/jsonskim"
 )
 
 // Shape names the response layout a generation was read from
@@ -344,6 +342,26 @@ func checkUsage(route string, raw json.RawMessage, n int, g *Generation) error {
 // (shapes A, B, C of vllm-wire.md §5.4).
 func parseGenerate(body []byte, req *GenerateRequest) (Generation, error) {
 	const route = string(RouteGenerate)
+	if req.Sampling.Logprobs <= 0 {
+		if r, ok := fastGenerate(body); ok && !namesOtherIDs(r.entryIDs, r.ids) {
+			g := Generation{Route: RouteGenerate, OutputIDs: r.ids, LogProbs: r.lps}
+			var err error
+			if g.FinishReason, err = finishReason(route, r.ch.FinishReason); err != nil {
+				return Generation{}, err
+			}
+			if g.StopReason, err = stopReason(route, r.ch.StopReason); err != nil {
+				return Generation{}, err
+			}
+			return finishGenerate(route, g, r.resp, r.ch, req, r.intIDs)
+		}
+	}
+	return parseGenerateSlow(body, req)
+}
+
+// parseGenerateSlow reads any generate reply shape with encoding/json where
+// the structure is unusual, and words every error.
+func parseGenerateSlow(body []byte, req *GenerateRequest) (Generation, error) {
+	const route = string(RouteGenerate)
 	resp, ch, err := decodeTop(route, body)
 	if err != nil {
 		return Generation{}, err
@@ -375,10 +393,6 @@ func parseGenerate(body []byte, req *GenerateRequest) (Generation, error) {
 		return Generation{}, replyErr(route, ReasonMissingLogprobs, "choices[0].logprobs.content missing")
 	}
 	wantTop := req.Sampling.Logprobs > 0
-	if lps, intIDs, ok := fastEntries(lp.Content, g.OutputIDs); ok && !wantTop {
-		g.LogProbs = lps
-		return finishGenerate(route, g, resp, ch, req, intIDs)
-	}
 	var entries []wireEntry
 	if err := json.Unmarshal(lp.Content, &entries); err != nil {
 		return Generation{}, replyErr(route, ReasonMissingLogprobs, "choices[0].logprobs.content is not a list of objects: %v", err)
@@ -420,46 +434,15 @@ var logprobsFields = []string{"content"}
 // entryFields are wireEntry's keys, in field order (the fast path).
 var entryFields = []string{"token_id", "token", "logprob", "top_logprobs"}
 
-// fastEntries reads the chat-shape logprob entries of a well-formed reply
-// without encoding/json: one finite logprob per output id, each entry's id
-// (integer token_id, or a "token_id:N" label, or none) equal to the output
-// id at its position. ok is false for anything else, and the caller then
-// takes the slow path, which words the error.
-func fastEntries(content []byte, ids []int32) (lps []float32, intIDs, ok bool) {
-	lps = make([]float32, 0, len(ids))
-	var f [4]json.RawMessage
-	ok = jsonskim.EachElem(content, func(e []byte) bool {
-		i := len(lps)
-		if i >= len(ids) || !fieldsInto(e, entryFields, f[:]) {
-			return false
+// namesOtherIDs reports whether an entry names an id other than the output
+// id at its position (-1: the entry names none).
+func namesOtherIDs(entryIDs, ids []int32) bool {
+	for i, id := range entryIDs {
+		if id >= 0 && id != ids[i] {
+			return true
 		}
-		lp, good := parseFinite32(f[2])
-		if !good {
-			return false
-		}
-		if !isNull(f[0]) {
-			id, good := parseUint32(f[0])
-			if !good || id != ids[i] {
-				return false
-			}
-			intIDs = true
-		}
-		if !isNull(f[1]) {
-			t := bytes.TrimSpace(f[1])
-			if len(t) < 2 || t[0] != '"' || t[len(t)-1] != '"' || bytes.IndexByte(t, '\\') >= 0 {
-				return false
-			}
-			if label, isLabel := bytes.CutPrefix(t[1:len(t)-1], []byte("token_id:")); isLabel {
-				id, good := parseUint32(label)
-				if !good || id != ids[i] {
-					return false
-				}
-			}
-		}
-		lps = append(lps, lp)
-		return true
-	})
-	return lps, intIDs, ok && len(lps) == len(ids)
+	}
+	return false
 }
 
 // finishGenerate checks usage, names the shape and reads the optional
