@@ -135,12 +135,42 @@ func appendCanonical(out, b []byte, i, depth int) ([]byte, int, bool) {
 	return append(out, b[i:j]...), j, true
 }
 
-func hashMessages(msgs []json.RawMessage) []digest {
-	out := make([]digest, len(msgs))
-	for i, m := range msgs {
-		out[i] = canonicalHash(m)
+// hashMemo remembers the last request's messages and tools with their
+// hashes. A client resends its whole history every turn, byte for byte, so
+// a message whose bytes equal the one at its index last time has that
+// one's hash, found by a comparison instead of a canonical encoding and a
+// SHA-256 of each message every turn. It holds one history per session
+// (the last), which the recorded turns hold anyway.
+type hashMemo struct {
+	msgs      []json.RawMessage
+	hashes    []digest
+	toolList  []json.RawMessage
+	toolsHash digest
+	haveTools bool
+}
+
+// messages returns the hashes of msgs, with room for one more (the turn's
+// assistant message).
+func (m *hashMemo) messages(msgs []json.RawMessage) []digest {
+	out := make([]digest, len(msgs), len(msgs)+1)
+	for i, raw := range msgs {
+		if i < len(m.msgs) && bytes.Equal(raw, m.msgs[i]) {
+			out[i] = m.hashes[i]
+		} else {
+			out[i] = canonicalHash(raw)
+		}
 	}
+	m.msgs, m.hashes = msgs, out[:len(msgs):len(msgs)]
 	return out
+}
+
+// tools returns hashTools(tools), remembered while the list is unchanged.
+func (m *hashMemo) tools(tools []json.RawMessage) digest {
+	if m.haveTools && slices.EqualFunc(tools, m.toolList, func(a, b json.RawMessage) bool { return bytes.Equal(a, b) }) {
+		return m.toolsHash
+	}
+	m.toolList, m.toolsHash, m.haveTools = tools, hashTools(tools), true
+	return m.toolsHash
 }
 
 // hashTools hashes a tool list; nil and empty hash alike (null).

@@ -1,6 +1,11 @@
 package adapter
 
-import "testing"
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
 
 // Deep-equal messages hash alike whatever their key order; any other
 // difference changes the hash.
@@ -33,5 +38,36 @@ func TestCanonicalHash(t *testing.T) {
 		if canonicalHash([]byte(p[0])) == canonicalHash([]byte(p[1])) {
 			t.Errorf("%s and %s hash alike", p[0], p[1])
 		}
+	}
+}
+
+// The memo answers exactly what hashing every message afresh answers, turn
+// after turn: unchanged messages, edited ones, a shorter history, new tools.
+func TestHashMemo(t *testing.T) {
+	raw := func(ss ...string) []json.RawMessage {
+		out := make([]json.RawMessage, len(ss))
+		for i, s := range ss {
+			out[i] = json.RawMessage(s) // fresh bytes each call, as each request has
+		}
+		return out
+	}
+	turns := []struct{ msgs, tools []json.RawMessage }{
+		{raw(`{"role":"user","content":"a"}`), nil},
+		{raw(`{"role":"user","content":"a"}`, `{"role":"assistant","content":"b"}`, `{"role":"user","content":"c"}`), nil},
+		{raw(`{"role":"user","content":"a"}`, `{"role":"assistant","content":"B"}`, `{"role":"user","content":"c"}`), raw(`{"name":"t"}`)},
+		{raw(`{"content":"a","role":"user"}`), raw(`{"name":"t"}`)},
+		{raw(`{"role":"user","content":"a"}`, `{"role":"assistant","content":"b"}`), raw(`{"name":"u"}`)},
+		{raw(`{"role":"user","content":"a"}`, `{"role":"assistant","content":"b"}`), []json.RawMessage{}},
+	}
+	var m hashMemo
+	for i, tc := range turns {
+		got := m.messages(tc.msgs)
+		want := make([]digest, len(tc.msgs))
+		for j, r := range tc.msgs {
+			want[j] = canonicalHash(r)
+		}
+		assert.Equal(t, want, got, "turn %d messages", i)
+		assert.Equal(t, len(tc.msgs)+1, cap(got), "room for the assistant message")
+		assert.Equal(t, hashTools(tc.tools), m.tools(tc.tools), "turn %d tools", i)
 	}
 }

@@ -33,6 +33,7 @@ type session struct {
 	// Guarded by turnSem.
 	turns    []records.Turn
 	prefixes []prefix
+	memo     hashMemo
 }
 
 func (s *Server) newSession(id string, o SessionOptions) *session {

@@ -40,8 +40,9 @@ func (s *Server) serveTurn(w http.ResponseWriter, r *http.Request, req *protocol
 	defer func() { <-sess.turnSem }()
 
 	started := s.opts.Clock()
-	hashes := hashMessages(req.Messages)
-	t, rep, err := s.runTurn(ctx, sess, req, hashes)
+	hashes := sess.memo.messages(req.Messages)
+	tools := sess.memo.tools(req.Tools)
+	t, rep, err := s.runTurn(ctx, sess, req, hashes, tools)
 	if err != nil {
 		writeError(w, req.Protocol, asProtocolError(err))
 		return
@@ -78,14 +79,13 @@ func (s *Server) serveTurn(w http.ResponseWriter, r *http.Request, req *protocol
 	t.Turn = int32(len(sess.turns))
 	sess.turns = append(sess.turns, *t)
 	hashes = append(hashes, canonicalHash([]byte(*t.ResponseMessage)))
-	tools := hashTools(req.Tools)
 	sess.prefixes = append(sess.prefixes, prefix{msgs: hashes, tools: tools,
 		key: prefixKey(hashes, tools), turn: len(sess.turns) - 1})
 }
 
 // runTurn is steps 4–8: prompt ids, engine call, decode, parse, reply.
 // Nothing is recorded here; any error fails the request.
-func (s *Server) runTurn(ctx context.Context, sess *session, req *protocol.Request, hashes []digest) (*records.Turn, *protocol.Reply, error) {
+func (s *Server) runTurn(ctx context.Context, sess *session, req *protocol.Request, hashes []digest, tools digest) (*records.Turn, *protocol.Reply, error) {
 	eng := s.opts.Engine
 	render := func(ctx context.Context, msgs []json.RawMessage, gen bool) ([]int32, error) {
 		return eng.TokenizeChat(ctx, engine.ChatRequest{Messages: msgs, Tools: req.Tools,
@@ -99,7 +99,7 @@ func (s *Server) runTurn(ctx context.Context, sess *session, req *protocol.Reque
 	if err != nil {
 		return nil, nil, fmt.Errorf("adapter: rendering the prompt: %w", err)
 	}
-	prompt, _, err := s.reusePrompt(ctx, sess, req.Messages, hashes, hashTools(req.Tools), full, render)
+	prompt, _, err := s.reusePrompt(ctx, sess, req.Messages, hashes, tools, full, render)
 	if err != nil {
 		return nil, nil, fmt.Errorf("adapter: prefix reuse: %w", err)
 	}
