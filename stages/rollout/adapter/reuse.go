@@ -13,6 +13,7 @@ import (
 
 	"github.com/kilnrl/kiln/stages/rollout/engine"
 	"github.com/kilnrl/kiln/stages/rollout/jsonskim"
+	"github.com/kilnrl/kiln/stages/rollout/parse"
 )
 
 type digest = [sha256.Size]byte
@@ -147,6 +148,8 @@ type hashMemo struct {
 	toolList  []json.RawMessage
 	toolsHash digest
 	haveTools bool
+	parsed    []parse.Tool // parseTools(toolList), nil until asked
+	toolsRead bool
 }
 
 // messages returns the hashes of msgs, with room for one more (the turn's
@@ -170,7 +173,16 @@ func (m *hashMemo) tools(tools []json.RawMessage) digest {
 		return m.toolsHash
 	}
 	m.toolList, m.toolsHash, m.haveTools = tools, hashTools(tools), true
+	m.parsed, m.toolsRead = nil, false
 	return m.toolsHash
+}
+
+// parsedTools is parseTools of the list last given to tools.
+func (m *hashMemo) parsedTools() []parse.Tool {
+	if !m.toolsRead {
+		m.parsed, m.toolsRead = parseTools(m.toolList), true
+	}
+	return m.parsed
 }
 
 // hashTools hashes a tool list; nil and empty hash alike (null).

@@ -54,9 +54,9 @@ func TestHashMemo(t *testing.T) {
 	turns := []struct{ msgs, tools []json.RawMessage }{
 		{raw(`{"role":"user","content":"a"}`), nil},
 		{raw(`{"role":"user","content":"a"}`, `{"role":"assistant","content":"b"}`, `{"role":"user","content":"c"}`), nil},
-		{raw(`{"role":"user","content":"a"}`, `{"role":"assistant","content":"B"}`, `{"role":"user","content":"c"}`), raw(`{"name":"t"}`)},
-		{raw(`{"content":"a","role":"user"}`), raw(`{"name":"t"}`)},
-		{raw(`{"role":"user","content":"a"}`, `{"role":"assistant","content":"b"}`), raw(`{"name":"u"}`)},
+		{raw(`{"role":"user","content":"a"}`, `{"role":"assistant","content":"B"}`, `{"role":"user","content":"c"}`), raw(`{"type":"function","function":{"name":"t","parameters":{}}}`)},
+		{raw(`{"content":"a","role":"user"}`), raw(`{"type":"function","function":{"name":"t","parameters":{}}}`)},
+		{raw(`{"role":"user","content":"a"}`, `{"role":"assistant","content":"b"}`), raw(`{"type":"function","function":{"name":"u"}}`)},
 		{raw(`{"role":"user","content":"a"}`, `{"role":"assistant","content":"b"}`), []json.RawMessage{}},
 	}
 	var m hashMemo
@@ -69,5 +69,6 @@ func TestHashMemo(t *testing.T) {
 		assert.Equal(t, want, got, "turn %d messages", i)
 		assert.Equal(t, len(tc.msgs)+1, cap(got), "room for the assistant message")
 		assert.Equal(t, hashTools(tc.tools), m.tools(tc.tools), "turn %d tools", i)
+		assert.Equal(t, parseTools(tc.tools), m.parsedTools(), "turn %d parsed tools", i)
 	}
 }

@@ -136,7 +136,7 @@ func (s *Server) runTurn(ctx context.Context, sess *session, req *protocol.Reque
 		}
 	}
 	out := parse.Parse(raw, parse.Options{Qwen3Reasoning: s.opts.ReasoningParser == "qwen3",
-		Tools: parseTools(req.Tools), ToolFormat: s.toolFmt, TrailingSpecials: s.trailing})
+		Tools: sess.memo.parsedTools(), ToolFormat: s.toolFmt, TrailingSpecials: s.trailing})
 	rep := &protocol.Reply{Reasoning: out.Reasoning, Content: out.Text, FinishReason: gen.FinishReason,
 		PromptTokens: len(prompt), OutputTokens: len(gen.OutputIDs)}
 	for _, c := range out.Calls {
