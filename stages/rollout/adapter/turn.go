@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/stages/rollout/engine"
@@ -61,6 +62,9 @@ func (s *Server) serveTurn(w http.ResponseWriter, r *http.Request, req *protocol
 	} else {
 		w.Header().Set("Content-Type", protocol.ContentType(req))
 	}
+	// The reply is whole, stream or not: with its length the server sends
+	// it as it is, without chunk framing and a terminating write.
+	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.WriteHeader(http.StatusOK)
 	if _, err := w.Write(buf.Bytes()); err != nil {
 		return
