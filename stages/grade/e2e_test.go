@@ -3,6 +3,7 @@ package grade_test
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -278,4 +279,59 @@ func deref(s *string) string {
 		return ""
 	}
 	return *s
+}
+
+// TestFixturesGradeRollouts grades a rollouts dataset (what kiln-rollout
+// writes) in real sandboxes: each row's patch against its task, the grade
+// keeping the rollout's ids and group; an aborted rollout is not graded.
+func TestFixturesGradeRollouts(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	start := time.Date(2026, 11, 30, 1, 2, 3, 0, time.UTC)
+	abort := "wall_clock_timeout"
+	var rows []records.Rollout
+	for g, task := range w.set.Tasks {
+		base := int64(100 * (g + 1))
+		rows = append(rows,
+			records.Rollout{RolloutID: base, Index: base, GroupIndex: int64(g), Sample: 0, TaskID: task.ID, Agent: "claude-code",
+				Patch: task.GoldPatch, StartedAt: start, EndedAt: start.Add(time.Minute)},
+			records.Rollout{RolloutID: base + 1, Index: base + 1, GroupIndex: int64(g), Sample: 1, TaskID: task.ID, Agent: "claude-code",
+				Patch: "", StartedAt: start, EndedAt: start.Add(time.Minute)})
+	}
+	rows = append(rows, records.Rollout{RolloutID: 999, Index: 999, GroupIndex: 0, Sample: 2, TaskID: w.set.Tasks[0].ID,
+		Agent: "claude-code", Patch: w.set.Tasks[0].GoldPatch, AbortReason: &abort, StartedAt: start, EndedAt: start})
+
+	st, err := store.Open(w.store)
+	require.NoError(t, err)
+	dw, err := dataset.NewWriter(ctx, st, dataset.Spec{Name: "rollouts/fixtures", Kind: records.RolloutsKind,
+		Identity: dataset.Identity{Stage: "test", Args: map[string]any{"t": t.Name()}}})
+	require.NoError(t, err)
+	_, err = dw.WriteShard(ctx, int64(len(rows)), nil, func(out io.Writer) error {
+		enc := records.NewRolloutEncoder(out)
+		if err := enc.Write(rows...); err != nil {
+			return err
+		}
+		return enc.Close()
+	})
+	require.NoError(t, err)
+	res, err := dw.Commit(ctx, nil)
+	require.NoError(t, err)
+
+	_, grades := w.grade(t, w.tasks, "--rollouts", res.Ref.String(), "--out", "grades/rollouts")
+	require.Len(t, grades, len(rows))
+	for _, g := range grades {
+		want := 0.0
+		if g.Sample == 0 {
+			want = 1
+		}
+		if g.RolloutID == 999 {
+			assert.Equal(t, records.FailureAborted, g.Failure)
+			assert.Nil(t, g.Log, "an aborted rollout is not graded")
+			continue
+		}
+		assert.Equal(t, want, g.Reward, "%s sample %d: %s %s", g.TaskID, g.Sample, g.Failure, deref(g.Error))
+		assert.Equal(t, g.Index, g.RolloutID, "the grade keeps the rollout's id")
+		assert.Equal(t, g.RolloutID/100-1, g.GroupIndex, "and its group")
+		require.NotNil(t, g.Log)
+	}
 }
