@@ -237,7 +237,10 @@ func assembleSession(s *session, opts assembly.Options) ([]records.Trajectory, e
 	sess := assembly.NewSession(opts)
 	first := s.turns[0]
 	base := assembly.Base{RolloutID: first.RolloutID, Index: first.Index, GroupIndex: first.GroupIndex}
-	var split messageSplitter
+	// A turn of an agent session typically adds its response and a tool
+	// result or two to the history: room for three a turn spares the
+	// splitter most regrowths of the session's message list.
+	split := messageSplitter{capHint: 8 + 3*len(s.turns)}
 	for i := range s.turns {
 		t := &s.turns[i]
 		if t.RolloutID != base.RolloutID || t.Index != base.Index || t.GroupIndex != base.GroupIndex {
@@ -250,18 +253,23 @@ func assembleSession(s *session, opts assembly.Options) ([]records.Trajectory, e
 		if t.MaxContextTokens > 0 {
 			base.MaxSampleTokens = int(t.MaxContextTokens)
 		}
-		msgs, err := split.split(t.PromptMessages)
+		msgs, heads, err := split.splitHeads(t.PromptMessages)
 		if err != nil {
 			return nil, fmt.Errorf("session %q turn %d: %w", s.id, t.Turn, err)
 		}
 		var resp json.RawMessage
+		var respHead assembly.Head
 		if t.ResponseMessage != nil && strings.TrimSpace(*t.ResponseMessage) != "null" {
 			resp = stringBytes(*t.ResponseMessage) // read only, as the prompt messages
+			// Read once: for Record, and to recognize the client's echo
+			// of it in the next turn's prompt_messages.
+			respHead, _, _ = assembly.ScanMessage(resp, 0)
 		}
+		split.hint = respHead
 		err = sess.Record(assembly.Turn{
 			PromptIDs: t.PromptIDs, OutputIDs: t.OutputIDs, OutputLogProbs: t.OutputLogProbs,
 			FinishReason: t.FinishReason, IllFormed: t.IllFormed, PromptMessages: msgs, ResponseMessage: resp,
-			Replay: t.Replay,
+			PromptHeads: heads, ResponseHead: respHead, Replay: t.Replay,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("session %q turn %d: %w", s.id, t.Turn, err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"unsafe"
 
+	"github.com/kilnrl/kiln/stages/rollout/assembly"
 	"github.com/kilnrl/kiln/stages/rollout/jsonskim"
 )
 
@@ -14,66 +15,144 @@ import (
 // history plus new messages, so when a turn's text extends the previous
 // turn's array, only the new tail is scanned: a session costs time linear in
 // its final history, not quadratic.
+//
+// Each message that is a JSON object is read by assembly.ScanMessage as it
+// is cut, and its Head goes with it (assembly then does not read it again);
+// a message whose text is that of hint, the previous turn's response (which
+// the client echoes), is cut by comparing its bytes instead of scanning them.
 type messageSplitter struct {
-	prev []byte
-	msgs []json.RawMessage
+	prev  []byte
+	msgs  []json.RawMessage
+	heads []assembly.Head // parallel to msgs; zero where not read
+	// hint, if set, is a message expected at the start of the next turn's
+	// new messages (the previous turn's response_message).
+	hint assembly.Head
+	// capHint, if set, is the capacity of a list split from scratch: the
+	// messages a session is expected to reach, so the turns that extend the
+	// list in place do not regrow it (each regrowth copies it).
+	capHint int
 }
 
 func (s *messageSplitter) split(str string) ([]json.RawMessage, error) {
+	msgs, _, err := s.splitHeads(str)
+	return msgs, err
+}
+
+// splitHeads is split, with the messages' heads (a zero Head for a message
+// it did not read).
+func (s *messageSplitter) splitHeads(str string) ([]json.RawMessage, []assembly.Head, error) {
 	// The messages alias str's bytes without copying them (a session's
 	// histories add up to far more bytes than its tokens); nothing writes
 	// to a message.
-	text := bytes.TrimSpace(stringBytes(str))
-	if n := len(s.prev); n > 2 && len(text) > n && text[n-1] == ',' && bytes.Equal(text[:n-1], s.prev[:n-1]) {
-		// Appending in place is safe: earlier turns' slices never see
-		// elements past their own length.
-		if msgs, ok := splitElements(text, n, s.msgs); ok {
-			s.prev, s.msgs = text, msgs
-			return msgs, nil
+	//
+	// The extension path trims only leading white space: splitting checks
+	// what follows the closing ']', and reading the text's far end before
+	// its start would cost a cache miss per turn. s.prev is trimmed at both
+	// ends, so its last byte is the closing ']'.
+	text := stringBytes(str)
+	if n := len(s.prev); n > 2 {
+		ext := text[jsonskim.Space(text, 0):]
+		if len(ext) > n && ext[n-1] == ',' && bytes.Equal(ext[:n-1], s.prev[:n-1]) {
+			// Appending in place is safe: earlier turns' slices never see
+			// elements past their own length.
+			if msgs, heads, ok := splitElements(ext, n, s.msgs, s.heads, &s.hint); ok {
+				s.prev, s.msgs, s.heads = trimRightSpace(ext), msgs, heads
+				return msgs, heads, nil
+			}
 		}
 	}
-	msgs, ok := splitArray(text)
+	text = bytes.TrimSpace(text)
+	var out []json.RawMessage
+	var heads []assembly.Head
+	if s.capHint > 0 {
+		out, heads = make([]json.RawMessage, 0, s.capHint), make([]assembly.Head, 0, s.capHint)
+	}
+	msgs, heads, ok := appendArray(out, heads, text, &s.hint)
 	if !ok {
 		// Let encoding/json say what is wrong.
 		var v []json.RawMessage
 		if err := json.Unmarshal(text, &v); err != nil {
-			return nil, fmt.Errorf("prompt_messages: %w", err)
+			return nil, nil, fmt.Errorf("prompt_messages: %w", err)
 		}
-		msgs = v
+		msgs, heads = v, make([]assembly.Head, len(v)) // none read
 	}
-	s.prev, s.msgs = text, msgs
-	return msgs, nil
+	s.prev, s.msgs, s.heads = text, msgs, heads
+	return msgs, heads, nil
+}
+
+// trimRightSpace is b without trailing JSON white space.
+func trimRightSpace(b []byte) []byte {
+	n := len(b)
+	for n > 0 && (b[n-1] == ' ' || b[n-1] == '\t' || b[n-1] == '\n' || b[n-1] == '\r') {
+		n--
+	}
+	return b[:n]
 }
 
 // splitArray splits the text of a JSON array into its elements' text
 // without decoding them. It checks structure (brackets, strings, commas),
 // not the elements' grammar: each message is decoded later anyway.
 func splitArray(b []byte) ([]json.RawMessage, bool) {
+	msgs, _, ok := appendArray(nil, nil, b, nil)
+	return msgs, ok
+}
+
+// appendArray is splitArray appending the elements to out and their heads
+// to heads (see splitElements).
+func appendArray(out []json.RawMessage, heads []assembly.Head, b []byte, hint *assembly.Head) ([]json.RawMessage, []assembly.Head, bool) {
 	i := jsonskim.Space(b, 0)
 	if i >= len(b) || b[i] != '[' {
-		return nil, false
+		return nil, nil, false
 	}
 	i = jsonskim.Space(b, i+1)
 	if i < len(b) && b[i] == ']' {
-		return nil, jsonskim.Space(b, i+1) == len(b)
+		return out, heads, jsonskim.Space(b, i+1) == len(b)
 	}
-	return splitElements(b, i, nil)
+	return splitElements(b, i, out, heads, hint)
 }
 
 // splitElements appends to out the array elements starting at b[i] (the
 // first element, or whitespace before it) up to the closing ']', which must
-// end b.
-func splitElements(b []byte, i int, out []json.RawMessage) ([]json.RawMessage, bool) {
+// end b, and to heads their heads: what assembly.ScanMessage read of an
+// element that is a JSON object it vouches for, a zero Head for any other.
+//
+// An element ends at the first ',', '}' or ']' outside strings where the
+// brackets counted from its start balance. For an object ScanMessage
+// accepts, that is the first such byte after its closing brace (see
+// ScanMessage), so those elements are cut where ScanMessage ends; so are
+// those whose bytes are hint's, which ScanMessage has read already.
+func splitElements(b []byte, i int, out []json.RawMessage, heads []assembly.Head, hint *assembly.Head) ([]json.RawMessage, []assembly.Head, bool) {
 	i = jsonskim.Space(b, i)
 	for {
 		start := i
+		if i < len(b) && b[i] == '{' {
+			var h assembly.Head
+			end, ok := 0, false
+			if hint != nil {
+				h, end, ok = hint.At(b, i)
+			}
+			if !ok {
+				h, end, ok = assembly.ScanMessage(b, i)
+			}
+			if ok {
+				j := jsonskim.Space(b, end)
+				if j < len(b) && (b[j] == ',' || b[j] == '}' || b[j] == ']') {
+					out, heads = append(out, b[start:end:end]), append(heads, h)
+					if b[j] == ']' {
+						return out, heads, jsonskim.Space(b, j+1) == len(b)
+					}
+					i = jsonskim.Space(b, j+1) // past ','
+					continue
+				}
+			}
+		}
 		depth := 0
 	value:
 		for ; i < len(b); i++ {
 			switch b[i] {
 			case '"':
 				if i = jsonskim.String(b, i); i < 0 {
-					return nil, false
+					return nil, nil, false
 				}
 				i-- // at the closing quote
 			case '{', '[':
@@ -90,15 +169,15 @@ func splitElements(b []byte, i int, out []json.RawMessage) ([]json.RawMessage, b
 			}
 		}
 		if i >= len(b) || depth != 0 {
-			return nil, false
+			return nil, nil, false
 		}
 		elem := bytes.TrimSpace(b[start:i])
 		if len(elem) == 0 {
-			return nil, false
+			return nil, nil, false
 		}
-		out = append(out, elem)
+		out, heads = append(out, elem), append(heads, assembly.Head{})
 		if b[i] == ']' {
-			return out, jsonskim.Space(b, i+1) == len(b)
+			return out, heads, jsonskim.Space(b, i+1) == len(b)
 		}
 		i = jsonskim.Space(b, i+1) // past ','
 	}

@@ -1,5 +1,7 @@
 package assembly
 
+import "unsafe"
+
 // Arena hands out the token, mask and logprob slices of segments from a few
 // large chunks, so assembling a stream of sessions does not allocate (and
 // zero, and fault in) fresh memory for every segment. Segments built from an
@@ -16,6 +18,9 @@ type Arena struct {
 	nodes slabs[node]
 	kids  slabs[*node]
 	turns slabs[Turn]
+	// spare is the last linearized session's scratch, for the next session
+	// (NewSession); nil while a session holds it.
+	spare *scratch
 }
 
 // slabs is a free list of fixed-capacity chunks.
@@ -87,8 +92,16 @@ type chunks[T any] struct {
 	off  int // first free element of bufs[at]
 }
 
-// take returns n elements of unspecified content, with capacity n.
+// take returns n elements of unspecified content, with capacity n. Each
+// slice starts on a 64-byte boundary (chunks are large allocations, page
+// aligned): the vectorized compares and copies of segment tokens against
+// the turns' arrays, themselves aligned, then never straddle cache lines on
+// one side only.
 func (c *chunks[T]) take(n int) []T {
+	var zero T
+	if a := 64 / int(unsafe.Sizeof(zero)); a > 1 {
+		c.off = (c.off + a - 1) / a * a
+	}
 	for c.at < len(c.bufs) && c.off+n > len(c.bufs[c.at]) {
 		c.at++
 		c.off = 0
@@ -110,21 +123,18 @@ func (a *Arena) int32s(n int) []int32 {
 	return a.i32.take(n)
 }
 
-// zeroedUint8s and zeroedFloat32s return cleared slices.
-func (a *Arena) zeroedUint8s(n int) []uint8 {
+// uint8s and float32s, like int32s, return n elements of unspecified
+// content: the caller writes every one.
+func (a *Arena) uint8s(n int) []uint8 {
 	if a == nil {
 		return make([]uint8, n)
 	}
-	s := a.u8.take(n)
-	clear(s)
-	return s
+	return a.u8.take(n)
 }
 
-func (a *Arena) zeroedFloat32s(n int) []float32 {
+func (a *Arena) float32s(n int) []float32 {
 	if a == nil {
 		return make([]float32, n)
 	}
-	s := a.f32.take(n)
-	clear(s)
-	return s
+	return a.f32.take(n)
 }

@@ -22,6 +22,13 @@ type Turn struct {
 	PromptMessages  []json.RawMessage // chat messages after protocol translation; each a JSON object with "role"
 	ResponseMessage json.RawMessage   // parsed assistant message; nil or "null" = none
 
+	// Optionally, what ScanMessage read of these messages: PromptHeads[i]
+	// of PromptMessages[i], ResponseHead of ResponseMessage. Record uses a
+	// head only for the very bytes it was read from and reads any other
+	// message itself, so these save a second scan and change nothing else.
+	PromptHeads  []Head
+	ResponseHead Head
+
 	// Replay is the optional replay data (nil columns when absent): top-p
 	// CSR over the outputs (offsets len(OutputIDs)+1), top-k heads
 	// [len(OutputIDs), TopK], routes [len(prompt)+len(output)-1, layers, topk].
@@ -85,10 +92,18 @@ type Session struct {
 	// a message that is the very same bytes (same memory) as the previous
 	// turn's at the same depth mounts on the same node without comparing,
 	// so a session that resends its growing history costs time linear in
-	// the history, not quadratic.
+	// the history, not quadratic. lastPath's storage is scratch.path.
 	lastMsgs []json.RawMessage
 	lastPath []*node
 
+	*scratch // nil until the first turn is recorded
+}
+
+// scratch is a session's working memory: the chunk lists of its slabs and
+// the buffers of routing and linearization. With Options.Arena, Segments
+// hands it to the arena and NewSession takes it back, so a stream of
+// sessions reuses it instead of regrowing it in every session.
+type scratch struct {
 	// Nodes, recorded turns and record's scratch messages come from
 	// session-owned slabs: a session makes a few nodes per turn, and one
 	// allocation each would be most of what routing costs.
@@ -98,6 +113,27 @@ type Session struct {
 	kidSlab  [][]*node
 	turnSlab [][]Turn
 	msgBuf   []message
+	path     []*node // the storage of Session.lastPath
+
+	// Linearization's buffers (see linearizer).
+	gens     []*node
+	builders []builder
+	spans    []span
+}
+
+// reset empties the buffers, keeping their storage; it clears what they
+// held so no tree stays reachable through them.
+func (sc *scratch) reset() {
+	clear(sc.nodeSlab)
+	clear(sc.kidSlab)
+	clear(sc.turnSlab)
+	clear(sc.msgBuf)
+	clear(sc.path[:cap(sc.path)])
+	clear(sc.gens[:cap(sc.gens)])
+	clear(sc.builders)
+	clear(sc.spans)
+	*sc = scratch{nodeSlab: sc.nodeSlab[:0], kidSlab: sc.kidSlab[:0], turnSlab: sc.turnSlab[:0],
+		msgBuf: sc.msgBuf[:0], path: sc.path[:0], gens: sc.gens[:0], builders: sc.builders[:0], spans: sc.spans[:0]}
 }
 
 // grow returns the slab's current chunk with room for one more element,
@@ -131,7 +167,11 @@ type replayKind struct {
 
 // NewSession starts an empty session.
 func NewSession(opts Options) *Session {
-	return &Session{opts: opts, root: &node{}}
+	s := &Session{opts: opts}
+	if a := opts.Arena; a != nil {
+		s.scratch, a.spare = a.spare, nil
+	}
+	return s
 }
 
 // Turns is the number of recorded (non-ignored) turns.
@@ -161,6 +201,32 @@ func (m *message) readRole() error {
 	}
 	_, err := m.readHead()
 	return err
+}
+
+// useHead takes m's role from h if h was read from m's bytes, and reports
+// whether it did.
+func (m *message) useHead(h *Head) bool {
+	if m.hasRole || !h.For(m.raw) {
+		return false
+	}
+	m.role, m.hasRole = h.role, true
+	return true
+}
+
+// readHeadWith is readHead, taking what h read if h was read from m's
+// bytes.
+func (m *message) readHeadWith(h *Head) (head, error) {
+	if !m.useHead(h) {
+		return m.readHead()
+	}
+	var hd head
+	if h.hasRole {
+		hd.Role = &m.role
+	}
+	if h.tc > 0 {
+		hd.ToolCalls = m.raw[h.tc0:h.tc]
+	}
+	return hd, nil
 }
 
 func (m *message) readHead() (head, error) {
@@ -313,15 +379,21 @@ func (s *Session) Record(t Turn) error {
 	if len(t.PromptMessages) == 0 {
 		return nil
 	}
-	err := s.record(t)
+	err := s.record(&t)
 	if err != nil {
-		s.lastMsgs, s.lastPath = nil, nil
+		s.lastMsgs, s.lastPath = nil, s.lastPath[:0]
 	}
 	return err
 }
 
-func (s *Session) record(t Turn) error {
-	kind, err := s.validateTurn(&t)
+func (s *Session) record(t *Turn) error {
+	if s.scratch == nil {
+		s.scratch = &scratch{}
+	}
+	if s.root == nil {
+		s.root = s.newNode()
+	}
+	kind, err := s.validateTurn(t)
 	if err != nil {
 		return fmt.Errorf("turn %d: %w", s.turns+1, err)
 	}
@@ -331,7 +403,7 @@ func (s *Session) record(t Turn) error {
 	*resp = message{raw: t.ResponseMessage}
 	rnone, useTool := isNull(t.ResponseMessage), false
 	if !rnone {
-		h, err := resp.readHead()
+		h, err := resp.readHeadWith(&t.ResponseHead)
 		if err != nil {
 			return fmt.Errorf("turn %d: response_message: %w", s.turns+1, err)
 		}
@@ -357,11 +429,17 @@ func (s *Session) record(t Turn) error {
 	// The new path reuses the old one's storage: entries past d are not
 	// read again (record clears both on failure).
 	path := s.lastPath[:d]
+	if len(s.lastPath) == 0 {
+		path = s.path[:0]
+	}
 	// msgs holds the messages from depth base on, read as they are needed.
 	base := d
 	msgs := s.msgBuf[:0]
-	for _, raw := range raws[base:] {
+	for j, raw := range raws[base:] {
 		msgs = append(msgs, message{raw: raw})
+		if j += base; j < len(t.PromptHeads) {
+			msgs[len(msgs)-1].useHead(&t.PromptHeads[j])
+		}
 	}
 	s.msgBuf = msgs
 	at := func(d int) *message { return &msgs[d-base] }
@@ -419,14 +497,14 @@ descend:
 		cur = n
 		path = append(path, cur)
 	}
-	s.lastMsgs, s.lastPath = t.PromptMessages, path
+	s.lastMsgs, s.lastPath, s.path = t.PromptMessages, path, path
 	if len(t.OutputIDs) > 0 && !s.seen {
 		s.replay, s.seen = kind, true
 	}
 	s.turns++
 	// A generated leaf is an assistant node whatever its message says.
 	resp.role, resp.hasRole = "assistant", true
-	leaf.none, leaf.turn, leaf.turnIndex, leaf.useTool = rnone, s.keepTurn(&t), s.turns, useTool
+	leaf.none, leaf.turn, leaf.turnIndex, leaf.useTool = rnone, s.keepTurn(t), s.turns, useTool
 	s.addChild(cur, leaf)
 	return nil
 }

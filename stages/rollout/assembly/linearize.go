@@ -16,47 +16,15 @@ type span struct {
 }
 
 // builder is one segment under construction (spec §2.2). Loss mask and
-// logprobs are implied by spans: every token outside a span is context.
+// logprobs are implied by its spans: every token outside a span is context.
+// The spans of a leaf's builders share one list (linearizer.spans): a
+// builder only grows while it is the leaf's last, so its spans are
+// spans[lo:hi], at the list's end until the next builder starts.
 type builder struct {
 	tokens    []int32
-	spans     []span // non-empty outputs, in token order
-	lastStart int    // last_response_start
-	lead      int    // leading_prompt_len
-}
-
-func newBuilder(a *Arena, prompt []int32, capHint int) *builder {
-	// capHint bounds the segment (its leaf's last prompt and output), so
-	// appends stay inside this memory.
-	tokens := a.int32s(max(capHint, len(prompt)))[:len(prompt)]
-	copy(tokens, prompt)
-	return &builder{tokens: tokens, lead: len(prompt)}
-}
-
-// appendOutput appends t's output as the builder's newest response.
-func (b *builder) appendOutput(t *Turn, trained bool) {
-	b.lastStart = len(b.tokens)
-	if len(t.OutputIDs) > 0 {
-		b.spans = append(b.spans, span{start: len(b.tokens), turn: t, trained: trained})
-		b.tokens = append(b.tokens, t.OutputIDs...)
-	}
-}
-
-// realign replaces the most recent response span and everything after it
-// with prompt[lastStart:], all context.
-func (b *builder) realign(prompt []int32) {
-	b.tokens = append(b.tokens[:b.lastStart], prompt[b.lastStart:]...)
-	for len(b.spans) > 0 && b.spans[len(b.spans)-1].start >= b.lastStart {
-		b.spans = b.spans[:len(b.spans)-1]
-	}
-}
-
-func (b *builder) anyTrained() bool {
-	for _, sp := range b.spans {
-		if sp.trained {
-			return true
-		}
-	}
-	return false
+	lo, hi    int // its spans, linearizer.spans[lo:hi]
+	lastStart int // last_response_start
+	lead      int // leading_prompt_len
 }
 
 // leafMeta is the metadata a leaf gives all of its segments.
@@ -73,39 +41,28 @@ type leafMeta struct {
 // Options.Arena when set), except RoutedExperts, which shares memory with
 // the recorded turn's routes.
 func (s *Session) Segments(base Base) ([]records.Trajectory, error) {
-	root, kind, T := s.root, s.replay, s.opts.ForkMergeMaxResponseTokens
-	nodes, kids, turns := s.nodeSlab, s.kidSlab, s.turnSlab
-	*s = Session{opts: s.opts, root: &node{}}
+	root, kind, T, a := s.root, s.replay, s.opts.ForkMergeMaxResponseTokens, s.opts.Arena
+	sc := s.scratch
+	*s = Session{opts: s.opts}
+	if sc == nil {
+		return nil, nil // nothing recorded
+	}
 	// The segments hold no reference into the tree: once linearized, its
 	// memory serves the next session.
 	defer func() {
-		a := s.opts.Arena
-		a.nodeSlabs().put(nodes)
-		a.kidSlabs().put(kids)
-		a.turnSlabs().put(turns)
+		a.nodeSlabs().put(sc.nodeSlab)
+		a.kidSlabs().put(sc.kidSlab)
+		a.turnSlabs().put(sc.turnSlab)
+		if a != nil {
+			sc.reset()
+			a.spare = sc
+		}
 	}()
-
-	l := &linearizer{kind: kind, T: T, base: base, arena: s.opts.Arena}
-	var gens []*node
-	var walk func(n *node) error
-	walk = func(n *node) error {
-		if n.turn != nil {
-			gens = append(gens, n)
-			defer func() { gens = gens[:len(gens)-1] }()
-		}
-		if len(n.children) == 0 && len(gens) > 0 {
-			if err := l.leaf(gens); err != nil {
-				return err
-			}
-		}
-		for _, c := range n.children {
-			if err := walk(c); err != nil {
-				return err
-			}
-		}
-		return nil
+	if root == nil {
+		return nil, nil // nothing recorded
 	}
-	if err := walk(root); err != nil {
+	l := linearizer{kind: kind, T: T, base: base, arena: a, scratch: sc}
+	if err := l.walk(root); err != nil {
 		return nil, err
 	}
 	return l.out, nil
@@ -118,6 +75,31 @@ type linearizer struct {
 	arena *Arena
 	out   []records.Trajectory
 	seen  map[int32]struct{} // scratch for top-p row validation
+
+	// The session's scratch: gens is the generated nodes on the path being
+	// walked; builders and spans those of the current leaf.
+	*scratch
+}
+
+// walk linearizes the leaves under n, depth first in insertion order.
+func (l *linearizer) walk(n *node) error {
+	if n.turn != nil {
+		l.gens = append(l.gens, n)
+	}
+	if len(n.children) == 0 && len(l.gens) > 0 {
+		if err := l.leaf(l.gens); err != nil {
+			return err
+		}
+	}
+	for _, c := range n.children {
+		if err := l.walk(c); err != nil {
+			return err
+		}
+	}
+	if n.turn != nil {
+		l.gens = l.gens[:len(l.gens)-1]
+	}
+	return nil
 }
 
 // leaf linearizes the generated nodes of one root-to-leaf path.
@@ -131,20 +113,20 @@ func (l *linearizer) leaf(gens []*node) error {
 	meta.truncated = last.FinishReason == "length"
 	capHint := len(last.PromptIDs) + len(last.OutputIDs)
 
-	var builders []*builder
+	l.builders, l.spans = l.builders[:0], l.spans[:0]
 	for _, g := range gens {
 		trained := !g.trained
 		g.trained = true
 		t := g.turn
 		var b *builder
-		if len(builders) > 0 && !l.kind.routes { // R3: every turn is its own segment
-			b = builders[len(builders)-1]
+		if len(l.builders) > 0 && !l.kind.routes { // R3: every turn is its own segment
+			b = &l.builders[len(l.builders)-1]
 			L := lcp(b.tokens, t.PromptIDs)
 			switch {
 			case L == len(b.tokens): // CLEAN
 				b.tokens = append(b.tokens, t.PromptIDs[L:]...)
 			case L >= b.lastStart && len(t.OutputIDs) < l.T: // REALIGN
-				b.realign(t.PromptIDs)
+				l.realign(b, t.PromptIDs)
 			default: // FORK
 				b = nil
 			}
@@ -154,22 +136,52 @@ func (l *linearizer) leaf(gens []*node) error {
 			if l.kind.routes {
 				hint = len(t.PromptIDs) + len(t.OutputIDs)
 			}
-			b = newBuilder(l.arena, t.PromptIDs, hint)
-			builders = append(builders, b)
+			// capHint bounds the segment (its leaf's last prompt and
+			// output), so appends stay inside this memory.
+			tokens := l.arena.int32s(max(hint, len(t.PromptIDs)))[:len(t.PromptIDs)]
+			copy(tokens, t.PromptIDs)
+			l.builders = append(l.builders, builder{tokens: tokens, lead: len(tokens), lo: len(l.spans), hi: len(l.spans)})
+			b = &l.builders[len(l.builders)-1]
 		}
-		b.appendOutput(t, trained)
+		l.appendOutput(b, t, trained)
 	}
-	for _, b := range builders {
-		if err := l.emit(b, meta); err != nil {
+	for i := range l.builders {
+		if err := l.emit(&l.builders[i], meta); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// appendOutput appends t's output as b's newest response; b is the leaf's
+// last builder.
+func (l *linearizer) appendOutput(b *builder, t *Turn, trained bool) {
+	b.lastStart = len(b.tokens)
+	if len(t.OutputIDs) > 0 {
+		l.spans = append(l.spans, span{start: len(b.tokens), turn: t, trained: trained})
+		b.hi = len(l.spans)
+		b.tokens = append(b.tokens, t.OutputIDs...)
+	}
+}
+
+// realign replaces b's most recent response span and everything after it
+// with prompt[lastStart:], all context; b is the leaf's last builder.
+func (l *linearizer) realign(b *builder, prompt []int32) {
+	b.tokens = append(b.tokens[:b.lastStart], prompt[b.lastStart:]...)
+	for b.hi > b.lo && l.spans[b.hi-1].start >= b.lastStart {
+		b.hi--
+	}
+	l.spans = l.spans[:b.hi]
+}
+
 // emit turns a builder into a segment, or drops it when it trains nothing.
 func (l *linearizer) emit(b *builder, meta leafMeta) error {
-	if !b.anyTrained() {
+	spans := l.spans[b.lo:b.hi]
+	trainedSpan := false
+	for _, sp := range spans {
+		trainedSpan = trainedSpan || sp.trained
+	}
+	if !trainedSpan {
 		return nil
 	}
 	n := len(b.tokens)
@@ -180,26 +192,37 @@ func (l *linearizer) emit(b *builder, meta leafMeta) error {
 		return nil // [INFERRED] truncation cut into the leading prompt
 	}
 	rl := n - b.lead
-	mask := l.arena.zeroedUint8s(rl)
-	lps := l.arena.zeroedFloat32s(rl)
-	trained := 0
-	for _, sp := range b.spans {
+	// Mask and logprobs are written in one pass, row order: context rows
+	// 0, output rows their mask and logprobs.
+	mask := l.arena.uint8s(rl)
+	lps := l.arena.float32s(rl)
+	trained, at := 0, 0 // at: the first row not yet written
+	for _, sp := range spans {
 		r0 := sp.start - b.lead
 		if r0 >= rl {
 			break
 		}
+		clear(mask[at:r0])
+		clear(lps[at:r0])
 		out := sp.turn.OutputIDs[:min(len(sp.turn.OutputIDs), rl-r0)]
+		at = r0 + len(out)
+		m := mask[r0:at]
 		if sp.trained {
-			m := mask[r0 : r0+len(out)]
 			for i := range m {
 				m[i] = 1
 			}
 			trained += len(out)
+		} else {
+			clear(m)
 		}
 		if len(sp.turn.OutputLogProbs) > 0 {
-			copy(lps[r0:], sp.turn.OutputLogProbs[:len(out)])
+			copy(lps[r0:at], sp.turn.OutputLogProbs)
+		} else {
+			clear(lps[r0:at])
 		}
 	}
+	clear(mask[at:])
+	clear(lps[at:])
 	if trained == 0 {
 		return nil // truncation removed every trained token
 	}
@@ -221,13 +244,13 @@ func (l *linearizer) emit(b *builder, meta leafMeta) error {
 		seg.Reward = &r
 	}
 	if l.kind.topP {
-		l.topP(&seg, b)
+		l.topP(&seg, b.lead, spans)
 	}
 	if l.kind.topK {
-		l.topK(&seg, b)
+		l.topK(&seg, b.lead, spans)
 	}
 	if l.kind.routes {
-		t := b.spans[0].turn
+		t := spans[0].turn
 		sh := t.RoutedExperts
 		stride := int(t.RoutedExpertsShape[1]) * int(t.RoutedExpertsShape[2])
 		rows := min(n-1, int(t.RoutedExpertsShape[0]))
@@ -243,16 +266,20 @@ func (l *linearizer) emit(b *builder, meta leafMeta) error {
 	// token) are checked once, by the writer (records.TrajectoryEncoder),
 	// which refuses the whole shard on a violation; the property tests hold
 	// assembly to them.
+	if l.out == nil {
+		// Most sessions make a few segments (a fork per token drift).
+		l.out = make([]records.Trajectory, 0, 4)
+	}
 	l.out = append(l.out, seg)
 	return nil
 }
 
 // topP concatenates the recorded nucleus spans in token order; context rows
 // get an empty span (spec §2.3).
-func (l *linearizer) topP(seg *records.Trajectory, b *builder) {
+func (l *linearizer) topP(seg *records.Trajectory, lead int, spans []span) {
 	rl := int(seg.ResponseLength)
 	total := 0
-	for _, sp := range b.spans {
+	for _, sp := range spans {
 		total += len(sp.turn.TopPTokenIDs)
 	}
 	off := make([]int32, rl+1)
@@ -262,8 +289,8 @@ func (l *linearizer) topP(seg *records.Trajectory, b *builder) {
 		lps = make([]float32, 0, total)
 	}
 	row := 0
-	for _, sp := range b.spans {
-		r0 := sp.start - b.lead
+	for _, sp := range spans {
+		r0 := sp.start - lead
 		if r0 >= rl {
 			break
 		}
@@ -290,7 +317,7 @@ func (l *linearizer) topP(seg *records.Trajectory, b *builder) {
 
 // topK gives generated rows their recorded head and context rows the dummy
 // head 0..k-1 with logprob log(1/k) (spec §2.3).
-func (l *linearizer) topK(seg *records.Trajectory, b *builder) {
+func (l *linearizer) topK(seg *records.Trajectory, lead int, spans []span) {
 	rl, k := int(seg.ResponseLength), int(l.kind.k)
 	ids := make([]int32, rl*k)
 	lps := make([]float32, rl*k)
@@ -301,8 +328,8 @@ func (l *linearizer) topK(seg *records.Trajectory, b *builder) {
 			lps[r*k+c] = dummy
 		}
 	}
-	for _, sp := range b.spans {
-		r0 := sp.start - b.lead
+	for _, sp := range spans {
+		r0 := sp.start - lead
 		if r0 >= rl {
 			break
 		}
@@ -313,25 +340,38 @@ func (l *linearizer) topK(seg *records.Trajectory, b *builder) {
 	seg.TopKTokenIDs, seg.TopKLogProbs, seg.TopK = ids, lps, l.kind.k
 }
 
-// lcp is the length of the longest common prefix of a and b.
+// lcp is the length of the longest common prefix of a and b. It reads each
+// element at most once: blocks are compared with the runtime's vectorized
+// memequal, and only the block holding the first difference is narrowed
+// down (a drift is found in one pass, not a failed whole-prefix compare and
+// a second pass).
 func lcp(a, b []int32) int {
 	n := min(len(a), len(b))
-	if n == 0 {
-		return 0
+	const block, sub = 1024, 32 // int32s: 4 KiB blocks, 128-byte sub-blocks
+	for i := 0; i < n; {
+		m := min(block, n-i)
+		if int32sEqual(a[i:i+m], b[i:i+m]) {
+			i += m
+			continue
+		}
+		for end := i + m; i+sub <= end && int32sEqual(a[i:i+sub], b[i:i+sub]); {
+			i += sub
+		}
+		for a[i] == b[i] { // a difference lies ahead, within the block
+			i++
+		}
+		return i
 	}
-	ab := unsafe.Slice((*byte)(unsafe.Pointer(&a[0])), 4*n)
-	bb := unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), 4*n)
-	if bytes.Equal(ab, bb) {
-		return n
+	return n
+}
+
+// int32sEqual reports whether a and b, of equal length, hold the same
+// values.
+func int32sEqual(a, b []int32) bool {
+	if len(a) == 0 {
+		return true
 	}
-	// Narrow down by blocks compared with the runtime's vectorized memequal.
-	const block = 256 // int32s
-	i := 0
-	for i+block <= n && bytes.Equal(ab[4*i:4*(i+block)], bb[4*i:4*(i+block)]) {
-		i += block
-	}
-	for i < n && a[i] == b[i] {
-		i++
-	}
-	return i
+	ab := unsafe.Slice((*byte)(unsafe.Pointer(&a[0])), 4*len(a))
+	bb := unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), 4*len(b))
+	return bytes.Equal(ab, bb)
 }
