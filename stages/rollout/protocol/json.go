@@ -155,7 +155,7 @@ func (p *jsonParser) literal(word string, v any) (any, error) {
 
 func (p *jsonParser) object(depth int) (any, error) {
 	p.i++ // {
-	o := &object{}
+	o := &object{keys: make([]string, 0, 4), vals: make([]any, 0, 4)}
 	p.ws()
 	if p.i < len(p.b) && p.b[p.i] == '}' {
 		p.i++
@@ -168,7 +168,7 @@ func (p *jsonParser) object(depth int) (any, error) {
 		if p.b[p.i] != '"' {
 			return nil, p.errorf("looking for the beginning of an object key string")
 		}
-		k, err := p.str()
+		k, err := p.key()
 		if err != nil {
 			return nil, err
 		}
@@ -184,7 +184,7 @@ func (p *jsonParser) object(depth int) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		o.set(k.(string), v)
+		o.set(k, v)
 		if p.ws(); p.i >= len(p.b) {
 			return nil, io.ErrUnexpectedEOF
 		}
@@ -287,6 +287,74 @@ func (p *jsonParser) number() (any, error) {
 
 // str reads a string at p.i (which holds '"'). Strings without escapes,
 // control characters or invalid UTF-8 are one slice conversion.
+// key reads an object key. The keys of chat requests are a small set that
+// every message repeats: those come back as constants, not allocated.
+func (p *jsonParser) key() (string, error) {
+	b := p.b
+	if end := bytes.IndexByte(b[p.i+1:], '"'); end >= 0 {
+		raw := b[p.i+1 : p.i+1+end]
+		if k, ok := commonKey(raw); ok {
+			p.i += end + 2
+			return k, nil
+		}
+	}
+	k, err := p.str()
+	if err != nil {
+		return "", err
+	}
+	return k.(string), nil
+}
+
+// commonKey returns the constant for a frequent key of the three request
+// protocols (no escapes: raw is the key's text as sent).
+func commonKey(raw []byte) (string, bool) {
+	switch string(raw) {
+	case "role":
+		return "role", true
+	case "content":
+		return "content", true
+	case "type":
+		return "type", true
+	case "text":
+		return "text", true
+	case "id":
+		return "id", true
+	case "name":
+		return "name", true
+	case "input":
+		return "input", true
+	case "tool_use_id":
+		return "tool_use_id", true
+	case "cache_control":
+		return "cache_control", true
+	case "thinking":
+		return "thinking", true
+	case "signature":
+		return "signature", true
+	case "arguments":
+		return "arguments", true
+	case "call_id":
+		return "call_id", true
+	case "output":
+		return "output", true
+	case "tool_calls":
+		return "tool_calls", true
+	case "tool_call_id":
+		return "tool_call_id", true
+	case "function":
+		return "function", true
+	case "description":
+		return "description", true
+	case "properties":
+		return "properties", true
+	case "required":
+		return "required", true
+	case "is_error":
+		return "is_error", true
+	}
+	return "", false
+}
+
 func (p *jsonParser) str() (any, error) {
 	b := p.b
 	start := p.i + 1
