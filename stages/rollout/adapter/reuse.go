@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"hash/maphash"
 	"slices"
 	"sort"
 	"strings"
@@ -136,43 +137,71 @@ func appendCanonical(out, b []byte, i, depth int) ([]byte, int, bool) {
 	return append(out, b[i:j]...), j, true
 }
 
-// hashMemo remembers the last request's messages and tools with their
-// hashes. A client resends its whole history every turn, byte for byte, so
-// a message whose bytes equal the one at its index last time has that
-// one's hash, found by a comparison instead of a canonical encoding and a
-// SHA-256 of each message every turn. It holds one history per session
-// (the last), which the recorded turns hold anyway.
+// hashMemo remembers, per session, the last request's messages and tools
+// by fingerprint with their hashes. A client resends its whole history every
+// turn, byte for byte, so a message whose fingerprint equals the one at its
+// index last time has that one's hash: a hardware-assisted 128-bit hash of
+// the bytes instead of a canonical encoding and a SHA-256 of each message,
+// every turn. The fingerprint is two 64-bit maphashes under seeds drawn per
+// memo, so no client can aim a collision at it, and it costs 16 bytes a
+// message rather than a copy of the history.
 type hashMemo struct {
-	msgs      []json.RawMessage
+	seeds     [2]maphash.Seed
+	seeded    bool
+	sums      []rawSum
 	hashes    []digest
-	toolList  []json.RawMessage
+	toolsSum  rawSum
 	toolsHash digest
 	haveTools bool
-	parsed    []parse.Tool // parseTools(toolList), nil until asked
+	toolList  []json.RawMessage // for parsedTools
+	parsed    []parse.Tool      // parseTools(toolList), nil until asked
 	toolsRead bool
+}
+
+// rawSum fingerprints a message's bytes.
+type rawSum [2]uint64
+
+func (m *hashMemo) sum(raw []byte) rawSum {
+	if !m.seeded {
+		m.seeds, m.seeded = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}, true
+	}
+	return rawSum{maphash.Bytes(m.seeds[0], raw), maphash.Bytes(m.seeds[1], raw)}
 }
 
 // messages returns the hashes of msgs, with room for one more (the turn's
 // assistant message).
 func (m *hashMemo) messages(msgs []json.RawMessage) []digest {
 	out := make([]digest, len(msgs), len(msgs)+1)
+	sums := make([]rawSum, len(msgs))
 	for i, raw := range msgs {
-		if i < len(m.msgs) && bytes.Equal(raw, m.msgs[i]) {
+		sums[i] = m.sum(raw)
+		if i < len(m.sums) && sums[i] == m.sums[i] {
 			out[i] = m.hashes[i]
 		} else {
 			out[i] = canonicalHash(raw)
 		}
 	}
-	m.msgs, m.hashes = msgs, out[:len(msgs):len(msgs)]
+	m.sums, m.hashes = sums, out[:len(msgs):len(msgs)]
 	return out
 }
 
 // tools returns hashTools(tools), remembered while the list is unchanged.
 func (m *hashMemo) tools(tools []json.RawMessage) digest {
-	if m.haveTools && slices.EqualFunc(tools, m.toolList, func(a, b json.RawMessage) bool { return bytes.Equal(a, b) }) {
+	m.sum(nil) // seeds
+	var sum rawSum
+	for k := range sum {
+		var h maphash.Hash
+		h.SetSeed(m.seeds[k])
+		for _, t := range tools {
+			maphash.WriteComparable(&h, len(t)) // the list's framing
+			h.Write(t)
+		}
+		sum[k] = h.Sum64()
+	}
+	if m.haveTools && sum == m.toolsSum {
 		return m.toolsHash
 	}
-	m.toolList, m.toolsHash, m.haveTools = tools, hashTools(tools), true
+	m.toolList, m.toolsSum, m.toolsHash, m.haveTools = tools, sum, hashTools(tools), true
 	m.parsed, m.toolsRead = nil, false
 	return m.toolsHash
 }
