@@ -44,7 +44,9 @@ are numbered (rollout_id, index, group_index) in the order they first called.
 The engine must serve the token-in generate route (vLLM --enable-scale-out on
 recent releases) unless --mode completions; the startup probe says which flag
 is missing. --tokenizer-dir is the served checkpoint's directory (JSON
-tokenizer files only), for the special token ids prefix reuse needs.
+tokenizer files only), for the special token ids prefix reuse needs. An
+http:// engine is reached directly over kept-alive connections (HTTP_PROXY
+is not consulted); a server started with --api-key needs --engine-api-key.
 
 Example:
    kiln-rollout adapter --engine http://127.0.0.1:8000 --listen 127.0.0.1:8001 \
@@ -52,6 +54,7 @@ Example:
 		Flags: []cli.Flag{
 			stage.StoreFlag(),
 			&cli.StringFlag{Name: "engine", Required: true, Usage: "engine base URL (vLLM OpenAI-compatible server)"},
+			&cli.StringFlag{Name: "engine-api-key", EnvVars: []string{"KILN_ENGINE_API_KEY"}, Usage: "bearer token for an engine started with --api-key"},
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8001", Usage: "address to serve the adapter on"},
 			&cli.StringFlag{Name: "out", Required: true, Usage: "dataset name prefix: NAME/turns and NAME/trajectories"},
 			&cli.StringFlag{Name: "tokenizer-dir", Usage: "served checkpoint directory with tokenizer JSON files"},
@@ -81,7 +84,7 @@ func runAdapter(c *cli.Context, env *stage.Env) error {
 	if err := dataset.CheckName(out); err != nil {
 		return stage.UsageError{Err: err}
 	}
-	eng, err := engine.New(engine.Options{BaseURL: c.String("engine"), Mode: mode})
+	eng, err := engine.New(engine.Options{BaseURL: c.String("engine"), Mode: mode, APIKey: c.String("engine-api-key")})
 	if err != nil {
 		return stage.UsageError{Err: err}
 	}
