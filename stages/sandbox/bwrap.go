@@ -228,14 +228,14 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 	if o.Endpoint != "" {
 		args = append(args, "--ro-bind", filepath.Join(s.state, "endpoint.sock"), sandboxinit.EndpointSocket)
 	}
-	args = append(append(append(args, "--cap-drop", "ALL"), rootCaps()...), "--chdir", "/",
-		sandboxinit.HelperPath, "init", "--agent", Agent)
+	args = append(append(args, "--cap-drop", "ALL"), rootCaps()...)
+	initArgs := []string{"--chdir", "/", sandboxinit.HelperPath, "init", "--agent", Agent}
 	if o.Endpoint != "" {
-		args = append(args, "--listen", strconv.Itoa(o.EndpointPort))
+		initArgs = append(initArgs, "--listen", strconv.Itoa(o.EndpointPort))
 	}
-	s.cmd = exec.Command(bwrap, args...)
 	// Init's descriptors: fd 3 its request socket (listening here, served
-	// there), then the cgroup handles. bwrap passes inherited descriptors on.
+	// there), then the cgroup handles; bwrap passes inherited descriptors
+	// on. The seccomp filter's descriptor comes last and bwrap consumes it.
 	ctlFile, err := listenCtl(s.ctlSock)
 	if err != nil {
 		return nil, err
@@ -256,8 +256,17 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 		if s.cg.v2 {
 			mode = "v2"
 		}
-		s.cmd.Args = append(s.cmd.Args, "--cgroup", fmt.Sprintf("%s:%d", mode, len(cgFiles)))
+		initArgs = append(initArgs, "--cgroup", fmt.Sprintf("%s:%d", mode, len(cgFiles)))
 	}
+	if filter := seccompFilter(s.cg != nil && s.cg.v2); filter != nil {
+		f, err := bytesFile(filter)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox seccomp filter: %w", err)
+		}
+		files = append(files, f)
+		args = append(args, "--seccomp", strconv.Itoa(2+len(files)))
+	}
+	s.cmd = exec.Command(bwrap, append(args, initArgs...)...)
 	s.cmd.ExtraFiles = files
 	s.cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	s.cmd.Stderr = s.stderr

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"io/fs"
 	"net"
 	"os"
@@ -140,6 +141,13 @@ func TestIsolation(t *testing.T) {
 		// current value changes nothing even if it were allowed.
 		{"host sysctls read-only to root", sandbox.Cmd{Shell: `v=$(cat /proc/sys/kernel/core_pattern) && echo "$v" > /proc/sys/kernel/core_pattern`}, false, ""},
 		{"host page cache not droppable", sandbox.Cmd{Shell: "echo 1 > /proc/sys/vm/drop_caches"}, false, ""},
+		// The seccomp filter (seccomp.go): in force for every command, and
+		// each case below succeeds on this host without it.
+		{"seccomp filter in force", sandbox.Cmd{Shell: "grep '^Seccomp:' /proc/self/status | tr -d ' \\t'"}, true, "Seccomp:2\n"},
+		{"no user namespaces for root", sandbox.Cmd{Shell: "unshare -U true"}, false, ""},
+		{"no user namespaces for the agent", sandbox.Cmd{Shell: "unshare -U true", User: sandbox.Agent}, false, ""},
+		{"host root's keyring refused", sandbox.Cmd{Shell: syscallProbe(unix.SYS_KEYCTL, "0, -4, 0")}, true, "-1 1\n"},
+		{"io_uring absent", sandbox.Cmd{Shell: syscallProbe(unix.SYS_IO_URING_SETUP, "1, ctypes.create_string_buffer(120)"), User: sandbox.Agent}, true, "-1 38\n"},
 		{"root writes stay in the overlay", sandbox.Cmd{Shell: "echo evil >> /etc/passwd && echo evil > /etc/hostname && echo evil > /etc/hosts && rm -rf /usr/share/doc && touch /usr/bin/git && echo done"}, true, "done\n"},
 		{"agent installs into its home", sandbox.Cmd{Shell: "mkdir -p ~/.local/bin && printf '#!/bin/sh\\necho tool\\n' > ~/.local/bin/tool && chmod +x ~/.local/bin/tool && ~/.local/bin/tool", User: sandbox.Agent}, true, "tool\n"},
 	}
@@ -201,4 +209,10 @@ func TestIsolation(t *testing.T) {
 			t.Fatalf("host file %s changed", f)
 		}
 	}
+}
+
+// syscallProbe is a shell command that makes one raw system call from
+// Python and prints its result and errno.
+func syscallProbe(nr int, args string) string {
+	return fmt.Sprintf(`python3 -c 'import ctypes; libc = ctypes.CDLL(None, use_errno=True); r = libc.syscall(%d, %s); print(r, ctypes.get_errno() if r < 0 else 0)'`, nr, args)
 }

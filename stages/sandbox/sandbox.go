@@ -10,8 +10,9 @@
 //   - "bwrap" (the default; needs root): bubblewrap over a copy-on-write
 //     overlay of the whole rootfs (kernel overlayfs, fuse-overlayfs where the
 //     kernel refuses), new pid/ipc/uts/net namespaces, tmpfs /tmp and /run,
-//     minimal /dev and /proc, a reduced capability set for root and
-//     no_new_privs, hard memory and pids limits through a per-sandbox cgroup
+//     minimal /dev and read-only /proc, a reduced capability set for root,
+//     no_new_privs and a seccomp filter in the manner of Docker's default
+//     (seccomp.go), hard memory and pids limits through a per-sandbox cgroup
 //     (v1, or a delegated v2), and exactly one way out of the network
 //     namespace: the Options.Endpoint host address, reachable inside at
 //     Endpoint(). It needs the kiln-sandbox-helper binary (cmd/) beside the
