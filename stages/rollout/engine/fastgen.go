@@ -32,7 +32,7 @@ func fastGenerate(b []byte) (r genReply, ok bool) {
 		var dst *json.RawMessage
 		switch string(key) {
 		case "choices":
-			e := arrayAt(b, v, func(v int) int {
+			e := jsonskim.Array(b, v, func(v int) int {
 				if choices++; choices > 1 {
 					return -1
 				}
@@ -89,7 +89,7 @@ func (r *genReply) choice(b []byte, i int) int {
 					return jsonskim.Value(b, v)
 				}
 				r.content = true
-				return arrayAt(b, v, func(v int) int { return r.entry(b, v) })
+				return jsonskim.Array(b, v, func(v int) int { return r.entry(b, v) })
 			})
 			if e >= 0 {
 				r.ch.Logprobs = b[v:e]
@@ -189,72 +189,13 @@ func foldsTo(key []byte, names ...string) bool {
 	return false
 }
 
-// objectAt walks the JSON object at b[i:], calling fn with each key (raw
-// text, escapes refused) and the start of its value; fn returns the end of
-// the value or -1. It returns the end of the object or -1.
+// objectAt is jsonskim.Object refusing keys with escapes: keys are matched
+// by their raw text.
 func objectAt(b []byte, i int, fn func(key []byte, v int) int) int {
-	if i >= len(b) || b[i] != '{' {
-		return -1
-	}
-	i = jsonskim.Space(b, i+1)
-	if i < len(b) && b[i] == '}' {
-		return i + 1
-	}
-	for {
-		if i >= len(b) || b[i] != '"' {
-			return -1
-		}
-		ks := i
-		if i = jsonskim.String(b, i); i < 0 {
-			return -1
-		}
-		key := b[ks+1 : i-1]
+	return jsonskim.Object(b, i, func(key []byte, v int) int {
 		if bytes.IndexByte(key, '\\') >= 0 {
 			return -1
 		}
-		if i = jsonskim.Space(b, i); i >= len(b) || b[i] != ':' {
-			return -1
-		}
-		if i = fn(key, jsonskim.Space(b, i+1)); i < 0 {
-			return -1
-		}
-		if i = jsonskim.Space(b, i); i >= len(b) {
-			return -1
-		}
-		switch b[i] {
-		case ',':
-			i = jsonskim.Space(b, i+1)
-		case '}':
-			return i + 1
-		default:
-			return -1
-		}
-	}
-}
-
-// arrayAt walks the JSON array at b[i:] as objectAt walks an object.
-func arrayAt(b []byte, i int, fn func(v int) int) int {
-	if i >= len(b) || b[i] != '[' {
-		return -1
-	}
-	i = jsonskim.Space(b, i+1)
-	if i < len(b) && b[i] == ']' {
-		return i + 1
-	}
-	for {
-		if i = fn(i); i < 0 {
-			return -1
-		}
-		if i = jsonskim.Space(b, i); i >= len(b) {
-			return -1
-		}
-		switch b[i] {
-		case ',':
-			i = jsonskim.Space(b, i+1)
-		case ']':
-			return i + 1
-		default:
-			return -1
-		}
-	}
+		return fn(key, v)
+	})
 }

@@ -104,77 +104,99 @@ func Value(b []byte, i int) int {
 // allocating; fn returns false to stop, and EachField then returns false.
 // It returns false when b is not one object (white space around it aside).
 func EachField(b []byte, fn func(key, val []byte) bool) bool {
-	i := Space(b, 0)
-	if i >= len(b) || b[i] != '{' {
-		return false
-	}
-	i = Space(b, i+1)
-	if i < len(b) && b[i] == '}' {
-		return Space(b, i+1) == len(b)
-	}
-	for {
-		if i >= len(b) || b[i] != '"' {
-			return false
+	end := Object(b, Space(b, 0), func(key []byte, v int) int {
+		e := Value(b, v)
+		if e < 0 || !fn(key, b[v:e]) {
+			return -1
 		}
-		ks := i
-		if i = String(b, i); i < 0 {
-			return false
-		}
-		key := b[ks+1 : i-1]
-		if i = Space(b, i); i >= len(b) || b[i] != ':' {
-			return false
-		}
-		vs := Space(b, i+1)
-		if i = Value(b, vs); i < 0 {
-			return false
-		}
-		if !fn(key, b[vs:i]) {
-			return false
-		}
-		if i = Space(b, i); i >= len(b) {
-			return false
-		}
-		switch b[i] {
-		case ',':
-			i = Space(b, i+1)
-		case '}':
-			return Space(b, i+1) == len(b)
-		default:
-			return false
-		}
-	}
+		return e
+	})
+	return end >= 0 && Space(b, end) == len(b)
 }
 
 // EachElem calls fn with every raw element of the JSON array b, in order,
 // without allocating; fn returns false to stop, and EachElem then returns
 // false. It returns false when b is not one array.
 func EachElem(b []byte, fn func(val []byte) bool) bool {
-	i := Space(b, 0)
+	end := Array(b, Space(b, 0), func(v int) int {
+		e := Value(b, v)
+		if e < 0 || !fn(b[v:e]) {
+			return -1
+		}
+		return e
+	})
+	return end >= 0 && Space(b, end) == len(b)
+}
+
+// Object walks the JSON object that starts at b[i] (a '{'), calling fn with
+// each key (the text between its quotes, escapes not undone) and the index
+// where its value starts; fn reads the value where it stands — parsing it,
+// or skipping it with Value — and returns the index after it, or -1 to stop.
+// Object returns the index after the object, or -1. Readers that parse
+// nested values in place use it to read each byte once, where EachField
+// would skim a value that the caller then parses again.
+func Object(b []byte, i int, fn func(key []byte, v int) int) int {
+	if i >= len(b) || b[i] != '{' {
+		return -1
+	}
+	i = Space(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return i + 1
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return -1
+		}
+		ks := i
+		if i = String(b, i); i < 0 {
+			return -1
+		}
+		key := b[ks+1 : i-1]
+		if i = Space(b, i); i >= len(b) || b[i] != ':' {
+			return -1
+		}
+		if i = fn(key, Space(b, i+1)); i < 0 {
+			return -1
+		}
+		if i = Space(b, i); i >= len(b) {
+			return -1
+		}
+		switch b[i] {
+		case ',':
+			i = Space(b, i+1)
+		case '}':
+			return i + 1
+		default:
+			return -1
+		}
+	}
+}
+
+// Array walks the JSON array that starts at b[i] (a '[') as Object walks an
+// object: fn gets the index where each element starts and returns the index
+// after it, or -1.
+func Array(b []byte, i int, fn func(v int) int) int {
 	if i >= len(b) || b[i] != '[' {
-		return false
+		return -1
 	}
 	i = Space(b, i+1)
 	if i < len(b) && b[i] == ']' {
-		return Space(b, i+1) == len(b)
+		return i + 1
 	}
 	for {
-		vs := i
-		if i = Value(b, vs); i < 0 {
-			return false
-		}
-		if !fn(b[vs:i]) {
-			return false
+		if i = fn(i); i < 0 {
+			return -1
 		}
 		if i = Space(b, i); i >= len(b) {
-			return false
+			return -1
 		}
 		switch b[i] {
 		case ',':
 			i = Space(b, i+1)
 		case ']':
-			return Space(b, i+1) == len(b)
+			return i + 1
 		default:
-			return false
+			return -1
 		}
 	}
 }
