@@ -97,6 +97,9 @@ type Server struct {
 	// end-of-message token is the same few ids on every turn, and the
 	// tokenizer never changes under a running server.
 	blankTails sync.Map // string(ids as bytes) -> bool
+	// decoded holds the translations of the request parts clients resend
+	// unchanged every turn (Anthropic's system prompt and tools).
+	decoded *protocol.Cache
 
 	mu       sync.Mutex
 	sessions map[string]*session
@@ -131,7 +134,7 @@ func New(opts Options) *Server {
 	if opts.IDs == nil {
 		opts.IDs = protocol.RandomIDs()
 	}
-	s := &Server{opts: opts, toolFmt: f, sessions: map[string]*session{}, closed: map[string]bool{},
+	s := &Server{opts: opts, toolFmt: f, decoded: protocol.NewCache(), sessions: map[string]*session{}, closed: map[string]bool{},
 		specials: map[int32]bool{}}
 	for _, id := range opts.Special.AllSpecialIDs {
 		s.specials[id] = true
@@ -155,7 +158,7 @@ func New(opts Options) *Server {
 		}
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/messages", s.turnHandler(protocol.Anthropic, protocol.DecodeAnthropic))
+	mux.HandleFunc("POST /v1/messages", s.turnHandler(protocol.Anthropic, s.decoded.DecodeAnthropic))
 	mux.HandleFunc("POST /v1/responses", s.turnHandler(protocol.Responses, protocol.DecodeResponses))
 	mux.HandleFunc("POST /v1/chat/completions", s.turnHandler(protocol.Chat, protocol.DecodeChat))
 	mux.HandleFunc("POST /v1/messages/count_tokens", func(w http.ResponseWriter, r *http.Request) {

@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"encoding/json"
 	"net/http"
 	"sort"
 )
@@ -9,7 +10,22 @@ import (
 // into neutral form. header supplies the session id (§2.1) and the Accept
 // header (streaming). Failures are *Error with status 400.
 func DecodeAnthropic(header http.Header, body []byte) (Request, error) {
-	b, err := decodeBody(body)
+	return decodeAnthropic(header, body, nil)
+}
+
+// DecodeAnthropic is the package's DecodeAnthropic, taking the system
+// prompt's and the tool list's translations from c when their bytes were
+// seen before.
+func (c *Cache) DecodeAnthropic(header http.Header, body []byte) (Request, error) {
+	return decodeAnthropic(header, body, newCachedParts(c, "anthropic", "system", "tools"))
+}
+
+// anthropicSystem is the cached translation of a system prompt: the
+// system message, nil when the prompt is empty.
+type anthropicSystem struct{ msg json.RawMessage }
+
+func decodeAnthropic(header http.Header, body []byte, cp *cachedParts) (Request, error) {
+	b, err := decodeBodyCached(body, cp)
 	if err != nil {
 		return Request{}, err
 	}
@@ -17,9 +33,12 @@ func DecodeAnthropic(header http.Header, body []byte) (Request, error) {
 	if err != nil {
 		return Request{}, err
 	}
-	tools, err := listField(b, "tools")
-	if err != nil {
-		return Request{}, err
+	cachedTools, toolsHit := cp.hit("tools")
+	var tools []any
+	if !toolsHit {
+		if tools, err = listField(b, "tools"); err != nil {
+			return Request{}, err
+		}
 	}
 	s, err := sampling(b, []string{"max_tokens"}, "stop_sequences")
 	if err != nil {
@@ -32,12 +51,26 @@ func DecodeAnthropic(header http.Header, body []byte) (Request, error) {
 		Stream:    wantsStream(header, b),
 	}
 	r.Model, _ = b.str("model")
-	t := anthropicTranslator{pos: map[string]int{}}
-	if sys := b.val("system"); truthy(sys) {
-		t.out = append(t.out, obj("role", "system", "content", flatten(sys)))
+	var sys anthropicSystem
+	if v, ok := cp.hit("system"); ok {
+		sys = v.(anthropicSystem)
+	} else {
+		if v := b.val("system"); truthy(v) {
+			sys.msg = marshal(obj("role", "system", "content", flatten(v)))
+		}
+		cp.store("system", sys)
 	}
+	t := anthropicTranslator{pos: map[string]int{}}
 	t.translate(foldSystem(msgs))
 	r.Messages = rawAll(t.out)
+	if sys.msg != nil {
+		r.Messages = append([]json.RawMessage{sys.msg}, r.Messages...)
+	}
+	if toolsHit {
+		ct := cachedTools.(anthropicTools)
+		r.Tools, r.Specs = ct.tools, ct.specs
+		return r, nil
+	}
 	for _, e := range tools {
 		to, ok := e.(*object)
 		if !ok || deferred(to) {
@@ -54,6 +87,7 @@ func DecodeAnthropic(header http.Header, body []byte) (Request, error) {
 		r.Tools = append(r.Tools, marshal(functionSchema(name, to.val("description"), params)))
 		r.Specs = append(r.Specs, ToolSpec{SchemaName: name, Name: name, Kind: FunctionTool})
 	}
+	cp.store("tools", anthropicTools{tools: r.Tools, specs: r.Specs})
 	return r, nil
 }
 

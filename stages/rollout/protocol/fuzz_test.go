@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 )
 
@@ -65,4 +66,30 @@ func FuzzDecodeChat(f *testing.F) {
 		`{"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":"[1]"}}]}],"stop":"x"}`,
 		`{"messages":[{"role":"developer","content":[{"type":"text","text":"r"}]}],"tools":[{"name":"flat"}]}`,
 		`{"messages":"x"}`, `null`)
+}
+
+// A cached decode gives what an uncached one gives, whatever the cache
+// holds: each body is decoded with a cache that has seen the previous
+// bodies (hits on resent parts, misses on new ones) and without a cache.
+func FuzzCachedDecodeAnthropic(f *testing.F) {
+	if b, err := os.ReadFile(filepath.Join("testdata", "requests", "claude_code_full_turn2.json")); err == nil {
+		f.Add(b, []byte(`{"system":"other","tools":[],"messages":[{"role":"user","content":"x"}]}`))
+	}
+	f.Add([]byte(`{"system":[{"type":"text","text":"s"}],"tools":[{"name":"a","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"x"}]}`),
+		[]byte(`{"system":"s2","system":[{"type":"text","text":"s"}],"tools":[{"name":"a","input_schema":{"type":"object"}}],"tools":5,"messages":[]}`))
+	f.Add([]byte(`{"system":"","tools":null,"messages":[{"role":"user","content":"x"}]}`), []byte(`{"system":"" ,"tools":null}`))
+	h := http.Header{"Authorization": {"Bearer s"}}
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		c := NewCache()
+		for _, body := range [][]byte{a, b, a, b} {
+			want, wantErr := DecodeAnthropic(h, body)
+			got, gotErr := c.DecodeAnthropic(h, body)
+			if (wantErr == nil) != (gotErr == nil) {
+				t.Fatalf("uncached err %v, cached err %v", wantErr, gotErr)
+			}
+			if wantErr == nil && !reflect.DeepEqual(want, got) {
+				t.Fatalf("uncached %+v\ncached %+v", want, got)
+			}
+		}
+	})
 }

@@ -78,7 +78,19 @@ var errTooDeep = errors.New("JSON nested too deeply")
 // request body in one pass without a token stream, and reports errors with
 // their byte offset.
 func parseJSON(data []byte) (any, error) {
-	p := jsonParser{b: data}
+	return parseJSONSkipping(data, nil)
+}
+
+// skippedValue stands for a top-level value the parser skipped at its
+// caller's word (a cached part, see Cache).
+type skippedValue struct{}
+
+// parseJSONSkipping is parseJSON that asks skip, for each key of a
+// top-level object, whether to skip the value that starts at data[i]; skip
+// returns the value's end when it vouches for those bytes, and the value is
+// then a skippedValue. skip may be nil.
+func parseJSONSkipping(data []byte, skip func(key string, data []byte, i int) (int, bool)) (any, error) {
+	p := jsonParser{b: data, skip: skip}
 	p.ws()
 	v, err := p.value(0)
 	if err != nil {
@@ -91,8 +103,9 @@ func parseJSON(data []byte) (any, error) {
 }
 
 type jsonParser struct {
-	b []byte
-	i int
+	b    []byte
+	i    int
+	skip func(key string, data []byte, i int) (int, bool) // top-level values; nil: none
 }
 
 func (p *jsonParser) ws() {
@@ -180,6 +193,25 @@ func (p *jsonParser) object(depth int) (any, error) {
 		}
 		p.i++
 		p.ws()
+		if depth == 0 && p.skip != nil {
+			if end, ok := p.skip(k, p.b, p.i); ok {
+				p.i = end
+				o.set(k, skippedValue{})
+				if p.ws(); p.i >= len(p.b) {
+					return nil, io.ErrUnexpectedEOF
+				}
+				switch p.b[p.i] {
+				case ',':
+					p.i++
+					p.ws()
+					continue
+				case '}':
+					p.i++
+					return o, nil
+				}
+				return nil, p.errorf("after object key:value pair")
+			}
+		}
 		v, err := p.value(depth + 1)
 		if err != nil {
 			return nil, err

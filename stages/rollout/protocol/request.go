@@ -153,7 +153,17 @@ func wantsStream(h http.Header, body *object) bool {
 
 // decodeBody parses a request body that must be a JSON object.
 func decodeBody(body []byte) (*object, error) {
-	v, err := parseJSON(body)
+	return decodeBodyCached(body, nil)
+}
+
+// decodeBodyCached is decodeBody that skips the top-level values whose
+// translation cp holds.
+func decodeBodyCached(body []byte, cp *cachedParts) (*object, error) {
+	var skip func(string, []byte, int) (int, bool)
+	if cp != nil {
+		skip = cp.skip
+	}
+	v, err := parseJSONSkipping(body, skip)
 	if err != nil {
 		return nil, badRequest("invalid JSON body: " + err.Error())
 	}

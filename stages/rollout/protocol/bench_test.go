@@ -1,0 +1,62 @@
+package protocol
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"testing"
+)
+
+// BenchmarkDecodeClaudeCode decodes a request Claude Code 2.1.328 sent
+// (--tools Bash,Read,Edit; recorded with shared/tools/wire_recorder.py): a
+// 7 KB system prompt and 7 KB of tools that every turn resends, plus the
+// history, here grown to 20 turns of tool calls and results; uncached and
+// with the Cache the adapter uses, after the first turn of a run (system
+// prompt and tools cached).
+//
+//	go test ./stages/rollout/protocol -run '^$' -bench DecodeClaudeCode
+func BenchmarkDecodeClaudeCode(b *testing.B) {
+	raw, err := os.ReadFile("testdata/requests/claude_code_full_turn2.json")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var req map[string]any
+	if err := json.Unmarshal(raw, &req); err != nil {
+		b.Fatal(err)
+	}
+	msgs := req["messages"].([]any)
+	for k := 0; k < 18; k++ {
+		msgs = append(msgs,
+			map[string]any{"role": "assistant", "content": []any{
+				map[string]any{"type": "text", "text": "Let me look at the next file before I change anything in it."},
+				map[string]any{"type": "tool_use", "id": "toolu_" + string(rune('a'+k)), "name": "Bash",
+					"input": map[string]any{"command": "sed -n 1,80p src/module.py", "description": "Show the module"}}}},
+			map[string]any{"role": "user", "content": []any{map[string]any{"type": "tool_result",
+				"tool_use_id": "toolu_" + string(rune('a'+k)), "is_error": false,
+				"content": "def f(x):\n    return x * 2\n\n# ... 40 more lines of code of the module under test ...\n"}}})
+	}
+	req["messages"] = msgs
+	if os.Getenv("KILN_BENCH_NO_SYSTEM_TOOLS") != "" {
+		delete(req, "system")
+		delete(req, "tools")
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := http.Header{"Authorization": {"Bearer s"}}
+	for _, c := range []struct {
+		name string
+		dec  func(http.Header, []byte) (Request, error)
+	}{{"uncached", DecodeAnthropic}, {"cached", NewCache().DecodeAnthropic}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := c.dec(h, body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
