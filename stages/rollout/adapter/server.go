@@ -100,6 +100,9 @@ type Server struct {
 	// decoded holds the translations of the request parts clients resend
 	// unchanged every turn (Anthropic's system prompt and tools).
 	decoded *protocol.Cache
+	// histories carry each Anthropic session's parsed and translated
+	// history to its next request (protocol.History), by session id.
+	histories sync.Map // string -> *protocol.History
 
 	mu       sync.Mutex
 	sessions map[string]*session
@@ -158,7 +161,7 @@ func New(opts Options) *Server {
 		}
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/messages", s.turnHandler(protocol.Anthropic, s.decoded.DecodeAnthropic))
+	mux.HandleFunc("POST /v1/messages", s.turnHandler(protocol.Anthropic, s.decodeAnthropic))
 	mux.HandleFunc("POST /v1/responses", s.turnHandler(protocol.Responses, protocol.DecodeResponses))
 	mux.HandleFunc("POST /v1/chat/completions", s.turnHandler(protocol.Chat, protocol.DecodeChat))
 	mux.HandleFunc("POST /v1/messages/count_tokens", func(w http.ResponseWriter, r *http.Request) {
@@ -184,6 +187,20 @@ func writeJSON(w http.ResponseWriter, status int, body []byte) {
 
 func writeError(w http.ResponseWriter, p protocol.Protocol, e *protocol.Error) {
 	writeJSON(w, e.Status, e.Body(p))
+}
+
+// decodeAnthropic decodes with the server's cache and the session's
+// history. A session that is closed keeps no history (its requests fail).
+func (s *Server) decodeAnthropic(h http.Header, body []byte) (protocol.Request, error) {
+	id := protocol.AnthropicSessionID(h)
+	s.mu.Lock()
+	closed := s.closed[id]
+	s.mu.Unlock()
+	if closed {
+		return s.decoded.DecodeAnthropic(h, body)
+	}
+	v, _ := s.histories.LoadOrStore(id, &protocol.History{})
+	return s.decoded.DecodeAnthropicHistory(h, body, v.(*protocol.History))
 }
 
 // readBody reads a request body of at most MaxBodyBytes, in one

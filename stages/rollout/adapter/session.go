@@ -117,6 +117,7 @@ func (s *Server) shutdown(id string) *session {
 	sess := s.sessions[id]
 	delete(s.sessions, id)
 	s.mu.Unlock()
+	s.histories.Delete(id)
 	if sess == nil {
 		return nil
 	}

@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http"
 	"sort"
 )
@@ -25,13 +26,31 @@ func (c *Cache) DecodeAnthropic(header http.Header, body []byte) (Request, error
 type anthropicSystem struct{ msg json.RawMessage }
 
 func decodeAnthropic(header http.Header, body []byte, cp *cachedParts) (Request, error) {
-	b, err := decodeBodyCached(body, cp)
+	return decodeAnthropicWith(header, body, cp, nil)
+}
+
+// decodeAnthropicWith decodes with the cache's parts (cp) and a session's
+// history (hd), either nil.
+func decodeAnthropicWith(header http.Header, body []byte, cp *cachedParts, hd *historyDecode) (Request, error) {
+	var top topHook
+	if cp != nil || hd != nil {
+		top = func(p *jsonParser, key string) (any, bool, error) {
+			if key == "messages" && hd != nil {
+				return hd.messages(p)
+			}
+			return cp.top(p, key)
+		}
+	}
+	b, err := decodeBodyCached(body, top)
 	if err != nil {
 		return Request{}, err
 	}
-	msgs, err := listField(b, "messages")
-	if err != nil {
-		return Request{}, err
+	hist, _ := b.val("messages").(*historyList)
+	var msgs []any
+	if hist == nil {
+		if msgs, err = listField(b, "messages"); err != nil {
+			return Request{}, err
+		}
 	}
 	cachedTools, toolsHit := cp.hit("tools")
 	var tools []any
@@ -60,9 +79,15 @@ func decodeAnthropic(header http.Header, body []byte, cp *cachedParts) (Request,
 		}
 		cp.store("system", sys)
 	}
-	t := anthropicTranslator{pos: map[string]int{}}
-	t.translate(foldSystem(msgs))
-	r.Messages = rawAll(t.out)
+	if hist != nil {
+		if r.Messages, err = hd.translate(body, hist); err != nil {
+			return Request{}, err
+		}
+	} else {
+		t := anthropicTranslator{pos: map[string]int{}}
+		t.translate(foldSystem(msgs))
+		r.Messages = rawAll(t.out)
+	}
 	if sys.msg != nil {
 		r.Messages = append([]json.RawMessage{sys.msg}, r.Messages...)
 	}
@@ -96,12 +121,21 @@ func decodeAnthropic(header http.Header, body []byte, cp *cachedParts) (Request,
 // message, else prepended to the next user message, else a user message of
 // its own in its place. The index-0 system message stays.
 func foldSystem(msgs []any) []any {
-	out := make([]any, 0, len(msgs))
+	out, _ := foldSystemOrigin(msgs)
+	return out
+}
+
+// foldSystemOrigin is foldSystem that also says, for each message out, the
+// index in msgs it came from.
+func foldSystemOrigin(msgs []any) (out []any, origin []int) {
+	out = make([]any, 0, len(msgs))
+	origin = make([]int, 0, len(msgs))
 	var forward []any // reminder blocks waiting for the next user message
 	for i, m := range msgs {
 		mo, ok := m.(*object)
 		if !ok {
 			out = append(out, m)
+			origin = append(origin, i)
 			continue
 		}
 		role := mo.val("role")
@@ -116,6 +150,7 @@ func foldSystem(msgs []any) []any {
 				continue
 			}
 			out = append(out, obj("role", "user", "content", []any{block}))
+			origin = append(origin, i)
 			continue
 		}
 		if role == "user" && len(forward) > 0 {
@@ -123,8 +158,9 @@ func foldSystem(msgs []any) []any {
 			forward = nil
 		}
 		out = append(out, mo)
+		origin = append(origin, i)
 	}
-	return out
+	return out, origin
 }
 
 func lastUser(msgs []any) *object {
@@ -174,11 +210,24 @@ type anthropicTranslator struct {
 	pending []pendingResult
 	pos     map[string]int // tool_use id -> global call position
 	calls   int
+
+	// snapAt asks for snap: the state when msgs[snapAt], an assistant
+	// message, is reached and what came before is flushed (History's
+	// checkpoint). snapOn false: none.
+	snapOn bool
+	snapAt int
+	snap   *translatorSnap
+}
+
+type translatorSnap struct {
+	outLen int
+	pos    map[string]int
+	calls  int
 }
 
 // translate is §4.4 after the top-level system message.
 func (t *anthropicTranslator) translate(msgs []any) {
-	for _, m := range msgs {
+	for j, m := range msgs {
 		mo, ok := m.(*object)
 		if !ok {
 			continue
@@ -188,6 +237,9 @@ func (t *anthropicTranslator) translate(msgs []any) {
 			t.user(mo.val("content"))
 		case "assistant":
 			t.flush()
+			if t.snapOn && j == t.snapAt {
+				t.snap = &translatorSnap{outLen: len(t.out), pos: maps.Clone(t.pos), calls: t.calls}
+			}
 			t.assistant(mo.val("content"))
 		case "system":
 			t.flush()

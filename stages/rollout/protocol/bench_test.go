@@ -10,9 +10,11 @@ import (
 // BenchmarkDecodeClaudeCode decodes a request Claude Code 2.1.328 sent
 // (--tools Bash,Read,Edit; recorded with shared/tools/wire_recorder.py): a
 // 7 KB system prompt and 7 KB of tools that every turn resends, plus the
-// history, here grown to 20 turns of tool calls and results; uncached and
+// history, here grown to 20 turns of tool calls and results: uncached;
 // with the Cache the adapter uses, after the first turn of a run (system
-// prompt and tools cached).
+// prompt and tools cached); and with the session's History as well, as
+// the adapter decodes a session's every request after its first (the
+// history up to the last assistant message taken from the request before).
 //
 //	go test ./stages/rollout/protocol -run '^$' -bench DecodeClaudeCode
 func BenchmarkDecodeClaudeCode(b *testing.B) {
@@ -48,7 +50,7 @@ func BenchmarkDecodeClaudeCode(b *testing.B) {
 	for _, c := range []struct {
 		name string
 		dec  func(http.Header, []byte) (Request, error)
-	}{{"uncached", DecodeAnthropic}, {"cached", NewCache().DecodeAnthropic}} {
+	}{{"uncached", DecodeAnthropic}, {"cached", NewCache().DecodeAnthropic}, {"cached+history", historyDecoder()}} {
 		b.Run(c.name, func(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
@@ -59,4 +61,11 @@ func BenchmarkDecodeClaudeCode(b *testing.B) {
 			}
 		})
 	}
+}
+
+// historyDecoder decodes with a Cache and one History, as the adapter does
+// for one session.
+func historyDecoder() func(http.Header, []byte) (Request, error) {
+	c, h := NewCache(), &History{}
+	return func(hd http.Header, body []byte) (Request, error) { return c.DecodeAnthropicHistory(hd, body, h) }
 }

@@ -80,32 +80,32 @@ func newCachedParts(c *Cache, prefix string, keys ...string) *cachedParts {
 	return cp
 }
 
-// skip is the parser's hook for a top-level key whose value starts at
-// b[i]: the end of the value when its translation is cached.
-func (cp *cachedParts) skip(key string, b []byte, i int) (int, bool) {
+// top is the parser's hook: a cached part's value is skipped.
+func (cp *cachedParts) top(p *jsonParser, key string) (any, bool, error) {
 	if cp == nil || !cp.parts[key] {
-		return 0, false
+		return nil, false, nil
 	}
 	// A repeated key: what counts is its last value (as the parser keeps).
 	delete(cp.hits, key)
 	delete(cp.misses, key)
-	end := jsonskim.Value(b, i)
+	end := jsonskim.Value(p.b, p.i)
 	if end < 0 {
-		return 0, false // the parser words the error
+		return nil, false, nil // the parser words the error
 	}
-	k := cp.c.key(cp.prefix+"."+key, b[i:end])
+	k := cp.c.key(cp.prefix+"."+key, p.b[p.i:end])
 	if v, ok := cp.c.get(k); ok {
 		if cp.hits == nil {
 			cp.hits = map[string]any{}
 		}
 		cp.hits[key] = v
-		return end, true
+		p.i = end
+		return skippedValue{}, true, nil
 	}
 	if cp.misses == nil {
 		cp.misses = map[string]cacheKey{}
 	}
 	cp.misses[key] = k
-	return 0, false
+	return nil, false, nil
 }
 
 // hit returns the cached translation of key, if the parser skipped it.

@@ -78,17 +78,28 @@ func FuzzCachedDecodeAnthropic(f *testing.F) {
 	f.Add([]byte(`{"system":[{"type":"text","text":"s"}],"tools":[{"name":"a","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"x"}]}`),
 		[]byte(`{"system":"s2","system":[{"type":"text","text":"s"}],"tools":[{"name":"a","input_schema":{"type":"object"}}],"tools":5,"messages":[]}`))
 	f.Add([]byte(`{"system":"","tools":null,"messages":[{"role":"user","content":"x"}]}`), []byte(`{"system":"" ,"tools":null}`))
+	turn1 := `{"system":"s","messages":[{"role":"user","content":"go"},{"role":"assistant","content":[{"type":"text","text":"a"},{"type":"tool_use","id":"t1","name":"Bash","input":{"command":"ls"}},{"type":"tool_use","id":"t2","name":"Bash","input":{}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t2","content":"two"},{"type":"tool_result","tool_use_id":"t1","content":"one"}]}]}`
+	turn2 := `{"system":"s","messages":[{"role":"user","content":"go"},{"role":"assistant","content":[{"type":"text","text":"a"},{"type":"tool_use","id":"t1","name":"Bash","input":{"command":"ls"}},{"type":"tool_use","id":"t2","name":"Bash","input":{}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t2","content":"two"},{"type":"tool_result","tool_use_id":"t1","content":"one"}]},{"role":"assistant","content":[{"type":"thinking","thinking":"hm"},{"type":"tool_use","id":"t3","name":"Read","input":{"p":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t3","content":"three"},{"type":"text","text":"more"}]}]}`
+	f.Add([]byte(turn1), []byte(turn2))
+	f.Add([]byte(turn2), []byte(turn1))
+	f.Add([]byte(turn1), []byte(turn2[:len(turn2)-3]+`,{"role":"system","content":"late"}]}`))
 	h := http.Header{"Authorization": {"Bearer s"}}
 	f.Fuzz(func(t *testing.T, a, b []byte) {
 		c := NewCache()
-		for _, body := range [][]byte{a, b, a, b} {
+		var hist History
+		for _, body := range [][]byte{a, b, a, b, b} {
 			want, wantErr := DecodeAnthropic(h, body)
-			got, gotErr := c.DecodeAnthropic(h, body)
-			if (wantErr == nil) != (gotErr == nil) {
-				t.Fatalf("uncached err %v, cached err %v", wantErr, gotErr)
-			}
-			if wantErr == nil && !reflect.DeepEqual(want, got) {
-				t.Fatalf("uncached %+v\ncached %+v", want, got)
+			for name, dec := range map[string]func() (Request, error){
+				"cached":  func() (Request, error) { return c.DecodeAnthropic(h, body) },
+				"history": func() (Request, error) { return c.DecodeAnthropicHistory(h, body, &hist) },
+			} {
+				got, gotErr := dec()
+				if (wantErr == nil) != (gotErr == nil) {
+					t.Fatalf("%s: uncached err %v, err %v", name, wantErr, gotErr)
+				}
+				if wantErr == nil && !reflect.DeepEqual(want, got) {
+					t.Fatalf("%s:\nuncached %+v\ngot      %+v", name, want, got)
+				}
 			}
 		}
 	})

@@ -78,19 +78,21 @@ var errTooDeep = errors.New("JSON nested too deeply")
 // request body in one pass without a token stream, and reports errors with
 // their byte offset.
 func parseJSON(data []byte) (any, error) {
-	return parseJSONSkipping(data, nil)
+	return parseJSONWith(data, nil)
 }
 
-// skippedValue stands for a top-level value the parser skipped at its
-// caller's word (a cached part, see Cache).
+// skippedValue stands for a value the parser skipped at its caller's word
+// (a cached part, see Cache).
 type skippedValue struct{}
 
-// parseJSONSkipping is parseJSON that asks skip, for each key of a
-// top-level object, whether to skip the value that starts at data[i]; skip
-// returns the value's end when it vouches for those bytes, and the value is
-// then a skippedValue. skip may be nil.
-func parseJSONSkipping(data []byte, skip func(key string, data []byte, i int) (int, bool)) (any, error) {
-	p := jsonParser{b: data, skip: skip}
+// topHook reads the value of a top-level key itself, starting at p.i, and
+// leaves p.i after it (handled), or leaves it to the parser.
+type topHook func(p *jsonParser, key string) (v any, handled bool, err error)
+
+// parseJSONWith is parseJSON that offers each value of a top-level object
+// to top first. top may be nil.
+func parseJSONWith(data []byte, top topHook) (any, error) {
+	p := jsonParser{b: data, top: top}
 	p.ws()
 	v, err := p.value(0)
 	if err != nil {
@@ -103,9 +105,9 @@ func parseJSONSkipping(data []byte, skip func(key string, data []byte, i int) (i
 }
 
 type jsonParser struct {
-	b    []byte
-	i    int
-	skip func(key string, data []byte, i int) (int, bool) // top-level values; nil: none
+	b   []byte
+	i   int
+	top topHook // nil: none
 }
 
 func (p *jsonParser) ws() {
@@ -193,28 +195,17 @@ func (p *jsonParser) object(depth int) (any, error) {
 		}
 		p.i++
 		p.ws()
-		if depth == 0 && p.skip != nil {
-			if end, ok := p.skip(k, p.b, p.i); ok {
-				p.i = end
-				o.set(k, skippedValue{})
-				if p.ws(); p.i >= len(p.b) {
-					return nil, io.ErrUnexpectedEOF
-				}
-				switch p.b[p.i] {
-				case ',':
-					p.i++
-					p.ws()
-					continue
-				case '}':
-					p.i++
-					return o, nil
-				}
-				return nil, p.errorf("after object key:value pair")
+		var v any
+		handled := false
+		if depth == 0 && p.top != nil {
+			if v, handled, err = p.top(p, k); err != nil {
+				return nil, err
 			}
 		}
-		v, err := p.value(depth + 1)
-		if err != nil {
-			return nil, err
+		if !handled {
+			if v, err = p.value(depth + 1); err != nil {
+				return nil, err
+			}
 		}
 		o.set(k, v)
 		if p.ws(); p.i >= len(p.b) {

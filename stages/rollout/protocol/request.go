@@ -111,6 +111,11 @@ func BearerToken(h http.Header) string {
 
 // anthropicSession is §2.1 for Anthropic: Bearer, else X-Api-Key, else
 // "default". The body is not consulted.
+// AnthropicSessionID is the session id of an Anthropic Messages request
+// with these headers (§2.1): the Bearer token, else X-Api-Key, else
+// DefaultSessionID.
+func AnthropicSessionID(h http.Header) string { return anthropicSession(h) }
+
 func anthropicSession(h http.Header) string {
 	if t := BearerToken(h); t != "" {
 		return t
@@ -156,14 +161,10 @@ func decodeBody(body []byte) (*object, error) {
 	return decodeBodyCached(body, nil)
 }
 
-// decodeBodyCached is decodeBody that skips the top-level values whose
-// translation cp holds.
-func decodeBodyCached(body []byte, cp *cachedParts) (*object, error) {
-	var skip func(string, []byte, int) (int, bool)
-	if cp != nil {
-		skip = cp.skip
-	}
-	v, err := parseJSONSkipping(body, skip)
+// decodeBodyCached is decodeBody that offers the top-level values to top
+// (nil: none).
+func decodeBodyCached(body []byte, top topHook) (*object, error) {
+	v, err := parseJSONWith(body, top)
 	if err != nil {
 		return nil, badRequest("invalid JSON body: " + err.Error())
 	}

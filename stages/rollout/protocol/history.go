@@ -1,0 +1,262 @@
+package protocol
+
+import (
+	"encoding/json"
+	"io"
+	"maps"
+	"net/http"
+	"sync"
+
+	"github.com/kilnrl/kiln/stages/rollout/jsonskim"
+)
+
+// History carries one client session's Anthropic message history from a
+// request to the next. A coding CLI resends its whole history every turn,
+// so without it the adapter parses and translates the whole of it on every
+// turn — time that grows with the session, a turn at a time. With it, the
+// messages up to the previous request's last assistant message are
+// recognized by a 128-bit fingerprint of each one's bytes, skipped by the
+// parser, and their translation (and the translator's state there) taken
+// from the previous request; only what follows is parsed and translated.
+//
+// The translation there is final: every tool result before an assistant
+// message is flushed by it, and later messages only append. A request with
+// a system message past the first position (§4.3 folds those into earlier
+// user messages) is decoded whole and leaves no checkpoint. Safe for
+// concurrent use; the zero History is ready.
+type History struct {
+	mu sync.Mutex
+	ck *historyCheckpoint
+}
+
+// historyCheckpoint is the state after the source messages [0, k) of a
+// request and a flush: immutable once stored.
+type historyCheckpoint struct {
+	sums  []rawSum          // fingerprints of source messages [0, k)
+	out   []json.RawMessage // their translation, encoded (no top-level system message)
+	pos   map[string]int    // the translator's tool_use positions
+	calls int
+}
+
+type rawSum [2]uint64
+
+func (h *History) load() *historyCheckpoint {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ck
+}
+
+func (h *History) store(ck *historyCheckpoint) {
+	h.mu.Lock()
+	h.ck = ck
+	h.mu.Unlock()
+}
+
+// DecodeAnthropicHistory is c.DecodeAnthropic that also reuses what h holds
+// of the session's previous request, and leaves in h what the next one can
+// reuse. h nil is c.DecodeAnthropic.
+func (c *Cache) DecodeAnthropicHistory(header http.Header, body []byte, h *History) (Request, error) {
+	if c == nil || h == nil {
+		return c.DecodeAnthropic(header, body)
+	}
+	return decodeAnthropicWith(header, body, newCachedParts(c, "anthropic", "system", "tools"), &historyDecode{c: c, h: h, ck: h.load()})
+}
+
+// historyDecode is one request's use of a History.
+type historyDecode struct {
+	c      *Cache
+	h      *History
+	ck     *historyCheckpoint // what the previous request left; nil: nothing
+	reused int                // source messages taken from ck (for tests)
+}
+
+// historyList is the parsed "messages" list: elements the checkpoint
+// covers are skippedValue (all of [0, ck.k) or none of them), the others
+// parsed.
+type historyList struct {
+	elems   []any
+	sums    []rawSum
+	extents [][2]int // each element's bytes in the body
+	skipped int      // leading elements skipped: 0 or len(ck.sums)
+}
+
+func (d *historyDecode) sum(b []byte) rawSum {
+	k := d.c.key("", b)
+	return k.sum
+}
+
+// messages is the parser's hook for the top-level "messages": a list is
+// read element by element, the checkpoint's prefix skipped when every one
+// of its elements has the same bytes as before.
+func (d *historyDecode) messages(p *jsonParser) (any, bool, error) {
+	if p.i >= len(p.b) || p.b[p.i] != '[' {
+		return nil, false, nil
+	}
+	l := &historyList{}
+	if ck := d.ck; ck != nil && len(ck.sums) > 0 {
+		// The prefix, skimmed: a match skips it whole, anything else
+		// parses the list from its start.
+		i := jsonskim.Space(p.b, p.i+1)
+		for n := range ck.sums {
+			end := jsonskim.Value(p.b, i)
+			if end < 0 {
+				break
+			}
+			s := d.sum(p.b[i:end])
+			if s != ck.sums[n] {
+				break
+			}
+			l.elems = append(l.elems, skippedValue{})
+			l.sums = append(l.sums, s)
+			l.extents = append(l.extents, [2]int{i, end})
+			if n == len(ck.sums)-1 {
+				l.skipped = len(ck.sums)
+				p.i = end
+				break
+			}
+			if i = jsonskim.Space(p.b, end); i >= len(p.b) || p.b[i] != ',' {
+				break
+			}
+			i = jsonskim.Space(p.b, i+1)
+		}
+		if l.skipped == 0 {
+			l.elems, l.sums, l.extents = l.elems[:0], l.sums[:0], l.extents[:0]
+		}
+	}
+	if l.skipped == 0 {
+		p.i++ // [
+		p.ws()
+		if p.i < len(p.b) && p.b[p.i] == ']' {
+			p.i++
+			return l, true, nil
+		}
+	} else if err := d.afterElement(p); err != nil || p.b[p.i-1] == ']' {
+		return l, err == nil, err
+	}
+	for {
+		start := p.i
+		v, err := p.value(2)
+		if err != nil {
+			return nil, false, err
+		}
+		l.elems = append(l.elems, v)
+		l.sums = append(l.sums, d.sum(p.b[start:p.i]))
+		l.extents = append(l.extents, [2]int{start, p.i})
+		if err := d.afterElement(p); err != nil {
+			return nil, false, err
+		}
+		if p.b[p.i-1] == ']' {
+			return l, true, nil
+		}
+	}
+}
+
+// afterElement reads what follows a list element: a comma (and the space
+// after it) or the closing bracket, which it leaves p.i after.
+func (d *historyDecode) afterElement(p *jsonParser) error {
+	if p.ws(); p.i >= len(p.b) {
+		return io.ErrUnexpectedEOF
+	}
+	switch p.b[p.i] {
+	case ',':
+		p.i++
+		p.ws()
+		return nil
+	case ']':
+		p.i++
+		return nil
+	}
+	return p.errorf("after array element")
+}
+
+// translate is §4.4 over l, from the checkpoint when it covers l's prefix,
+// and stores the next checkpoint when one is sound. It returns the
+// translated messages (without the top-level system one).
+//
+// §4.3 folds a system message past the first position into the nearest
+// user message before it (else the next one after it). A checkpoint at
+// source index j is a function of the messages [0, j) alone only if no
+// folding crosses j: every system message before j folds into a user
+// message before it, and every one from j on into a user message from j on
+// — foldsWithin checks that, and reuse checks it again for the new tail.
+func (d *historyDecode) translate(body []byte, l *historyList) ([]json.RawMessage, error) {
+	role := func(j int) any {
+		if mo, ok := l.elems[j].(*object); ok {
+			return mo.val("role")
+		}
+		return nil
+	}
+	// foldsWithin: each system message at i in [a, b), i > 0, has a user
+	// message in [a, i). Roles of skipped elements are not read (a is
+	// never below l.skipped when it matters).
+	foldsWithin := func(a, b int) bool {
+		user := false
+		for i := a; i < b; i++ {
+			switch role(i) {
+			case "user":
+				user = true
+			case "system":
+				if i > 0 && !user {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	n := len(l.elems)
+	if l.skipped > 0 && !foldsWithin(l.skipped, n) {
+		// The tail folds into the prefix: parse the prefix after all
+		// (bytes already checked, so no error can come of it).
+		for j := 0; j < l.skipped; j++ {
+			v, err := parseJSON(body[l.extents[j][0]:l.extents[j][1]])
+			if err != nil {
+				return nil, err
+			}
+			l.elems[j] = v
+		}
+		l.skipped = 0
+	}
+	from := l.skipped
+	// The next checkpoint: the last assistant message from which on, and
+	// before which, folding stays on its side.
+	last := -1
+	for j := n - 1; j >= from; j-- {
+		if role(j) == "assistant" {
+			last = j
+			break
+		}
+	}
+	if last >= 0 && !(foldsWithin(from, last) && foldsWithin(last, n)) {
+		last = -1
+	}
+
+	t := anthropicTranslator{pos: map[string]int{}}
+	var prefix []json.RawMessage
+	if from > 0 {
+		ck := d.ck
+		t.pos, t.calls, prefix = maps.Clone(ck.pos), ck.calls, ck.out
+		d.reused = from
+	}
+	msgs, origin := foldSystemOrigin(l.elems[from:])
+	if last >= 0 {
+		for x, o := range origin {
+			if o == last-from {
+				t.snapOn, t.snapAt = true, x
+				break
+			}
+		}
+	}
+	t.translate(msgs)
+	out := rawAll(t.out)
+	if len(prefix) > 0 {
+		out = append(append(make([]json.RawMessage, 0, len(prefix)+len(out)), prefix...), out...)
+	}
+	if t.snap != nil {
+		k, m := last, len(prefix)+t.snap.outLen
+		d.h.store(&historyCheckpoint{sums: l.sums[:k:k], out: out[:m:m], pos: t.snap.pos, calls: t.snap.calls})
+	} else if from == 0 {
+		// Nothing of this request can serve the next one.
+		d.h.store(nil)
+	}
+	return out, nil
+}

@@ -1,0 +1,180 @@
+package protocol
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"reflect"
+	"testing"
+)
+
+// A session's requests, each resending the history plus a turn: from the
+// second on, everything up to the previous request's last assistant message
+// is taken from the History, and every decode equals the uncached one. A
+// request that rewrites the history (compaction) or folds a late system
+// message decodes whole, and the next one reuses again.
+func TestHistoryReuse(t *testing.T) {
+	c := NewCache()
+	var hist History
+	h := http.Header{"Authorization": {"Bearer s"}}
+	msgs := []any{map[string]any{"role": "user", "content": "fix the build"}}
+	decode := func(msgs []any) (Request, *historyDecode) {
+		t.Helper()
+		body, err := json.Marshal(map[string]any{"system": "sys", "max_tokens": 100, "messages": msgs,
+			"tools": []any{map[string]any{"name": "Bash", "input_schema": map[string]any{"type": "object"}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := DecodeAnthropic(h, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hd := &historyDecode{c: c, h: &hist, ck: hist.load()}
+		got, err := decodeAnthropicWith(h, body, newCachedParts(c, "anthropic", "system", "tools"), hd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(want, got) {
+			t.Fatalf("with history:\n%+v\nwithout:\n%+v", got, want)
+		}
+		return got, hd
+	}
+	prevLast := 0 // the previous request's last assistant message (0: none)
+	for k := range 30 {
+		_, hd := decode(msgs)
+		if hd.reused != prevLast {
+			t.Fatalf("turn %d: reused %d messages, want %d (up to the previous request's last assistant message)", k, hd.reused, prevLast)
+		}
+		if k > 0 {
+			prevLast = len(msgs) - 2
+		}
+		id := fmt.Sprintf("toolu_%d", k)
+		msgs = append(msgs,
+			map[string]any{"role": "assistant", "content": []any{
+				map[string]any{"type": "thinking", "thinking": "step " + id},
+				map[string]any{"type": "text", "text": "Looking."},
+				map[string]any{"type": "tool_use", "id": id, "name": "Bash", "input": map[string]any{"command": "ls " + id}},
+				map[string]any{"type": "tool_use", "id": id + "b", "name": "Bash", "input": map[string]any{"command": "pwd"}}}},
+			// Results out of call order: the flush sorts them by call,
+			// which for a late result of an older call needs the call
+			// positions the checkpoint carries.
+			map[string]any{"role": "user", "content": results(k, id)})
+	}
+
+	// Compaction: a shorter, rewritten history decodes whole.
+	compacted := []any{map[string]any{"role": "user", "content": "summary of the work so far"},
+		map[string]any{"role": "assistant", "content": "ok"}, map[string]any{"role": "user", "content": "go on"}}
+	if _, hd := decode(compacted); hd.reused != 0 {
+		t.Fatalf("compacted history reused %d messages", hd.reused)
+	}
+	compacted = append(compacted, map[string]any{"role": "assistant", "content": "done"}, map[string]any{"role": "user", "content": "thanks"})
+	if _, hd := decode(compacted); hd.reused != 1 {
+		t.Fatalf("after compaction: reused %d messages, want 1", hd.reused)
+	}
+	// Late system messages (§4.3 folds each into the user message before
+	// it): one that folds into the tail leaves the prefix reusable...
+	late := append(append([]any{}, compacted...), map[string]any{"role": "system", "content": "reminder"})
+	if _, hd := decode(late); hd.reused != 3 {
+		t.Fatalf("system message folding into the tail: reused %d, want 3", hd.reused)
+	}
+	// ...one right after the last assistant message folds into the prefix:
+	// decoded whole, and no checkpoint is left.
+	late = append(append([]any{}, compacted[:4]...), map[string]any{"role": "system", "content": "reminder"})
+	if _, hd := decode(late); hd.reused != 0 {
+		t.Fatalf("system message folding into the prefix: reused %d", hd.reused)
+	}
+	if hist.load() != nil {
+		t.Fatal("a request whose folding crosses its last assistant message left a checkpoint")
+	}
+	// A session shaped like Claude Code's (a system message at index 1).
+	cc := []any{map[string]any{"role": "user", "content": "task"}, map[string]any{"role": "system", "content": "context"}}
+	for k := range 5 {
+		_, hd := decode(cc)
+		if want := 2 * (k - 1); k > 1 && hd.reused != want {
+			t.Fatalf("Claude Code shape, turn %d: reused %d, want %d", k, hd.reused, want)
+		}
+		cc = append(cc, map[string]any{"role": "assistant", "content": "step"}, map[string]any{"role": "user", "content": "result"})
+	}
+}
+
+func results(k int, id string) []any {
+	out := []any{
+		map[string]any{"type": "tool_result", "tool_use_id": id + "b", "content": "/repo"},
+		map[string]any{"type": "tool_result", "tool_use_id": id, "content": "a b c"}}
+	if k%5 == 4 {
+		out = append(out, map[string]any{"type": "tool_result", "tool_use_id": fmt.Sprintf("toolu_%d", k-3), "content": "late"})
+	}
+	return out
+}
+
+// Random sessions — user, assistant and system messages in any order, tool
+// calls answered late or out of order, edits of earlier messages, dropped
+// tails — decode with a History exactly as without one, request after
+// request.
+func TestHistoryRandomSessions(t *testing.T) {
+	h := http.Header{"Authorization": {"Bearer s"}}
+	reused := 0
+	for seed := range 300 {
+		r := rand.New(rand.NewPCG(uint64(seed), 11))
+		c := NewCache()
+		var hist History
+		var msgs []any
+		calls := 0
+		for turn := range 15 {
+			switch x := r.IntN(20); {
+			case x == 0 && len(msgs) > 2: // drop a tail (compaction-like)
+				msgs = msgs[:r.IntN(len(msgs))]
+			case x == 1 && len(msgs) > 0: // edit an earlier message
+				msgs[r.IntN(len(msgs))] = map[string]any{"role": "user", "content": fmt.Sprintf("edited %d", turn)}
+			}
+			for range 1 + r.IntN(3) {
+				switch x := r.IntN(10); {
+				case x < 4:
+					var blocks []any
+					for range r.IntN(3) {
+						blocks = append(blocks, map[string]any{"type": "tool_use", "id": fmt.Sprintf("c%d", calls), "name": "Bash",
+							"input": map[string]any{"command": fmt.Sprint(calls)}})
+						calls++
+					}
+					blocks = append(blocks, map[string]any{"type": "text", "text": "t"})
+					msgs = append(msgs, map[string]any{"role": "assistant", "content": blocks})
+				case x < 8:
+					var blocks []any
+					for range r.IntN(3) {
+						blocks = append(blocks, map[string]any{"type": "tool_result", "tool_use_id": fmt.Sprintf("c%d", r.IntN(calls+1)), "content": "r"})
+					}
+					if r.IntN(2) == 0 || len(blocks) == 0 {
+						blocks = append(blocks, map[string]any{"type": "text", "text": fmt.Sprintf("u%d", turn)})
+					}
+					msgs = append(msgs, map[string]any{"role": "user", "content": blocks})
+				default:
+					msgs = append(msgs, map[string]any{"role": "system", "content": fmt.Sprintf("s%d", turn)})
+				}
+			}
+			body, err := json.Marshal(map[string]any{"system": "sys", "messages": msgs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, wantErr := DecodeAnthropic(h, body)
+			hd := &historyDecode{c: c, h: &hist, ck: hist.load()}
+			got, gotErr := decodeAnthropicWith(h, body, newCachedParts(c, "anthropic", "system", "tools"), hd)
+			if (wantErr == nil) != (gotErr == nil) || !reflect.DeepEqual(want, got) {
+				t.Fatalf("seed %d turn %d (reused %d): with history %v\n%s\nwithout %v\n%s", seed, turn, hd.reused, gotErr, dump(got), wantErr, dump(want))
+			}
+			reused += hd.reused
+		}
+	}
+	if reused == 0 {
+		t.Fatal("no request reused a history: the generator never exercises the History")
+	}
+	t.Logf("%d messages reused", reused)
+}
+
+func dump(r Request) string {
+	var b []byte
+	for _, m := range r.Messages {
+		b = append(append(b, m...), '\n')
+	}
+	return string(b)
+}
