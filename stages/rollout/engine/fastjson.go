@@ -89,27 +89,24 @@ func scanIDs(b []byte, i int) ([]int32, int, bool) {
 	if i < len(b) && b[i] == ']' {
 		return ids[:0], i + 1, true
 	}
-	for {
+	for n < len(ids) {
 		// The digits of one id, inline: this loop reads every prompt id
-		// the engine renders. At most 10 digits fit an int32 check below;
-		// a leading zero, sign, fraction or exponent is refused.
-		j, v := i, uint64(0)
-		for j < len(b) && j-i < 11 {
+		// the engine renders. More than 10 digits, a value past int32, a
+		// leading zero, a sign, a fraction or an exponent is refused.
+		j := i
+		var v uint64
+		for ; j < len(b); j++ {
 			d := b[j] - '0'
 			if d > 9 {
 				break
 			}
 			v = v*10 + uint64(d)
-			j++
 		}
-		if j == i || j-i > 10 || v > math.MaxInt32 || (b[i] == '0' && j-i > 1) || n == len(ids) {
+		if j == i || j-i > 10 || v > math.MaxInt32 || (b[i] == '0' && j-i > 1) || j >= len(b) {
 			return nil, i, false
 		}
 		ids[n] = int32(v)
 		n++
-		if j >= len(b) {
-			return nil, j, false
-		}
 		switch b[j] {
 		case ',':
 			i = j + 1
@@ -132,6 +129,7 @@ func scanIDs(b []byte, i int) ([]int32, int, bool) {
 			return nil, i, false
 		}
 	}
+	return nil, i, false
 }
 
 // scanUint parses a JSON non-negative integer (no sign, fraction or

@@ -185,3 +185,18 @@ func FuzzParseGenerate(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkScanTokenize reads a /tokenize reply of 5,000 ids.
+func BenchmarkScanTokenize(b *testing.B) {
+	ids := make([]int32, 5000)
+	for i := range ids {
+		ids[i] = int32((i * 7919) % 151643)
+	}
+	body := append(append([]byte(`{"count":5000,"max_model_len":32768,"tokens":`), appendIDs(nil, ids)...), `,"token_strs":null}`...)
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if got, _, _, _, ok := scanTokenize(body); !ok || len(got) != len(ids) {
+			b.Fatal("scan failed")
+		}
+	}
+}
