@@ -162,7 +162,7 @@ func New(opts Options) *Server {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/messages", s.turnHandler(protocol.Anthropic, s.decodeAnthropic))
-	mux.HandleFunc("POST /v1/responses", s.turnHandler(protocol.Responses, protocol.DecodeResponses))
+	mux.HandleFunc("POST /v1/responses", s.turnHandler(protocol.Responses, s.decodeResponses))
 	mux.HandleFunc("POST /v1/chat/completions", s.turnHandler(protocol.Chat, protocol.DecodeChat))
 	mux.HandleFunc("POST /v1/messages/count_tokens", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, MaxBodyBytes))
@@ -190,17 +190,32 @@ func writeError(w http.ResponseWriter, p protocol.Protocol, e *protocol.Error) {
 }
 
 // decodeAnthropic decodes with the server's cache and the session's
-// history. A session that is closed keeps no history (its requests fail).
+// history.
 func (s *Server) decodeAnthropic(h http.Header, body []byte) (protocol.Request, error) {
-	id := protocol.AnthropicSessionID(h)
+	return s.decoded.DecodeAnthropicHistory(h, body, s.history(protocol.AnthropicSessionID(h)))
+}
+
+// decodeResponses decodes with the session's history when the session is
+// named by the request's headers (a Bearer token, as Codex sends); one
+// named only in the body decodes without.
+func (s *Server) decodeResponses(h http.Header, body []byte) (protocol.Request, error) {
+	if id := protocol.BearerToken(h); id != "" {
+		return s.decoded.DecodeResponsesHistory(h, body, s.history(id))
+	}
+	return protocol.DecodeResponses(h, body)
+}
+
+// history is the decode History of session id; nil for a closed session
+// (whose requests fail anyway).
+func (s *Server) history(id string) *protocol.History {
 	s.mu.Lock()
 	closed := s.closed[id]
 	s.mu.Unlock()
 	if closed {
-		return s.decoded.DecodeAnthropic(h, body)
+		return nil
 	}
 	v, _ := s.histories.LoadOrStore(id, &protocol.History{})
-	return s.decoded.DecodeAnthropicHistory(h, body, v.(*protocol.History))
+	return v.(*protocol.History)
 }
 
 // readBody reads a request body of at most MaxBodyBytes, in one

@@ -52,7 +52,7 @@ func decodeAnthropicWith(header http.Header, body []byte, cp *cachedParts, hd *h
 			return Request{}, err
 		}
 	}
-	cachedTools, toolsHit := cp.hit("tools")
+	toolsV, toolsHit := cp.hit("tools")
 	var tools []any
 	if !toolsHit {
 		if tools, err = listField(b, "tools"); err != nil {
@@ -80,7 +80,7 @@ func decodeAnthropicWith(header http.Header, body []byte, cp *cachedParts, hd *h
 		cp.store("system", sys)
 	}
 	if hist != nil {
-		if r.Messages, err = hd.translate(body, hist); err != nil {
+		if r.Messages, err = hd.translateAnthropic(body, hist); err != nil {
 			return Request{}, err
 		}
 	} else {
@@ -92,7 +92,7 @@ func decodeAnthropicWith(header http.Header, body []byte, cp *cachedParts, hd *h
 		r.Messages = append([]json.RawMessage{sys.msg}, r.Messages...)
 	}
 	if toolsHit {
-		ct := cachedTools.(anthropicTools)
+		ct := toolsV.(cachedTools)
 		r.Tools, r.Specs = ct.tools, ct.specs
 		return r, nil
 	}
@@ -112,7 +112,7 @@ func decodeAnthropicWith(header http.Header, body []byte, cp *cachedParts, hd *h
 		r.Tools = append(r.Tools, marshal(functionSchema(name, to.val("description"), params)))
 		r.Specs = append(r.Specs, ToolSpec{SchemaName: name, Name: name, Kind: FunctionTool})
 	}
-	cp.store("tools", anthropicTools{tools: r.Tools, specs: r.Specs})
+	cp.store("tools", cachedTools{tools: r.Tools, specs: r.Specs})
 	return r, nil
 }
 

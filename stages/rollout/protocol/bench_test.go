@@ -69,3 +69,53 @@ func historyDecoder() func(http.Header, []byte) (Request, error) {
 	c, h := NewCache(), &History{}
 	return func(hd http.Header, body []byte) (Request, error) { return c.DecodeAnthropicHistory(hd, body, h) }
 }
+
+// BenchmarkDecodeCodex decodes a request Codex 0.169.0 sent (recorded with
+// shared/tools/wire_recorder.py: its instructions travel as developer
+// messages in input), its history grown to 20 rounds of reasoning, a
+// command and its output; without and with the session's History.
+//
+//	go test ./stages/rollout/protocol -run '^$' -bench DecodeCodex
+func BenchmarkDecodeCodex(b *testing.B) {
+	raw, err := os.ReadFile("testdata/requests/codex_full_turn2.json")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var req map[string]any
+	if err := json.Unmarshal(raw, &req); err != nil {
+		b.Fatal(err)
+	}
+	items := req["input"].([]any)
+	for k := 0; k < 19; k++ {
+		id := "call_" + string(rune('a'+k))
+		items = append(items,
+			map[string]any{"type": "reasoning", "summary": []any{}, "encrypted_content": "kiln-reasoning:v1:bG9vaw=="},
+			map[string]any{"type": "function_call", "call_id": id, "name": "exec_command",
+				"arguments": `{"cmd":"sed -n 1,80p src/module.py","workdir":"/repo"}`},
+			map[string]any{"type": "function_call_output", "call_id": id,
+				"output": "Chunk ID: 1\nWall time: 0.01 seconds\nProcess exited with code 0\nOutput:\ndef f(x):\n    return x * 2\n"})
+	}
+	req["input"] = items
+	body, err := json.Marshal(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := http.Header{"Authorization": {"Bearer s"}}
+	c, hist := NewCache(), &History{}
+	for _, tc := range []struct {
+		name string
+		dec  func(http.Header, []byte) (Request, error)
+	}{{"uncached", DecodeResponses}, {"history", func(hd http.Header, body []byte) (Request, error) {
+		return c.DecodeResponsesHistory(hd, body, hist)
+	}}} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := tc.dec(h, body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

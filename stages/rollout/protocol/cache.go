@@ -10,7 +10,8 @@ import (
 
 // Cache remembers the translations of the request parts a client resends
 // unchanged on every turn of every session — Anthropic's system prompt and
-// tool list, which are half of a Claude Code request's bytes — by a 128-bit
+// tool list (half of a Claude Code request's bytes), Responses' tool list —
+// by a 128-bit
 // fingerprint of their bytes (two maphashes under seeds drawn per Cache, so
 // no client can aim a collision at it). A request whose part is cached skips
 // parsing, translating and encoding that part: the bytes are those of a
@@ -127,8 +128,9 @@ func (cp *cachedParts) store(key string, v any) {
 	}
 }
 
-// anthropicTools is the cached translation of an Anthropic tool list.
-type anthropicTools struct {
+// cachedTools is the cached translation of a tool list (Anthropic's,
+// or Responses').
+type cachedTools struct {
 	tools []json.RawMessage
 	specs []ToolSpec
 }

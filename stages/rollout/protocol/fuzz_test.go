@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -100,6 +102,33 @@ func FuzzCachedDecodeAnthropic(f *testing.F) {
 				if wantErr == nil && !reflect.DeepEqual(want, got) {
 					t.Fatalf("%s:\nuncached %+v\ngot      %+v", name, want, got)
 				}
+			}
+		}
+	})
+}
+
+// The same for Responses requests decoded with a History.
+func FuzzHistoryDecodeResponses(f *testing.F) {
+	if b, err := os.ReadFile(filepath.Join("testdata", "requests", "codex_full_turn2.json")); err == nil {
+		f.Add(b, b)
+	}
+	turn1 := `{"store":false,"input":[{"type":"message","role":"developer","content":"d"},{"type":"message","role":"user","content":"u"},{"type":"function_call","call_id":"a","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"a","output":"o"}]}`
+	turn2 := `{"store":false,"input":[{"type":"message","role":"developer","content":"d"},{"type":"message","role":"user","content":"u"},{"type":"function_call","call_id":"a","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"a","output":"o"},{"type":"reasoning","encrypted_content":"x"},{"type":"message","role":"developer","content":"late"},{"type":"function_call","call_id":"b","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"b","output":"o"}]}`
+	f.Add([]byte(turn1), []byte(turn2))
+	f.Add([]byte(turn2), []byte(turn1))
+	f.Add([]byte(turn1), []byte(strings.Replace(turn2, `"store":false`, `"store":false,"instructions":"i"`, 1)))
+	h := http.Header{"Authorization": {"Bearer s"}}
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		c := NewCache()
+		var hist History
+		for _, body := range [][]byte{a, b, a, b, b} {
+			want, wantErr := DecodeResponses(h, body)
+			got, gotErr := c.DecodeResponsesHistory(h, body, &hist)
+			if fmt.Sprint(wantErr) != fmt.Sprint(gotErr) {
+				t.Fatalf("uncached err %v, err %v", wantErr, gotErr)
+			}
+			if wantErr == nil && !reflect.DeepEqual(want, got) {
+				t.Fatalf("uncached %+v\nwith history %+v", want, got)
 			}
 		}
 	})

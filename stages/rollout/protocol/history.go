@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
 	"maps"
@@ -10,8 +11,8 @@ import (
 	"github.com/kilnrl/kiln/stages/rollout/jsonskim"
 )
 
-// History carries one client session's Anthropic message history from a
-// request to the next. A coding CLI resends its whole history every turn,
+// History carries one client session's message history (Anthropic
+// messages, Responses input items) from a request to the next. A coding CLI resends its whole history every turn,
 // so without it the adapter parses and translates the whole of it on every
 // turn — time that grows with the session, a turn at a time. With it, the
 // messages up to the previous request's last assistant message are
@@ -36,6 +37,10 @@ type historyCheckpoint struct {
 	out   []json.RawMessage // their translation, encoded (no top-level system message)
 	pos   map[string]int    // the translator's tool_use positions
 	calls int
+	// Responses: the system message "instructions" became (nil: none);
+	// developer messages merge into it, so a checkpoint serves only
+	// requests with the same.
+	instr json.RawMessage
 }
 
 type rawSum [2]uint64
@@ -78,6 +83,20 @@ type historyList struct {
 	sums    []rawSum
 	extents [][2]int // each element's bytes in the body
 	skipped int      // leading elements skipped: 0 or len(ck.sums)
+}
+
+// parsePrefix parses the skipped prefix after all, when the checkpoint
+// cannot serve (bytes already checked, so no error can come of it).
+func (l *historyList) parsePrefix(body []byte) error {
+	for j := 0; j < l.skipped; j++ {
+		v, err := parseJSON(body[l.extents[j][0]:l.extents[j][1]])
+		if err != nil {
+			return err
+		}
+		l.elems[j] = v
+	}
+	l.skipped = 0
+	return nil
 }
 
 func (d *historyDecode) sum(b []byte) rawSum {
@@ -169,7 +188,7 @@ func (d *historyDecode) afterElement(p *jsonParser) error {
 	return p.errorf("after array element")
 }
 
-// translate is §4.4 over l, from the checkpoint when it covers l's prefix,
+// translateAnthropic is §4.4 over l, from the checkpoint when it covers l's prefix,
 // and stores the next checkpoint when one is sound. It returns the
 // translated messages (without the top-level system one).
 //
@@ -179,7 +198,7 @@ func (d *historyDecode) afterElement(p *jsonParser) error {
 // folding crosses j: every system message before j folds into a user
 // message before it, and every one from j on into a user message from j on
 // — foldsWithin checks that, and reuse checks it again for the new tail.
-func (d *historyDecode) translate(body []byte, l *historyList) ([]json.RawMessage, error) {
+func (d *historyDecode) translateAnthropic(body []byte, l *historyList) ([]json.RawMessage, error) {
 	role := func(j int) any {
 		if mo, ok := l.elems[j].(*object); ok {
 			return mo.val("role")
@@ -205,16 +224,10 @@ func (d *historyDecode) translate(body []byte, l *historyList) ([]json.RawMessag
 	}
 	n := len(l.elems)
 	if l.skipped > 0 && !foldsWithin(l.skipped, n) {
-		// The tail folds into the prefix: parse the prefix after all
-		// (bytes already checked, so no error can come of it).
-		for j := 0; j < l.skipped; j++ {
-			v, err := parseJSON(body[l.extents[j][0]:l.extents[j][1]])
-			if err != nil {
-				return nil, err
-			}
-			l.elems[j] = v
+		// The tail folds into the prefix.
+		if err := l.parsePrefix(body); err != nil {
+			return nil, err
 		}
-		l.skipped = 0
 	}
 	from := l.skipped
 	// The next checkpoint: the last assistant message from which on, and
@@ -256,6 +269,46 @@ func (d *historyDecode) translate(body []byte, l *historyList) ([]json.RawMessag
 		d.h.store(&historyCheckpoint{sums: l.sums[:k:k], out: out[:m:m], pos: t.snap.pos, calls: t.snap.calls})
 	} else if from == 0 {
 		// Nothing of this request can serve the next one.
+		d.h.store(nil)
+	}
+	return out, nil
+}
+
+// translateResponses is §5.3 over l, from the checkpoint when it covers l's
+// prefix and the request's instructions are the same, and stores the next
+// checkpoint: the last item boundary where nothing was pending (see
+// responsesTranslator.boundary). instr is the system message of the
+// request's instructions, nil for none.
+func (d *historyDecode) translateResponses(body []byte, l *historyList, instr *object) ([]json.RawMessage, error) {
+	var instrRaw json.RawMessage
+	if instr != nil {
+		instrRaw = marshal(instr)
+	}
+	if l.skipped > 0 && !bytes.Equal(instrRaw, d.ck.instr) {
+		if err := l.parsePrefix(body); err != nil {
+			return nil, err
+		}
+	}
+	t := responsesTranslator{snapOn: true}
+	var prefix []json.RawMessage
+	from := l.skipped
+	if from > 0 {
+		prefix, t.prior = d.ck.out, len(d.ck.out)
+		d.reused = from
+	} else if instr != nil {
+		t.out = append(t.out, instr)
+	}
+	if err := t.translate(l.elems[from:]); err != nil {
+		return nil, err
+	}
+	out := rawAll(t.out)
+	if len(prefix) > 0 {
+		out = append(append(make([]json.RawMessage, 0, len(prefix)+len(out)), prefix...), out...)
+	}
+	if t.snap != nil {
+		k, m := from+t.snap.item, len(prefix)+t.snap.outLen
+		d.h.store(&historyCheckpoint{sums: l.sums[:k:k], out: out[:m:m], instr: instrRaw})
+	} else if from == 0 {
 		d.h.store(nil)
 	}
 	return out, nil

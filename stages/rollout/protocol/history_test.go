@@ -178,3 +178,120 @@ func dump(r Request) string {
 	}
 	return string(b)
 }
+
+// The same for Responses input: random sessions of messages in every role,
+// reasoning, function and custom tool calls answered late, early, twice or
+// never (some requests are 400s), instructions that change, edits and
+// dropped tails — with a History exactly as without one.
+func TestHistoryRandomResponsesSessions(t *testing.T) {
+	h := http.Header{"Authorization": {"Bearer s"}}
+	reused := 0
+	for seed := range 300 {
+		r := rand.New(rand.NewPCG(uint64(seed), 13))
+		c := NewCache()
+		var hist History
+		var items []any
+		calls := 0
+		instructions := any(nil)
+		for turn := range 15 {
+			switch x := r.IntN(20); {
+			case x == 0 && len(items) > 2:
+				items = items[:r.IntN(len(items))]
+			case x == 1 && len(items) > 0:
+				items[r.IntN(len(items))] = map[string]any{"type": "message", "role": "user", "content": fmt.Sprintf("edited %d", turn)}
+			case x == 2:
+				instructions = fmt.Sprintf("be brief %d", r.IntN(2))
+			}
+			for range 1 + r.IntN(4) {
+				switch x := r.IntN(12); {
+				case x < 2:
+					role := []string{"user", "developer", "system", "assistant"}[r.IntN(4)]
+					items = append(items, map[string]any{"type": "message", "role": role, "content": fmt.Sprintf("%s %d", role, turn)})
+				case x < 3:
+					items = append(items, map[string]any{"type": "reasoning", "summary": []any{},
+						"encrypted_content": reasoningHandle + "dGhpbmtpbmc="})
+				case x < 6:
+					items = append(items, map[string]any{"type": "function_call", "call_id": fmt.Sprintf("c%d", calls), "name": "exec_command",
+						"arguments": fmt.Sprintf(`{"cmd":"ls %d"}`, calls)})
+					calls++
+				case x < 7:
+					items = append(items, map[string]any{"type": "custom_tool_call", "call_id": fmt.Sprintf("c%d", calls), "name": "apply_patch", "input": "*** Begin Patch"})
+					calls++
+				default:
+					typ := "function_call_output"
+					if r.IntN(4) == 0 {
+						typ = "custom_tool_call_output"
+					}
+					// Mostly the latest call; sometimes an older or unknown one.
+					id := calls - 1 - r.IntN(2)
+					if r.IntN(15) == 0 {
+						id = calls + 5
+					}
+					items = append(items, map[string]any{"type": typ, "call_id": fmt.Sprintf("c%d", id), "output": "out"})
+				}
+			}
+			req := map[string]any{"model": "m", "store": false, "input": items}
+			if instructions != nil {
+				req["instructions"] = instructions
+			}
+			body, err := json.Marshal(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, wantErr := DecodeResponses(h, body)
+			hd := &historyDecode{c: c, h: &hist, ck: hist.load()}
+			got, gotErr := decodeResponses(h, body, newCachedParts(c, "responses", "tools"), hd)
+			if fmt.Sprint(wantErr) != fmt.Sprint(gotErr) || !reflect.DeepEqual(want, got) {
+				t.Fatalf("seed %d turn %d (reused %d): with history %v\n%s\nwithout %v\n%s", seed, turn, hd.reused, gotErr, dump(got), wantErr, dump(want))
+			}
+			reused += hd.reused
+		}
+	}
+	if reused == 0 {
+		t.Fatal("no request reused a history")
+	}
+	t.Logf("%d items reused", reused)
+}
+
+// A Codex-shaped session (developer instructions and two user messages,
+// then rounds of reasoning, a call and its output): each request reuses
+// everything up to the previous request's last answered call.
+func TestHistoryResponsesCodexShape(t *testing.T) {
+	c := NewCache()
+	var hist History
+	h := http.Header{"Authorization": {"Bearer s"}}
+	items := []any{
+		map[string]any{"type": "message", "role": "developer", "content": []any{map[string]any{"type": "input_text", "text": "You are Codex."}}},
+		map[string]any{"type": "message", "role": "user", "content": []any{map[string]any{"type": "input_text", "text": "<environment_context/>"}}},
+		map[string]any{"type": "message", "role": "user", "content": []any{map[string]any{"type": "input_text", "text": "fix it"}}},
+	}
+	prev := 0
+	for k := range 10 {
+		body, _ := json.Marshal(map[string]any{"model": "m", "store": false, "stream": true, "input": items})
+		want, err := DecodeResponses(h, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hd := &historyDecode{c: c, h: &hist, ck: hist.load()}
+		got, err := decodeResponses(h, body, newCachedParts(c, "responses", "tools"), hd)
+		if err != nil || !reflect.DeepEqual(want, got) {
+			t.Fatalf("turn %d: %v\n%s\nwant\n%s", k, err, dump(got), dump(want))
+		}
+		if hd.reused != prev {
+			t.Fatalf("turn %d: reused %d items, want %d", k, hd.reused, prev)
+		}
+		// This request's last boundary, which the next one reuses up to: the
+		// point before its last reasoning item (the output before it was
+		// pending, and the reasoning flushes it); on the first, before the
+		// last user message.
+		prev = len(items) - 3
+		if k == 0 {
+			prev = 2
+		}
+		id := fmt.Sprintf("call_%d", k)
+		items = append(items,
+			map[string]any{"type": "reasoning", "summary": []any{}, "encrypted_content": reasoningHandle + "eA=="},
+			map[string]any{"type": "function_call", "call_id": id, "name": "exec_command", "arguments": `{"cmd":"ls"}`},
+			map[string]any{"type": "function_call_output", "call_id": id, "output": "ok"})
+	}
+}

@@ -15,7 +15,30 @@ var openAIMaxKeys = []string{"max_completion_tokens", "max_tokens", "max_output_
 // not implemented. Fields that change nothing here (include, reasoning,
 // tool_choice, parallel_tool_calls, text, prompt_cache_key, ...) are ignored.
 func DecodeResponses(header http.Header, body []byte) (Request, error) {
-	b, err := decodeBody(body)
+	return decodeResponses(header, body, nil, nil)
+}
+
+// DecodeResponsesHistory is DecodeResponses that reuses what h holds of the
+// session's previous request (see History) and leaves in h what the next
+// one can reuse. A nil c or h decodes without.
+func (c *Cache) DecodeResponsesHistory(header http.Header, body []byte, h *History) (Request, error) {
+	if c == nil || h == nil {
+		return DecodeResponses(header, body)
+	}
+	return decodeResponses(header, body, newCachedParts(c, "responses", "tools"), &historyDecode{c: c, h: h, ck: h.load()})
+}
+
+func decodeResponses(header http.Header, body []byte, cp *cachedParts, hd *historyDecode) (Request, error) {
+	var top topHook
+	if hd != nil {
+		top = func(p *jsonParser, key string) (any, bool, error) {
+			if key == "input" {
+				return hd.messages(p)
+			}
+			return cp.top(p, key)
+		}
+	}
+	b, err := decodeBodyCached(body, top)
 	if err != nil {
 		return Request{}, err
 	}
@@ -39,16 +62,32 @@ func DecodeResponses(header http.Header, body []byte) (Request, error) {
 		Stream:    wantsStream(header, b),
 	}
 	r.Model, _ = b.str("model")
-	tools, err := listField(b, "tools")
-	if err != nil {
-		return Request{}, err
+	if v, ok := cp.hit("tools"); ok {
+		ct := v.(cachedTools)
+		r.Tools, r.Specs = ct.tools, ct.specs
+	} else {
+		tools, err := listField(b, "tools")
+		if err != nil {
+			return Request{}, err
+		}
+		if err := r.responsesTools(tools, ""); err != nil {
+			return Request{}, err
+		}
+		cp.store("tools", cachedTools{tools: r.Tools, specs: r.Specs})
 	}
-	if err := r.responsesTools(tools, ""); err != nil {
-		return Request{}, err
+	var instr *object
+	if in := b.val("instructions"); truthy(in) {
+		instr = obj("role", "system", "content", flatten(in))
+	}
+	if l, ok := b.val("input").(*historyList); ok {
+		if r.Messages, err = hd.translateResponses(body, l, instr); err != nil {
+			return Request{}, err
+		}
+		return r, nil
 	}
 	t := responsesTranslator{}
-	if in := b.val("instructions"); truthy(in) {
-		t.out = append(t.out, obj("role", "system", "content", flatten(in)))
+	if instr != nil {
+		t.out = append(t.out, instr)
 	}
 	switch in := b.val("input").(type) {
 	case string:
@@ -133,18 +172,38 @@ type responsesTranslator struct {
 	calls     []any    // its tool calls
 	callIDs   []string // their call ids, in call order
 	outputs   map[string]string
+
+	// prior counts the messages translated before out (a History's
+	// checkpoint): message() merges into a lone first system message.
+	prior int
+	// snapOn asks translate to note in snap the last item boundary where
+	// nothing is pending and what is translated is final (History).
+	snapOn bool
+	snap   *responsesSnap
+}
+
+type responsesSnap struct{ item, outLen int }
+
+// itemType is an input item's type ("message" when absent).
+func itemType(io *object) string {
+	if v, ok := io.get("type"); ok && v != nil {
+		return text(v)
+	}
+	return "message"
 }
 
 // translate is §5.3's walk over input items.
 func (t *responsesTranslator) translate(items []any) error {
-	for _, it := range items {
+	for j, it := range items {
 		io, ok := it.(*object)
 		if !ok {
 			return badRequest("each input item must be an object")
 		}
-		typ := "message"
-		if v, ok := io.get("type"); ok && v != nil {
-			typ = text(v)
+		typ := itemType(io)
+		if t.snapOn && j > 0 {
+			if err := t.boundary(j, io, typ); err != nil {
+				return err
+			}
 		}
 		switch typ {
 		case "function_call_output", "custom_tool_call_output":
@@ -228,15 +287,41 @@ func decodeReasoningHandle(s string) (string, bool) {
 	return string(b), true
 }
 
+// boundary is called before item j (of type typ): where item j flushes
+// anyway (tool outputs pending, or a system, developer or user message) or
+// nothing is pending, it flushes now — the same flush, earlier — and notes
+// the point when at least two messages stand (so no later developer
+// message can merge into an earlier one).
+func (t *responsesTranslator) boundary(j int, io *object, typ string) error {
+	empty := t.assistant == nil && len(t.calls) == 0 && len(t.callIDs) == 0 && len(t.outputs) == 0
+	flushes := len(t.outputs) > 0 && typ != "function_call_output" && typ != "custom_tool_call_output"
+	if typ == "message" {
+		switch io.val("role") {
+		case "system", "developer", "user":
+			flushes = true
+		}
+	}
+	if !empty && !flushes {
+		return nil
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+	if t.prior+len(t.out) >= 2 {
+		t.snap = &responsesSnap{item: j, outLen: len(t.out)}
+	}
+	return nil
+}
+
 func (t *responsesTranslator) message(role, content string) {
 	if role == "user" {
 		t.out = append(t.out, obj("role", "user", "content", content))
 		return
 	}
 	switch {
-	case len(t.out) == 0:
+	case t.prior+len(t.out) == 0:
 		t.out = append(t.out, obj("role", "system", "content", content))
-	case len(t.out) == 1 && t.out[0].val("role") == "system":
+	case t.prior+len(t.out) == 1 && t.out[0].val("role") == "system":
 		c, _ := t.out[0].str("content")
 		t.out[0].set("content", c+"\n\n"+content)
 	default:
