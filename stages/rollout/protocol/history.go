@@ -12,19 +12,26 @@ import (
 )
 
 // History carries one client session's message history (Anthropic
-// messages, Responses input items) from a request to the next. A coding CLI resends its whole history every turn,
-// so without it the adapter parses and translates the whole of it on every
-// turn — time that grows with the session, a turn at a time. With it, the
-// messages up to the previous request's last assistant message are
-// recognized by a 128-bit fingerprint of each one's bytes, skipped by the
-// parser, and their translation (and the translator's state there) taken
-// from the previous request; only what follows is parsed and translated.
+// messages, Responses input items) from a request to the next. A coding CLI
+// resends its whole history every turn, so without it the adapter parses
+// and translates the whole of it on every turn — time that grows with the
+// session, a turn at a time. With it, the messages up to the previous
+// request's last clean boundary are recognized by a 128-bit fingerprint of
+// each one's bytes, skipped by the parser, and their translation (and the
+// translator's state there) taken from the previous request; only what
+// follows is parsed and translated.
 //
-// The translation there is final: every tool result before an assistant
-// message is flushed by it, and later messages only append. A request with
-// a system message past the first position (§4.3 folds those into earlier
-// user messages) is decoded whole and leaves no checkpoint. Safe for
-// concurrent use; the zero History is ready.
+// A boundary is clean when the translation before it is final and a
+// function of the messages before it alone. Anthropic: at an assistant
+// message (every tool result before it is flushed there, later messages
+// only append), provided no §4.3 folding of a late system message crosses
+// it — each system message folds into a user message on its own side; a
+// request whose new messages would fold into the reused part decodes whole.
+// Responses: between items where nothing is pending (no open assistant
+// message, call or output), with at least two messages translated so that
+// no later developer message can merge into the first, and only for
+// requests with the same instructions. Safe for concurrent use; the zero
+// History is ready.
 type History struct {
 	mu sync.Mutex
 	ck *historyCheckpoint
