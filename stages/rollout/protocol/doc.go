@@ -29,6 +29,13 @@
 //   - Chat Completions (§5.6): developer -> system, no reordering, §5.7
 //     argument coercion.
 //
+// A Cache (Cache.DecodeAnthropic, Cache.DecodeAnthropicHistory,
+// Cache.DecodeResponsesHistory) decodes exactly as these functions do,
+// faster: the translations of system prompts and tool lists are shared by
+// fingerprint, and a session's History skips the part of its history the
+// previous request already translated (history.go states when that is
+// sound). Tests hold every cached decode equal to the plain one.
+//
 // Every decoding failure is an *Error with status 400 and a message naming
 // the problem; Error.Body renders it in the protocol's envelope
 // (AnthropicError, OpenAIError). ContextOverflow gives each protocol's own
