@@ -4,11 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -18,6 +21,7 @@ import (
 	"github.com/kilnrl/kiln/formats/store"
 	"github.com/kilnrl/kiln/stages/rollout/adapter"
 	"github.com/kilnrl/kiln/stages/rollout/engine"
+	"github.com/kilnrl/kiln/stages/rollout/parse"
 	"github.com/kilnrl/kiln/stages/stage"
 )
 
@@ -62,6 +66,12 @@ Example:
 			&cli.StringFlag{Name: "reasoning-parser", Value: "qwen3", Usage: `"qwen3" or "" (none)`},
 			&cli.StringFlag{Name: "tool-parser", Value: "qwen3_coder", Usage: `"qwen3_coder", "hermes" or "" (XML fallback only)`},
 			&cli.IntFlag{Name: "max-turn-tokens", Usage: "cap on max_tokens per turn (0: none)"},
+			&cli.IntFlag{Name: "max-tokens", Usage: "max_tokens of a turn whose request sets none (0: the adapter's default, 4096)"},
+			&cli.Float64Flag{Name: "temperature", Usage: "default sampling temperature, [0, 2]", DefaultText: "unset: the engine's, 1.0"},
+			&cli.Float64Flag{Name: "top-p", Usage: "default nucleus top_p, (0, 1]", DefaultText: "unset: 1"},
+			&cli.IntFlag{Name: "top-k", Usage: "default top_k, -1 or 0 for off", DefaultText: "unset: off"},
+			&cli.StringFlag{Name: "chat-template-kwargs", Usage: `JSON object passed to the chat template, e.g. '{"enable_thinking": true}'`},
+			&cli.IntFlag{Name: "max-turns-per-session", Usage: "answer 429 once a session has asked this many turns (0: unlimited)"},
 			&cli.IntFlag{Name: "fork-merge-max-response-tokens", Usage: "trajectory assembly threshold T (see kiln-rollout assemble)"},
 		},
 		Action: func(c *cli.Context) error { return runAdapter(c, env) },
@@ -84,6 +94,15 @@ func runAdapter(c *cli.Context, env *stage.Env) error {
 	if err := dataset.CheckName(out); err != nil {
 		return stage.UsageError{Err: err}
 	}
+	opts, err := adapterOptions(adapterFlags{
+		maxTurnTokens: c.Int("max-turn-tokens"), maxTokens: c.Int("max-tokens"),
+		temperature: optional(c, "temperature", c.Float64), topP: optional(c, "top-p", c.Float64), topK: optional(c, "top-k", c.Int),
+		chatTemplateKwargs: c.String("chat-template-kwargs"), maxTurnsPerSession: c.Int("max-turns-per-session"),
+		reasoningParser: c.String("reasoning-parser"), toolParser: c.String("tool-parser"),
+	})
+	if err != nil {
+		return stage.UsageError{Err: err}
+	}
 	eng, err := engine.New(engine.Options{BaseURL: c.String("engine"), Mode: mode, APIKey: c.String("engine-api-key")})
 	if err != nil {
 		return stage.UsageError{Err: err}
@@ -101,8 +120,8 @@ func runAdapter(c *cli.Context, env *stage.Env) error {
 	} else {
 		env.Log.Warn("no --tokenizer-dir: prefix reuse cannot check special tokens; histories may be re-rendered")
 	}
-	srv := adapter.New(adapter.Options{Engine: eng, Special: special, MaxTurnTokens: c.Int("max-turn-tokens"),
-		ReasoningParser: c.String("reasoning-parser"), ToolParser: c.String("tool-parser")})
+	opts.Engine, opts.Special = eng, special
+	srv := adapter.New(opts)
 	ln, err := net.Listen("tcp", c.String("listen"))
 	if err != nil {
 		return stage.UsageError{Err: fmt.Errorf("adapter: --listen %q: %w", c.String("listen"), err)}
@@ -111,6 +130,67 @@ func runAdapter(c *cli.Context, env *stage.Env) error {
 		"route", string(caps.Route), "context", caps.ContextLength)
 	rec := recording{st: st, env: env, out: out, threshold: c.Int("fork-merge-max-response-tokens")}
 	return serveAndRecord(ctx, ln, srv, rec)
+}
+
+// adapterFlags are the adapter's settings as given on the command line.
+type adapterFlags struct {
+	maxTurnTokens, maxTokens, maxTurnsPerSession int
+	temperature, topP                            *float64
+	topK                                         *int
+	chatTemplateKwargs                           string
+	reasoningParser, toolParser                  string
+}
+
+// optional is the value of flag name when it was given, else nil.
+func optional[T any](c *cli.Context, name string, get func(string) T) *T {
+	if !c.IsSet(name) {
+		return nil
+	}
+	v := get(name)
+	return &v
+}
+
+// adapterOptions checks the flags and turns them into adapter.Options
+// (without the engine). Every error names the flag and what it wants.
+func adapterOptions(f adapterFlags) (adapter.Options, error) {
+	var o adapter.Options
+	if f.maxTurnTokens < 0 {
+		return o, fmt.Errorf("--max-turn-tokens %d: want 0 (no cap) or more", f.maxTurnTokens)
+	}
+	if f.maxTokens < 0 {
+		return o, fmt.Errorf("--max-tokens %d: want 0 (the default) or more", f.maxTokens)
+	}
+	if f.maxTurnsPerSession < 0 {
+		return o, fmt.Errorf("--max-turns-per-session %d: want 0 (unlimited) or more", f.maxTurnsPerSession)
+	}
+	if t := f.temperature; t != nil && (*t < 0 || *t > 2 || math.IsNaN(*t)) {
+		return o, fmt.Errorf("--temperature %v: want a value in [0, 2]", *t)
+	}
+	if p := f.topP; p != nil && (*p <= 0 || *p > 1 || math.IsNaN(*p)) {
+		return o, fmt.Errorf("--top-p %v: want a value in (0, 1]", *p)
+	}
+	if k := f.topK; k != nil && *k < -1 {
+		return o, fmt.Errorf("--top-k %d: want -1 or 0 (off) or a positive count", *k)
+	}
+	switch f.reasoningParser {
+	case "", "qwen3":
+	default:
+		return o, fmt.Errorf("--reasoning-parser %q: want qwen3 or an empty string (none)", f.reasoningParser)
+	}
+	if _, ok := parse.ParseFormat(f.toolParser); !ok {
+		return o, fmt.Errorf("--tool-parser %q: want qwen3_coder, hermes or an empty string (XML fallback only)", f.toolParser)
+	}
+	if kw := strings.TrimSpace(f.chatTemplateKwargs); kw != "" {
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(kw), &m); err != nil || m == nil {
+			return o, fmt.Errorf("--chat-template-kwargs %q: want a JSON object, e.g. '{\"enable_thinking\": true}'", f.chatTemplateKwargs)
+		}
+		o.ChatTemplateKwargs = json.RawMessage(kw)
+	}
+	o.MaxTurnTokens, o.MaxTurnsPerSession = f.maxTurnTokens, f.maxTurnsPerSession
+	o.Sampling = engine.SamplingParams{MaxTokens: f.maxTokens, Temperature: f.temperature, TopP: f.topP, TopK: f.topK}
+	o.ReasoningParser, o.ToolParser = f.reasoningParser, f.toolParser
+	return o, nil
 }
 
 // recording is where an adapter run commits its sessions.

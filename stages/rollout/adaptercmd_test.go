@@ -95,3 +95,51 @@ func TestAdapterRecordsSessions(t *testing.T) {
 	}
 	assert.Greater(t, trained, 2)
 }
+
+// Each adapter flag lands in adapter.Options; each bad value is refused
+// naming the flag.
+func TestAdapterOptions(t *testing.T) {
+	f64 := func(v float64) *float64 { return &v }
+	i := func(v int) *int { return &v }
+	base := adapterFlags{reasoningParser: "qwen3", toolParser: "qwen3_coder"}
+	o, err := adapterOptions(base)
+	require.NoError(t, err)
+	assert.Nil(t, o.Sampling.Temperature)
+	assert.Nil(t, o.ChatTemplateKwargs)
+
+	good := base
+	good.maxTurnTokens, good.maxTokens, good.maxTurnsPerSession = 8192, 2048, 50
+	good.temperature, good.topP, good.topK = f64(0.7), f64(0.95), i(20)
+	good.chatTemplateKwargs = ` {"enable_thinking": true} `
+	o, err = adapterOptions(good)
+	require.NoError(t, err)
+	assert.Equal(t, 8192, o.MaxTurnTokens)
+	assert.Equal(t, 50, o.MaxTurnsPerSession)
+	assert.Equal(t, 2048, o.Sampling.MaxTokens)
+	assert.Equal(t, 0.7, *o.Sampling.Temperature)
+	assert.Equal(t, 0.95, *o.Sampling.TopP)
+	assert.Equal(t, 20, *o.Sampling.TopK)
+	assert.JSONEq(t, `{"enable_thinking": true}`, string(o.ChatTemplateKwargs))
+
+	for _, tc := range []struct {
+		edit func(*adapterFlags)
+		want string
+	}{
+		{func(f *adapterFlags) { f.maxTurnTokens = -1 }, "--max-turn-tokens -1"},
+		{func(f *adapterFlags) { f.maxTokens = -5 }, "--max-tokens -5"},
+		{func(f *adapterFlags) { f.maxTurnsPerSession = -2 }, "--max-turns-per-session -2"},
+		{func(f *adapterFlags) { f.temperature = f64(2.5) }, "--temperature 2.5"},
+		{func(f *adapterFlags) { f.topP = f64(0) }, "--top-p 0"},
+		{func(f *adapterFlags) { f.topK = i(-3) }, "--top-k -3"},
+		{func(f *adapterFlags) { f.chatTemplateKwargs = `[1]` }, `--chat-template-kwargs "[1]"`},
+		{func(f *adapterFlags) { f.chatTemplateKwargs = `null` }, `--chat-template-kwargs "null"`},
+		{func(f *adapterFlags) { f.reasoningParser = "deepseek" }, `--reasoning-parser "deepseek"`},
+		{func(f *adapterFlags) { f.toolParser = "llama" }, `--tool-parser "llama"`},
+	} {
+		f := base
+		tc.edit(&f)
+		_, err := adapterOptions(f)
+		require.Error(t, err, tc.want)
+		assert.Contains(t, err.Error(), tc.want)
+	}
+}
