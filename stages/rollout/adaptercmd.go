@@ -66,7 +66,7 @@ Example:
 			&cli.StringFlag{Name: "reasoning-parser", Value: "qwen3", Usage: `"qwen3" or "" (none)`},
 			&cli.StringFlag{Name: "tool-parser", Value: "qwen3_coder", Usage: `"qwen3_coder", "hermes" or "" (XML fallback only)`},
 			&cli.IntFlag{Name: "max-turn-tokens", Usage: "cap on max_tokens per turn (0: none)"},
-			&cli.IntFlag{Name: "max-tokens", Usage: "max_tokens of a turn whose request sets none (0: the adapter's default, 4096)"},
+			&cli.IntFlag{Name: "max-tokens", Usage: "max_tokens of a turn, which a client's own max_tokens can only lower (spec §1.4)", DefaultText: "4096"},
 			&cli.Float64Flag{Name: "temperature", Usage: "default sampling temperature, [0, 2]", DefaultText: "unset: the engine's, 1.0"},
 			&cli.Float64Flag{Name: "top-p", Usage: "default nucleus top_p, (0, 1]", DefaultText: "unset: 1"},
 			&cli.IntFlag{Name: "top-k", Usage: "default top_k, -1 or 0 for off", DefaultText: "unset: off"},
