@@ -3,7 +3,6 @@ package protocol
 import (
 	"bytes"
 	"encoding/json"
-	"io"
 	"maps"
 	"net/http"
 	"sync"
@@ -156,7 +155,7 @@ func (d *historyDecode) messages(p *jsonParser) (any, bool, error) {
 			p.i++
 			return l, true, nil
 		}
-	} else if err := d.afterElement(p); err != nil || p.b[p.i-1] == ']' {
+	} else if closed, err := p.next(']', "after array element"); err != nil || closed {
 		return l, err == nil, err
 	}
 	for {
@@ -168,31 +167,10 @@ func (d *historyDecode) messages(p *jsonParser) (any, bool, error) {
 		l.elems = append(l.elems, v)
 		l.sums = append(l.sums, d.sum(p.b[start:p.i]))
 		l.extents = append(l.extents, [2]int{start, p.i})
-		if err := d.afterElement(p); err != nil {
-			return nil, false, err
-		}
-		if p.b[p.i-1] == ']' {
-			return l, true, nil
+		if closed, err := p.next(']', "after array element"); err != nil || closed {
+			return l, err == nil, err
 		}
 	}
-}
-
-// afterElement reads what follows a list element: a comma (and the space
-// after it) or the closing bracket, which it leaves p.i after.
-func (d *historyDecode) afterElement(p *jsonParser) error {
-	if p.ws(); p.i >= len(p.b) {
-		return io.ErrUnexpectedEOF
-	}
-	switch p.b[p.i] {
-	case ',':
-		p.i++
-		p.ws()
-		return nil
-	case ']':
-		p.i++
-		return nil
-	}
-	return p.errorf("after array element")
 }
 
 // translateAnthropic is §4.4 over l, from the checkpoint when it covers l's prefix,

@@ -208,20 +208,29 @@ func (p *jsonParser) object(depth int) (any, error) {
 			}
 		}
 		o.set(k, v)
-		if p.ws(); p.i >= len(p.b) {
-			return nil, io.ErrUnexpectedEOF
-		}
-		switch p.b[p.i] {
-		case ',':
-			p.i++
-			p.ws()
-		case '}':
-			p.i++
-			return o, nil
-		default:
-			return nil, p.errorf("after object key:value pair")
+		if closed, err := p.next('}', "after object key:value pair"); err != nil || closed {
+			return o, err
 		}
 	}
+}
+
+// next reads what follows a container's element: a comma and the space
+// after it (closed false), or the closing byte (closed true). after words
+// the error for anything else.
+func (p *jsonParser) next(closing byte, after string) (closed bool, err error) {
+	if p.ws(); p.i >= len(p.b) {
+		return false, io.ErrUnexpectedEOF
+	}
+	switch p.b[p.i] {
+	case ',':
+		p.i++
+		p.ws()
+		return false, nil
+	case closing:
+		p.i++
+		return true, nil
+	}
+	return false, p.errorf("%s", after)
 }
 
 func (p *jsonParser) array(depth int) (any, error) {
@@ -238,18 +247,8 @@ func (p *jsonParser) array(depth int) (any, error) {
 			return nil, err
 		}
 		a = append(a, v)
-		if p.ws(); p.i >= len(p.b) {
-			return nil, io.ErrUnexpectedEOF
-		}
-		switch p.b[p.i] {
-		case ',':
-			p.i++
-			p.ws()
-		case ']':
-			p.i++
-			return a, nil
-		default:
-			return nil, p.errorf("after array element")
+		if closed, err := p.next(']', "after array element"); err != nil || closed {
+			return a, err
 		}
 	}
 }
