@@ -198,12 +198,14 @@ func (a *assembler) session(ctx context.Context, s *session) error {
 	for _, t := range s.turns {
 		a.count("sampled_tokens", len(t.OutputIDs))
 	}
+	trained := 0
 	for _, seg := range segs {
 		a.tokens += len(seg.Tokens)
 		for _, m := range seg.LossMask {
-			a.count("trained_tokens", int(m))
+			trained += int(m)
 		}
 	}
+	a.count("trained_tokens", trained)
 	a.pending = append(a.pending, segs...)
 	a.ids = append(a.ids, s.id)
 	if a.tokens >= shardTokens {
@@ -232,6 +234,17 @@ func (a *assembler) flush(ctx context.Context) error {
 	return err
 }
 
+// isNullText reports whether s is JSON null, white space around it aside
+// (strings.TrimSpace(s) == "null"). A message, an object, is told from its
+// first byte: the far end of its text is not read ahead of the scan that
+// reads it front to back.
+func isNullText(s string) bool {
+	if len(s) > 0 && s[0] == '{' {
+		return false
+	}
+	return strings.TrimSpace(s) == "null"
+}
+
 // assembleSession runs one session's turns through trajectory assembly.
 func assembleSession(s *session, opts assembly.Options) ([]records.Trajectory, error) {
 	sess := assembly.NewSession(opts)
@@ -241,6 +254,7 @@ func assembleSession(s *session, opts assembly.Options) ([]records.Trajectory, e
 	// result or two to the history: room for three a turn spares the
 	// splitter most regrowths of the session's message list.
 	split := messageSplitter{capHint: 8 + 3*len(s.turns)}
+	split.spare, split.spareHeads = sess.MessageLists(split.capHint)
 	for i := range s.turns {
 		t := &s.turns[i]
 		if t.RolloutID != base.RolloutID || t.Index != base.Index || t.GroupIndex != base.GroupIndex {
@@ -259,7 +273,7 @@ func assembleSession(s *session, opts assembly.Options) ([]records.Trajectory, e
 		}
 		var resp json.RawMessage
 		var respHead assembly.Head
-		if t.ResponseMessage != nil && strings.TrimSpace(*t.ResponseMessage) != "null" {
+		if t.ResponseMessage != nil && !isNullText(*t.ResponseMessage) {
 			resp = stringBytes(*t.ResponseMessage) // read only, as the prompt messages
 			// Read once: for Record, and to recognize the client's echo
 			// of it in the next turn's prompt_messages.

@@ -31,6 +31,11 @@ type messageSplitter struct {
 	// messages a session is expected to reach, so the turns that extend the
 	// list in place do not regrow it (each regrowth copies it).
 	capHint int
+	// spare and spareHeads, if set, are the storage of the next list split
+	// from scratch (as assembly.Session.MessageLists hands it out, recycled
+	// from session to session), used once; otherwise a list is allocated.
+	spare      []json.RawMessage
+	spareHeads []assembly.Head
 }
 
 func (s *messageSplitter) split(str string) ([]json.RawMessage, error) {
@@ -64,7 +69,10 @@ func (s *messageSplitter) splitHeads(str string) ([]json.RawMessage, []assembly.
 	text = bytes.TrimSpace(text)
 	var out []json.RawMessage
 	var heads []assembly.Head
-	if s.capHint > 0 {
+	switch {
+	case s.spare != nil:
+		out, heads, s.spare, s.spareHeads = s.spare[:0], s.spareHeads[:0], nil, nil
+	case s.capHint > 0:
 		out, heads = make([]json.RawMessage, 0, s.capHint), make([]assembly.Head, 0, s.capHint)
 	}
 	msgs, heads, ok := appendArray(out, heads, text, &s.hint)

@@ -2,10 +2,13 @@ package rollout
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kilnrl/kiln/stages/rollout/assembly"
 )
 
 func TestSplitArray(t *testing.T) {
@@ -45,4 +48,28 @@ func TestMessageSplitterReusesPrefix(t *testing.T) {
 	assert.Len(t, b, 3, "earlier results are not clobbered")
 	_, err = s.split(`[{"role":`)
 	assert.ErrorContains(t, err, "prompt_messages")
+}
+
+// TestIsNullText holds isNullText to its definition, strings.TrimSpace(s)
+// == "null", including Unicode white space, which only the fallback reads.
+func TestIsNullText(t *testing.T) {
+	for _, s := range []string{"", "null", " null\n", "\u00a0null\u2003", "\vnull\f", "nul", "nulls", "{}", `{"role":"assistant"}`,
+		" {}", "{ null", `"null"`, "Null", "null null"} {
+		assert.Equal(t, strings.TrimSpace(s) == "null", isNullText(s), "%q", s)
+	}
+}
+
+// TestMessageSplitterSpare: the spare storage serves one list split from
+// scratch, and only one.
+func TestMessageSplitterSpare(t *testing.T) {
+	spare, spareHeads := make([]json.RawMessage, 0, 4), make([]assembly.Head, 0, 4)
+	s := messageSplitter{spare: spare, spareHeads: spareHeads}
+	a, heads, err := s.splitHeads(`[{"role":"user","content":"u"}]`)
+	require.NoError(t, err)
+	require.Len(t, a, 1)
+	assert.True(t, &a[0] == &spare[:1][0] && &heads[0] == &spareHeads[:1][0], "the spare holds the first list")
+	b, err := s.split(`[{"role":"user","content":"summary"}]`)
+	require.NoError(t, err)
+	assert.False(t, &b[0] == &spare[:1][0], "a second list split from scratch has storage of its own")
+	assert.Equal(t, `{"role":"user","content":"u"}`, string(a[0]))
 }

@@ -1,23 +1,30 @@
 package assembly
 
-import "unsafe"
+import (
+	"unsafe"
 
-// Arena hands out the token, mask and logprob slices of segments from a few
-// large chunks, so assembling a stream of sessions does not allocate (and
-// zero, and fault in) fresh memory for every segment. Segments built from an
-// arena stay valid until its Reset: a caller that writes segments in
+	"github.com/kilnrl/kiln/formats/records"
+)
+
+// Arena hands out the token, mask and logprob slices of segments, and the
+// segment lists themselves, from a few large chunks, so assembling a stream
+// of sessions does not allocate (and zero, and fault in) fresh memory for
+// every segment. Segments built from an arena, and the lists that hold
+// them, stay valid until its Reset: a caller that writes segments in
 // batches resets the arena after each batch is written. A nil *Arena
 // allocates from the heap. Not safe for concurrent use.
 type Arena struct {
 	i32 chunks[int32]
 	u8  chunks[uint8]
 	f32 chunks[float32]
+	// The segment lists Segments returns (a few segments a session).
+	segs chunks[records.Trajectory]
 
 	// The routing trees' slabs, recycled from one session to the next (a
 	// session's tree is garbage once Segments has linearized it).
 	nodes slabs[node]
 	kids  slabs[*node]
-	turns slabs[Turn]
+	turns slabs[turn]
 	// spare is the last linearized session's scratch, for the next session
 	// (NewSession); nil while a session holds it.
 	spare *scratch
@@ -39,13 +46,16 @@ func (s *slabs[T]) get(n int) []T {
 	return make([]T, 0, n)
 }
 
-// put takes chunks back, cleared (so they hold no references).
+// put takes chunks back, cleared (so they hold no references). Only a
+// chunk's first len(c) elements are cleared: the slabs write a chunk front
+// to back, only below its length, so the rest is still zero (as get hands
+// it out, and as newNode relies on).
 func (s *slabs[T]) put(cs [][]T) {
 	if s == nil {
 		return
 	}
 	for _, c := range cs {
-		clear(c[:cap(c)])
+		clear(c)
 		s.free = append(s.free, c)
 	}
 }
@@ -64,7 +74,7 @@ func (a *Arena) kidSlabs() *slabs[*node] {
 	return &a.kids
 }
 
-func (a *Arena) turnSlabs() *slabs[Turn] {
+func (a *Arena) turnSlabs() *slabs[turn] {
 	if a == nil {
 		return nil
 	}
@@ -78,10 +88,16 @@ func (a *Arena) Reset() {
 		a.i32.reset()
 		a.u8.reset()
 		a.f32.reset()
+		// Segments reference memory the arena does not own (reward,
+		// routed experts, replay columns): cleared, so the arena keeps
+		// no written shard alive.
+		a.segs.clearUsed()
+		a.segs.reset()
 	}
 }
 
-// arenaChunk is the smallest chunk, in elements.
+// arenaChunk is the smallest chunk of tokens, masks or logprobs, in
+// elements.
 const arenaChunk = 1 << 20
 
 // chunks is a list of buffers used front to back; reset rewinds to the
@@ -92,12 +108,13 @@ type chunks[T any] struct {
 	off  int // first free element of bufs[at]
 }
 
-// take returns n elements of unspecified content, with capacity n. Each
-// slice starts on a 64-byte boundary (chunks are large allocations, page
-// aligned): the vectorized compares and copies of segment tokens against
-// the turns' arrays, themselves aligned, then never straddle cache lines on
-// one side only.
-func (c *chunks[T]) take(n int) []T {
+// take returns n elements of unspecified content, with capacity n, from a
+// buffer of at least least elements (a new buffer when none has room). A
+// slice of numbers (tokens, masks, logprobs) starts on a 64-byte boundary
+// (chunks are large allocations, page aligned): the vectorized compares and
+// copies of segment tokens against the turns' arrays, themselves aligned,
+// then never straddle cache lines on one side only.
+func (c *chunks[T]) take(n, least int) []T {
 	var zero T
 	if a := 64 / int(unsafe.Sizeof(zero)); a > 1 {
 		c.off = (c.off + a - 1) / a * a
@@ -107,7 +124,7 @@ func (c *chunks[T]) take(n int) []T {
 		c.off = 0
 	}
 	if c.at == len(c.bufs) {
-		c.bufs = append(c.bufs, make([]T, max(n, arenaChunk)))
+		c.bufs = append(c.bufs, make([]T, max(n, least)))
 	}
 	s := c.bufs[c.at][c.off : c.off+n : c.off+n]
 	c.off += n
@@ -116,11 +133,21 @@ func (c *chunks[T]) take(n int) []T {
 
 func (c *chunks[T]) reset() { c.at, c.off = 0, 0 }
 
+// clearUsed zeroes every element handed out since the last reset.
+func (c *chunks[T]) clearUsed() {
+	for i := range min(c.at, len(c.bufs)) {
+		clear(c.bufs[i])
+	}
+	if c.at < len(c.bufs) {
+		clear(c.bufs[c.at][:c.off])
+	}
+}
+
 func (a *Arena) int32s(n int) []int32 {
 	if a == nil {
 		return make([]int32, n)
 	}
-	return a.i32.take(n)
+	return a.i32.take(n, arenaChunk)
 }
 
 // uint8s and float32s, like int32s, return n elements of unspecified
@@ -129,12 +156,21 @@ func (a *Arena) uint8s(n int) []uint8 {
 	if a == nil {
 		return make([]uint8, n)
 	}
-	return a.u8.take(n)
+	return a.u8.take(n, arenaChunk)
 }
 
 func (a *Arena) float32s(n int) []float32 {
 	if a == nil {
 		return make([]float32, n)
 	}
-	return a.f32.take(n)
+	return a.f32.take(n, arenaChunk)
+}
+
+// trajectories returns n segments of unspecified content, for Segments'
+// result: the caller writes every one.
+func (a *Arena) trajectories(n int) []records.Trajectory {
+	if a == nil {
+		return make([]records.Trajectory, n)
+	}
+	return a.segs.take(n, 256)
 }

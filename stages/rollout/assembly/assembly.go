@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/stages/rollout/jsonskim"
 )
 
 // Turn is one model call of a session (the turns record kind).
@@ -71,7 +72,7 @@ type node struct {
 
 	children []*node
 
-	turn      *Turn
+	turn      *turn
 	turnIndex int
 	trained   bool // response_trained
 	useTool   bool
@@ -104,36 +105,48 @@ type Session struct {
 // hands it to the arena and NewSession takes it back, so a stream of
 // sessions reuses it instead of regrowing it in every session.
 type scratch struct {
-	// Nodes, recorded turns and record's scratch messages come from
-	// session-owned slabs: a session makes a few nodes per turn, and one
-	// allocation each would be most of what routing costs.
+	// Nodes and recorded turns come from session-owned slabs: a session
+	// makes a few nodes per turn, and one allocation each would be most of
+	// what routing costs.
 	// The chunks of each slab kind, the last one being filled; with
 	// Options.Arena they are recycled after Segments.
 	nodeSlab [][]node
 	kidSlab  [][]*node
-	turnSlab [][]Turn
-	msgBuf   []message
+	turnSlab [][]turn
 	path     []*node // the storage of Session.lastPath
+	cand     message // a prompt message being routed (see record)
+
+	// The caller's prompt message lists (MessageLists): the first pair a
+	// session takes; taken reports that it was.
+	lists     []json.RawMessage
+	listHeads []Head
+	taken     bool
 
 	// Linearization's buffers (see linearizer).
 	gens     []*node
 	builders []builder
 	spans    []span
+	segs     []records.Trajectory
 }
 
 // reset empties the buffers, keeping their storage; it clears what they
-// held so no tree stays reachable through them.
+// held so no tree stays reachable through them (the fields it does not
+// keep, cand and taken, are zeroed).
 func (sc *scratch) reset() {
 	clear(sc.nodeSlab)
 	clear(sc.kidSlab)
 	clear(sc.turnSlab)
-	clear(sc.msgBuf)
 	clear(sc.path[:cap(sc.path)])
 	clear(sc.gens[:cap(sc.gens)])
 	clear(sc.builders)
 	clear(sc.spans)
+	clear(sc.segs)
+	// The caller appended to the lists past any length recorded here.
+	clear(sc.lists[:cap(sc.lists)])
+	clear(sc.listHeads[:cap(sc.listHeads)])
 	*sc = scratch{nodeSlab: sc.nodeSlab[:0], kidSlab: sc.kidSlab[:0], turnSlab: sc.turnSlab[:0],
-		msgBuf: sc.msgBuf[:0], path: sc.path[:0], gens: sc.gens[:0], builders: sc.builders[:0], spans: sc.spans[:0]}
+		path: sc.path[:0], gens: sc.gens[:0], builders: sc.builders[:0], spans: sc.spans[:0],
+		segs: sc.segs[:0], lists: sc.lists[:0], listHeads: sc.listHeads[:0]}
 }
 
 // grow returns the slab's current chunk with room for one more element,
@@ -152,11 +165,35 @@ func (s *Session) newNode() *node {
 	return &(*c)[len(*c)-1]
 }
 
-// keepTurn stores t for the session's life and returns its address.
-func (s *Session) keepTurn(t *Turn) *Turn {
+// turn is what linearization reads of a recorded Turn. It holds few
+// pointers, and the replay columns only behind one: the slabs that keep a
+// session's turns are written and cleared while the garbage collector may
+// be marking, when every pointer written or cleared costs a write barrier.
+type turn struct {
+	PromptIDs      []int32
+	OutputIDs      []int32
+	OutputLogProbs []float32
+	truncated      bool // finish_reason "length"
+	illFormed      bool
+	// replay is the turn's replay columns, nil when it has none. Segments
+	// reads them only where the session's replay kind has them, and every
+	// turn with outputs has that kind (validateTurn).
+	replay *records.Replay
+}
+
+// keepTurn stores what linearization reads of t for the session's life
+// and returns its address.
+func (s *Session) keepTurn(t *Turn) *turn {
 	c := grow(&s.turnSlab, s.opts.Arena.turnSlabs(), 16)
-	*c = append(*c, *t)
-	return &(*c)[len(*c)-1]
+	*c = append(*c, turn{PromptIDs: t.PromptIDs, OutputIDs: t.OutputIDs, OutputLogProbs: t.OutputLogProbs,
+		truncated: t.FinishReason == "length", illFormed: t.IllFormed})
+	k := &(*c)[len(*c)-1]
+	if r := &t.Replay; r.TopPTokenIDs != nil || r.TopPTokenOffsets != nil || r.TopPLogProbs != nil ||
+		r.TopKTokenIDs != nil || r.TopKLogProbs != nil || r.TopK != 0 || r.RoutedExperts != nil || r.RoutedExpertsShape != nil {
+		k.replay = new(records.Replay)
+		*k.replay = *r // a turn with replay columns brings far larger arrays
+	}
+	return k
 }
 
 // replayKind is which replay columns the session's turns carry.
@@ -172,6 +209,31 @@ func NewSession(opts Options) *Session {
 		s.scratch, a.spare = a.spare, nil
 	}
 	return s
+}
+
+// MessageLists returns empty lists with capacity at least n, for the caller
+// to split a turn's prompt messages and their heads into
+// (Turn.PromptMessages, Turn.PromptHeads; a caller that extends one list in
+// place from turn to turn needs one pair a session). They stay valid until
+// Segments. With Options.Arena, the first pair a session takes is then
+// recycled for a later session, as the session's own working memory is;
+// later pairs, and lists appended past their capacity, come from the heap.
+func (s *Session) MessageLists(n int) ([]json.RawMessage, []Head) {
+	if s.scratch == nil {
+		s.scratch = &scratch{}
+	}
+	sc := s.scratch
+	if sc.taken || s.opts.Arena == nil {
+		return make([]json.RawMessage, 0, n), make([]Head, 0, n)
+	}
+	sc.taken = true
+	if cap(sc.lists) < n {
+		sc.lists = make([]json.RawMessage, 0, n)
+	}
+	if cap(sc.listHeads) < n {
+		sc.listHeads = make([]Head, 0, n)
+	}
+	return sc.lists[:0], sc.listHeads[:0]
 }
 
 // Turns is the number of recorded (non-ignored) turns.
@@ -341,8 +403,8 @@ func truthy(raw json.RawMessage) bool {
 	case '"':
 		return len(raw) > 2
 	case '[', '{': // non-empty unless the next token closes it
-		rest := bytes.TrimLeft(raw[1:], " \t\r\n")
-		return len(rest) > 0 && rest[0] != ']' && rest[0] != '}'
+		i := jsonskim.Space(raw, 1)
+		return i < len(raw) && raw[i] != ']' && raw[i] != '}'
 	}
 	var f float64
 	return json.Unmarshal(raw, &f) == nil && f != 0
@@ -397,10 +459,11 @@ func (s *Session) record(t *Turn) error {
 	if err != nil {
 		return fmt.Errorf("turn %d: %w", s.turns+1, err)
 	}
-	// The leaf is taken now so the response message is read in place.
+	// The leaf is taken now so the response message is read in place (a
+	// new node is zero).
 	leaf := s.newNode()
 	resp := &leaf.msg
-	*resp = message{raw: t.ResponseMessage}
+	resp.raw = t.ResponseMessage
 	rnone, useTool := isNull(t.ResponseMessage), false
 	if !rnone {
 		h, err := resp.readHeadWith(&t.ResponseHead)
@@ -432,21 +495,26 @@ func (s *Session) record(t *Turn) error {
 	if len(s.lastPath) == 0 {
 		path = s.path[:0]
 	}
-	// msgs holds the messages from depth base on, read as they are needed.
-	base := d
-	msgs := s.msgBuf[:0]
-	for j, raw := range raws[base:] {
-		msgs = append(msgs, message{raw: raw})
-		if j += base; j < len(t.PromptHeads) {
-			msgs[len(msgs)-1].useHead(&t.PromptHeads[j])
+	// A message is read where it is needed: into the session's candidate
+	// (s.cand, which holds the message at depth held) while it is compared
+	// with children or considered for rewrite-merge, else straight into the
+	// node it becomes.
+	held := -1
+	candidate := func(d int) *message {
+		if held != d {
+			s.cand = message{raw: raws[d]}
+			if d < len(t.PromptHeads) {
+				s.cand.useHead(&t.PromptHeads[d])
+			}
+			held = d
 		}
+		return &s.cand
 	}
-	s.msgBuf = msgs
-	at := func(d int) *message { return &msgs[d-base] }
 descend:
-	for ; d < len(raws); d++ {
+	for ; d < len(raws) && len(cur.children) > 0; d++ {
+		m := candidate(d)
 		for _, c := range cur.children {
-			ok, err := c.matches(at(d))
+			ok, err := c.matches(m)
 			if err != nil {
 				return fmt.Errorf("turn %d: prompt_messages[%d]: %w", s.turns+1, d, err)
 			}
@@ -460,7 +528,7 @@ descend:
 	}
 	// Rewrite-merge (T > 0 only).
 	if T := s.opts.ForkMergeMaxResponseTokens; T > 0 && d < len(raws) {
-		m := at(d)
+		m := candidate(d)
 		if err := m.readRole(); err != nil {
 			return fmt.Errorf("turn %d: prompt_messages[%d]: %w", s.turns+1, d, err)
 		}
@@ -487,12 +555,19 @@ descend:
 		}
 	}
 	for ; d < len(raws); d++ {
-		m := at(d)
-		if err := m.readRole(); err != nil {
+		n := s.newNode()
+		if m := &n.msg; d == held {
+			*m = s.cand
+		} else {
+			m.raw = raws[d]
+			if d < len(t.PromptHeads) {
+				m.useHead(&t.PromptHeads[d])
+			}
+		}
+		// A node that fails here stays out of the tree.
+		if err := n.msg.readRole(); err != nil {
 			return fmt.Errorf("turn %d: prompt_messages[%d]: %w", s.turns+1, d, err)
 		}
-		n := s.newNode()
-		n.msg = *m
 		s.addChild(cur, n)
 		cur = n
 		path = append(path, cur)

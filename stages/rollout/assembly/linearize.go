@@ -2,6 +2,7 @@ package assembly
 
 import (
 	"bytes"
+	"encoding/binary"
 	"math"
 	"unsafe"
 
@@ -11,7 +12,7 @@ import (
 // span is one generated output appended to a builder.
 type span struct {
 	start   int // index of the first output token in builder.tokens
-	turn    *Turn
+	turn    *turn
 	trained bool
 }
 
@@ -37,9 +38,9 @@ type leafMeta struct {
 // numbered 0..k-1. Every segment carries base's ids and reward. The session
 // is drained whether or not an error is returned: a second call returns nil.
 //
-// Segment slices are freshly allocated (tokens, masks and logprobs from
-// Options.Arena when set), except RoutedExperts, which shares memory with
-// the recorded turn's routes.
+// Segment slices are freshly allocated (the list, and the tokens, masks and
+// logprobs, from Options.Arena when set), except RoutedExperts, which shares
+// memory with the recorded turn's routes.
 func (s *Session) Segments(base Base) ([]records.Trajectory, error) {
 	root, kind, T, a := s.root, s.replay, s.opts.ForkMergeMaxResponseTokens, s.opts.Arena
 	sc := s.scratch
@@ -65,7 +66,14 @@ func (s *Session) Segments(base Base) ([]records.Trajectory, error) {
 	if err := l.walk(root); err != nil {
 		return nil, err
 	}
-	return l.out, nil
+	if len(l.segs) == 0 {
+		return nil, nil
+	}
+	// The list is built in the recycled scratch and handed out at its
+	// final length.
+	out := a.trajectories(len(l.segs))
+	copy(out, l.segs)
+	return out, nil
 }
 
 type linearizer struct {
@@ -73,11 +81,11 @@ type linearizer struct {
 	T     int
 	base  Base
 	arena *Arena
-	out   []records.Trajectory
 	seen  map[int32]struct{} // scratch for top-p row validation
 
 	// The session's scratch: gens is the generated nodes on the path being
-	// walked; builders and spans those of the current leaf.
+	// walked; builders and spans those of the current leaf; segs the
+	// segments emitted so far.
 	*scratch
 }
 
@@ -107,10 +115,10 @@ func (l *linearizer) leaf(gens []*node) error {
 	var meta leafMeta
 	for _, g := range gens {
 		meta.useTool = meta.useTool || g.useTool
-		meta.illFormed = meta.illFormed || g.turn.IllFormed
+		meta.illFormed = meta.illFormed || g.turn.illFormed
 	}
 	last := gens[len(gens)-1].turn
-	meta.truncated = last.FinishReason == "length"
+	meta.truncated = last.truncated
 	capHint := len(last.PromptIDs) + len(last.OutputIDs)
 
 	l.builders, l.spans = l.builders[:0], l.spans[:0]
@@ -155,7 +163,7 @@ func (l *linearizer) leaf(gens []*node) error {
 
 // appendOutput appends t's output as b's newest response; b is the leaf's
 // last builder.
-func (l *linearizer) appendOutput(b *builder, t *Turn, trained bool) {
+func (l *linearizer) appendOutput(b *builder, t *turn, trained bool) {
 	b.lastStart = len(b.tokens)
 	if len(t.OutputIDs) > 0 {
 		l.spans = append(l.spans, span{start: len(b.tokens), turn: t, trained: trained})
@@ -208,9 +216,7 @@ func (l *linearizer) emit(b *builder, meta leafMeta) error {
 		at = r0 + len(out)
 		m := mask[r0:at]
 		if sp.trained {
-			for i := range m {
-				m[i] = 1
-			}
+			fillOnes(m)
 			trained += len(out)
 		} else {
 			clear(m)
@@ -230,7 +236,7 @@ func (l *linearizer) emit(b *builder, meta leafMeta) error {
 		RolloutID:       l.base.RolloutID,
 		Index:           l.base.Index,
 		GroupIndex:      l.base.GroupIndex,
-		Segment:         int32(len(l.out)),
+		Segment:         int32(len(l.segs)),
 		Tokens:          b.tokens[:n:n],
 		ResponseLength:  int32(rl),
 		LossMask:        mask,
@@ -250,7 +256,7 @@ func (l *linearizer) emit(b *builder, meta leafMeta) error {
 		l.topK(&seg, b.lead, spans)
 	}
 	if l.kind.routes {
-		t := spans[0].turn
+		t := spans[0].turn.replay
 		sh := t.RoutedExperts
 		stride := int(t.RoutedExpertsShape[1]) * int(t.RoutedExpertsShape[2])
 		rows := min(n-1, int(t.RoutedExpertsShape[0]))
@@ -266,12 +272,20 @@ func (l *linearizer) emit(b *builder, meta leafMeta) error {
 	// token) are checked once, by the writer (records.TrajectoryEncoder),
 	// which refuses the whole shard on a violation; the property tests hold
 	// assembly to them.
-	if l.out == nil {
-		// Most sessions make a few segments (a fork per token drift).
-		l.out = make([]records.Trajectory, 0, 4)
-	}
-	l.out = append(l.out, seg)
+	l.segs = append(l.segs, seg)
 	return nil
+}
+
+// fillOnes sets every byte of m to 1, eight bytes a store (a loss mask's
+// trained rows: the compiler does not vectorize a byte loop).
+func fillOnes(m []uint8) {
+	for len(m) >= 8 {
+		binary.LittleEndian.PutUint64(m, 0x0101010101010101)
+		m = m[8:]
+	}
+	for i := range m {
+		m[i] = 1
+	}
 }
 
 // topP concatenates the recorded nucleus spans in token order; context rows
@@ -280,7 +294,7 @@ func (l *linearizer) topP(seg *records.Trajectory, lead int, spans []span) {
 	rl := int(seg.ResponseLength)
 	total := 0
 	for _, sp := range spans {
-		total += len(sp.turn.TopPTokenIDs)
+		total += len(sp.turn.replay.TopPTokenIDs)
 	}
 	off := make([]int32, rl+1)
 	ids := make([]int32, 0, total)
@@ -297,9 +311,9 @@ func (l *linearizer) topP(seg *records.Trajectory, lead int, spans []span) {
 		for ; row < r0; row++ {
 			off[row+1] = int32(len(ids))
 		}
-		t := sp.turn
+		t := sp.turn.replay
 		toff := t.TopPTokenOffsets
-		cnt := min(len(t.OutputIDs), rl-r0)
+		cnt := min(len(sp.turn.OutputIDs), rl-r0)
 		for i := 0; i < cnt; i++ {
 			ids = append(ids, t.TopPTokenIDs[toff[i]:toff[i+1]]...)
 			if lps != nil {
@@ -334,8 +348,8 @@ func (l *linearizer) topK(seg *records.Trajectory, lead int, spans []span) {
 			break
 		}
 		cnt := min(len(sp.turn.OutputIDs), rl-r0)
-		copy(ids[r0*k:], sp.turn.TopKTokenIDs[:cnt*k])
-		copy(lps[r0*k:], sp.turn.TopKLogProbs[:cnt*k])
+		copy(ids[r0*k:], sp.turn.replay.TopKTokenIDs[:cnt*k])
+		copy(lps[r0*k:], sp.turn.replay.TopKLogProbs[:cnt*k])
 	}
 	seg.TopKTokenIDs, seg.TopKLogProbs, seg.TopK = ids, lps, l.kind.k
 }
