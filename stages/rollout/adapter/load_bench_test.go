@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,7 +45,13 @@ import (
 // includes queueing at that rate); the adapter's live heap per session at
 // half and at all turns, and the bytes the recorded turns themselves hold
 // (records.Turn ids, logprobs, messages). KILN_LOAD_CPUPROFILE=FILE writes
-// the adapter process's CPU profile.
+// the adapter process's CPU profile, KILN_LOAD_MEMPROFILE=FILE its
+// allocations.
+//
+// The baseline, in the same run: the relay (load_relay_test.go), a process
+// that makes the same HTTP exchanges with the same bytes and does nothing
+// else, driven by the same load; "÷relay" is the adapter's CPU per turn
+// over the relay's.
 //
 //	go test ./stages/rollout/adapter -run '^$' -bench AdapterLoad -benchtime 1x
 //
@@ -131,10 +138,11 @@ func countingServer(h http.Handler, conns *atomic.Int64) *httptest.Server {
 // loadChildEnv names the environment of the adapter process the load
 // benchmark starts: the test binary re-executed into TestLoadAdapterChild.
 const (
-	loadChildEnv    = "KILN_LOAD_ADAPTER_CHILD"
-	loadChildEngine = "KILN_LOAD_ENGINE_URL"
-	loadChildTokDir = "KILN_LOAD_TOKENIZER_DIR"
-	loadChildProf   = "KILN_LOAD_CPUPROFILE"
+	loadChildEnv     = "KILN_LOAD_ADAPTER_CHILD"
+	loadChildEngine  = "KILN_LOAD_ENGINE_URL"
+	loadChildTokDir  = "KILN_LOAD_TOKENIZER_DIR"
+	loadChildProf    = "KILN_LOAD_CPUPROFILE"
+	loadChildMemProf = "KILN_LOAD_MEMPROFILE"
 )
 
 // loadChild is the adapter process of the load benchmark, driven over its
@@ -165,34 +173,39 @@ func TestLoadAdapterChild(t *testing.T) {
 	if os.Getenv(loadChildEnv) != "1" {
 		t.Skip("the adapter process of BenchmarkAdapterLoad")
 	}
-	if p := os.Getenv(loadChildProf); p != "" {
-		f, err := os.Create(p)
+	var ad *adapter.Server
+	h := relayFromEnv(t)
+	if h == nil {
+		if p := os.Getenv(loadChildProf); p != "" {
+			f, err := os.Create(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := pprof.StartCPUProfile(f); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { pprof.StopCPUProfile(); f.Close() }()
+		}
+		ec, err := engine.New(engine.Options{BaseURL: os.Getenv(loadChildEngine), Mode: engine.ModeGenerate})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := pprof.StartCPUProfile(f); err != nil {
+		if _, err := ec.Probe(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		defer func() { pprof.StopCPUProfile(); f.Close() }()
+		sp, err := engine.LoadSpecialTokens(os.Getenv(loadChildTokDir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ad = adapter.New(adapter.Options{Engine: ec, Special: sp, ReasoningParser: "qwen3", ToolParser: "qwen3_coder",
+			IDs: protocol.SeededIDs(7)})
+		h = ad
 	}
-	ec, err := engine.New(engine.Options{BaseURL: os.Getenv(loadChildEngine), Mode: engine.ModeGenerate})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ec.Probe(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	sp, err := engine.LoadSpecialTokens(os.Getenv(loadChildTokDir))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ad := adapter.New(adapter.Options{Engine: ec, Special: sp, ReasoningParser: "qwen3", ToolParser: "qwen3_coder",
-		IDs: protocol.SeededIDs(7)})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: ad}
+	srv := &http.Server{Handler: h}
 	go srv.Serve(ln)
 	defer srv.Close()
 	out := bufio.NewWriter(os.Stdout)
@@ -208,6 +221,17 @@ func TestLoadAdapterChild(t *testing.T) {
 		case "heap":
 			fmt.Fprintln(out, liveHeap())
 		case "finish":
+			if ad == nil {
+				t.Fatal("load child: the relay has no sessions to finish")
+			}
+			if p := os.Getenv(loadChildMemProf); p != "" {
+				f, err := os.Create(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				pprof.Lookup("allocs").WriteTo(f, 0)
+				f.Close()
+			}
 			sum := loadSummary{Turns: map[string]int{}}
 			for _, id := range ad.Sessions() {
 				turns, err := ad.Finish(id)
@@ -251,9 +275,12 @@ type adapterProc struct {
 	URL string
 }
 
-func startAdapterProc(b *testing.B, engineURL, tokDir string) *adapterProc {
+// startAdapterProc starts the adapter process (or, with the relay's
+// environment in env, the relay).
+func startAdapterProc(b *testing.B, engineURL, tokDir string, env ...string) *adapterProc {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestLoadAdapterChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), loadChildEnv+"=1", loadChildEngine+"="+engineURL, loadChildTokDir+"="+tokDir)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -315,128 +342,30 @@ func runLoad(b *testing.B, cfg loadConfig) {
 	}
 	eng := enginetest.New(loadEngineOptions())
 	var engConns atomic.Int64
-	esrv := countingServer(eng, &engConns)
+	var log exchangeLog
+	esrv := countingServer(log.wrap(eng), &engConns)
 	defer esrv.Close()
 	ad := startAdapterProc(b, esrv.URL, dir)
 	defer ad.stop()
 	eng.Reset()
 	engConns.Store(0)
 
-	client := &http.Client{Transport: &http.Transport{MaxIdleConns: cfg.sessions, MaxIdleConnsPerHost: cfg.sessions}}
-	defer client.CloseIdleConnections()
-	tools, _ := json.Marshal(anthropicTools)
-
-	type sessState struct {
-		id   string
-		hist []json.RawMessage
-		lat  []time.Duration
-		err  error
-	}
-	sess := make([]*sessState, cfg.sessions)
-	for i := range sess {
-		id := fmt.Sprintf("load-%04d", i)
-		first, _ := json.Marshal(map[string]any{"role": "user", "content": "Please fix the failing build in " + id + "; start by looking around."})
-		sess[i] = &sessState{id: id, hist: []json.RawMessage{first}}
-	}
-
-	// oneTurn sends the history, checks the reply, echoes it and appends a
-	// tool_result for the next turn.
-	oneTurn := func(s *sessState, k int) error {
-		body, _ := json.Marshal(map[string]any{"model": "claude-sonnet", "max_tokens": 512,
-			"tools": json.RawMessage(tools), "messages": s.hist})
-		req, err := http.NewRequest(http.MethodPost, ad.URL+"/v1/messages", bytes.NewReader(body))
-		if err != nil {
-			return err
-		}
-		req.Header.Set("x-api-key", s.id)
-		req.Header.Set("content-type", "application/json")
-		req.Header.Set("anthropic-version", "2023-06-01")
-		t0 := time.Now()
-		res, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		out, err := io.ReadAll(res.Body)
-		res.Body.Close()
-		s.lat = append(s.lat, time.Since(t0))
-		if err != nil {
-			return err
-		}
-		if res.StatusCode != http.StatusOK {
-			return fmt.Errorf("session %s turn %d: status %d: %s", s.id, k, res.StatusCode, out)
-		}
-		var m struct {
-			Content []json.RawMessage `json:"content"`
-		}
-		if err := json.Unmarshal(out, &m); err != nil {
-			return err
-		}
-		toolID := ""
-		for _, c := range m.Content {
-			var blk struct{ Type, ID string }
-			_ = json.Unmarshal(c, &blk)
-			if blk.Type == "tool_use" {
-				toolID = blk.ID
-			}
-		}
-		if toolID == "" {
-			return fmt.Errorf("session %s turn %d: no tool_use in %s", s.id, k, out)
-		}
-		asst, _ := json.Marshal(map[string]any{"role": "assistant", "content": m.Content})
-		user, _ := json.Marshal(map[string]any{"role": "user", "content": []any{map[string]any{
-			"type": "tool_result", "tool_use_id": toolID, "content": toolResult(s.id, k)}}})
-		s.hist = append(s.hist, asst, user)
-		return nil
-	}
-
+	sess := newLoadSessions(cfg.sessions)
 	var (
-		totals   engineTotals
-		cpu      time.Duration
-		wall     time.Duration
-		base     = ad.num(b, "heap")
-		heapAt   []float64
-		phaseEnd = []int{cfg.turns / 2, cfg.turns}
+		totals  engineTotals
+		heapAt  []float64
+		base    = ad.num(b, "heap")
+		between = func() {
+			totals.add(eng.Stats())
+			eng.Reset()
+			h := ad.num(b, "heap")
+			heapAt = append(heapAt, float64(h-min(base, h))/float64(cfg.sessions))
+		}
 	)
-	done := 0
-	for _, end := range phaseEnd {
-		from := done
-		var pace <-chan time.Time
-		if cfg.rate > 0 {
-			tk := time.NewTicker(time.Duration(float64(time.Second) / cfg.rate))
-			pace = tk.C
-			defer tk.Stop()
-		}
-		c0, w0 := ad.num(b, "cpu"), time.Now()
-		b.StartTimer()
-		var wg sync.WaitGroup
-		for _, s := range sess {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for k := from; k < end && s.err == nil; k++ {
-					if pace != nil {
-						<-pace
-					}
-					s.err = oneTurn(s, k)
-				}
-			}()
-		}
-		wg.Wait()
-		b.StopTimer()
-		wall += time.Since(w0)
-		cpu += time.Duration(ad.num(b, "cpu") - c0)
-		for _, s := range sess {
-			if s.err != nil {
-				b.Fatal(s.err)
-			}
-		}
-		done = end
-		totals.add(eng.Stats())
-		eng.Reset()
-		client.CloseIdleConnections()
-		h := ad.num(b, "heap")
-		heapAt = append(heapAt, float64(h-min(base, h))/float64(cfg.sessions))
-	}
+	log.mu.Lock()
+	log.all = nil
+	log.mu.Unlock()
+	run := driveLoad(b, cfg, ad, sess, false, between)
 	newConns := engConns.Load()
 
 	// Every response was 200 (checked per turn); now check that reuse
@@ -465,25 +394,198 @@ func runLoad(b *testing.B, cfg loadConfig) {
 		b.Fatalf("%d generate calls for %d turns", totals.generate, nTurns)
 	}
 
-	var lat []time.Duration
-	for _, s := range sess {
-		lat = append(lat, s.lat...)
-	}
-	slices.Sort(lat)
-	pct := func(p float64) float64 {
-		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Microseconds()) / 1e3
-	}
-	b.ReportMetric(float64(cpu.Microseconds())/float64(nTurns), "adapter-cpu-µs/turn")
+	// The baseline: the relay makes the same exchanges with the same bytes.
+	relayCPU := runRelay(b, cfg, &log, sess)
+
+	b.ReportMetric(float64(run.cpu.Microseconds())/float64(nTurns), "adapter-cpu-µs/turn")
+	b.ReportMetric(float64(relayCPU.Microseconds())/float64(nTurns), "relay-cpu-µs/turn")
+	b.ReportMetric(float64(run.cpu)/float64(relayCPU), "÷relay")
 	b.ReportMetric(float64(totals.calls)/float64(nTurns), "engine-calls/turn")
 	b.ReportMetric(float64(totals.tokenize)/float64(nTurns), "tokenize/turn")
 	b.ReportMetric(float64(totals.bytes)/float64(nTurns), "engine-B/turn")
 	b.ReportMetric(float64(newConns)/float64(nTurns), "engine-conns/turn")
-	b.ReportMetric(pct(0.50), "p50-ms")
-	b.ReportMetric(pct(0.99), "p99-ms")
-	b.ReportMetric(float64(nTurns)/wall.Seconds(), "turns/s")
-	b.ReportMetric(heapAt[0], fmt.Sprintf("heap-B/session@%dturns", phaseEnd[0]))
-	b.ReportMetric(heapAt[1], fmt.Sprintf("heap-B/session@%dturns", phaseEnd[1]))
+	b.ReportMetric(run.pct(0.50), "p50-ms")
+	b.ReportMetric(run.pct(0.99), "p99-ms")
+	b.ReportMetric(float64(nTurns)/run.wall.Seconds(), "turns/s")
+	b.ReportMetric(heapAt[0], fmt.Sprintf("heap-B/session@%dturns", cfg.turns/2))
+	b.ReportMetric(heapAt[1], fmt.Sprintf("heap-B/session@%dturns", cfg.turns))
 	b.ReportMetric(float64(sum.RecordedBytes)/float64(cfg.sessions), "recorded-B/session")
 	b.ReportMetric(float64(sum.PromptTokens)/float64(nTurns), "prompt-tok/turn")
 	b.ReportMetric(float64(sum.OutputTokens)/float64(nTurns), "output-tok/turn")
+}
+
+// runRelay runs the same load against the relay (load_relay_test.go), in a
+// process of its own, answering each turn with the adapter's recorded
+// reply, and returns the relay's CPU time.
+func runRelay(b *testing.B, cfg loadConfig, log *exchangeLog, sess []*loadSession) time.Duration {
+	groups, err := log.turnsOf(cfg.sessions * cfg.turns)
+	if err != nil {
+		b.Fatal(err)
+	}
+	plan, err := json.Marshal(groups)
+	if err != nil {
+		b.Fatal(err)
+	}
+	planFile := b.TempDir() + "/relay-plan.json"
+	if err := os.WriteFile(planFile, plan, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	fsrv := httptest.NewServer(fillerEngine(bytes.Repeat([]byte{'1'}, relayFillerSize)))
+	defer fsrv.Close()
+	rp := startAdapterProc(b, "", "", relayPlanEnv+"="+planFile, relayEngineEnv+"="+fsrv.Listener.Addr().String())
+	defer rp.stop()
+	for _, s := range sess {
+		s.restart()
+	}
+	return driveLoad(b, cfg, rp, sess, true, func() {}).cpu
+}
+
+// loadSession is one client session of the load benchmark.
+type loadSession struct {
+	id      string
+	hist    []json.RawMessage
+	replies [][]byte // the adapter's reply to each turn
+	lat     []time.Duration
+	err     error
+}
+
+func newLoadSessions(n int) []*loadSession {
+	sess := make([]*loadSession, n)
+	for i := range sess {
+		sess[i] = &loadSession{id: fmt.Sprintf("load-%04d", i)}
+		sess[i].restart()
+	}
+	return sess
+}
+
+// restart empties the history down to the first user message.
+func (s *loadSession) restart() {
+	first, _ := json.Marshal(map[string]any{"role": "user", "content": "Please fix the failing build in " + s.id + "; start by looking around."})
+	s.hist, s.lat = []json.RawMessage{first}, nil
+}
+
+// loadRun is what one drive of the load measured.
+type loadRun struct {
+	cpu, wall time.Duration
+	lat       []time.Duration
+}
+
+func (r loadRun) pct(p float64) float64 {
+	return float64(r.lat[min(len(r.lat)-1, int(p*float64(len(r.lat))))].Microseconds()) / 1e3
+}
+
+// driveLoad runs every session's turns against p in two phases (half the
+// turns, then the rest; between runs after each) and returns p's CPU time
+// and the client's wall time over them. relay: each request tells the relay
+// how many bytes the adapter answered with, and the adapter's recorded reply
+// stands for the relay's.
+func driveLoad(b *testing.B, cfg loadConfig, p *adapterProc, sess []*loadSession, relay bool, between func()) loadRun {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConns: cfg.sessions, MaxIdleConnsPerHost: cfg.sessions}}
+	defer client.CloseIdleConnections()
+	tools, _ := json.Marshal(anthropicTools)
+
+	// oneTurn sends the history, checks the reply, echoes it and appends a
+	// tool_result for the next turn.
+	oneTurn := func(s *loadSession, k int) error {
+		body, _ := json.Marshal(map[string]any{"model": "claude-sonnet", "max_tokens": 512,
+			"tools": json.RawMessage(tools), "messages": s.hist})
+		req, err := http.NewRequest(http.MethodPost, p.URL+"/v1/messages", bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("x-api-key", s.id)
+		req.Header.Set("content-type", "application/json")
+		req.Header.Set("anthropic-version", "2023-06-01")
+		if relay {
+			req.Header.Set("X-Relay-Reply-Bytes", strconv.Itoa(len(s.replies[k])))
+		}
+		t0 := time.Now()
+		res, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		out, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		s.lat = append(s.lat, time.Since(t0))
+		if err != nil {
+			return err
+		}
+		if res.StatusCode != http.StatusOK {
+			return fmt.Errorf("session %s turn %d: status %d: %s", s.id, k, res.StatusCode, out)
+		}
+		if relay {
+			if len(out) != len(s.replies[k]) {
+				return fmt.Errorf("session %s turn %d: relay answered %d bytes, want %d", s.id, k, len(out), len(s.replies[k]))
+			}
+			out = s.replies[k]
+		} else {
+			s.replies = append(s.replies, out)
+		}
+		var m struct {
+			Content []json.RawMessage `json:"content"`
+		}
+		if err := json.Unmarshal(out, &m); err != nil {
+			return err
+		}
+		toolID := ""
+		for _, c := range m.Content {
+			var blk struct{ Type, ID string }
+			_ = json.Unmarshal(c, &blk)
+			if blk.Type == "tool_use" {
+				toolID = blk.ID
+			}
+		}
+		if toolID == "" {
+			return fmt.Errorf("session %s turn %d: no tool_use in %s", s.id, k, out)
+		}
+		asst, _ := json.Marshal(map[string]any{"role": "assistant", "content": m.Content})
+		user, _ := json.Marshal(map[string]any{"role": "user", "content": []any{map[string]any{
+			"type": "tool_result", "tool_use_id": toolID, "content": toolResult(s.id, k)}}})
+		s.hist = append(s.hist, asst, user)
+		return nil
+	}
+
+	var run loadRun
+	done := 0
+	for _, end := range []int{cfg.turns / 2, cfg.turns} {
+		from := done
+		var pace <-chan time.Time
+		if cfg.rate > 0 {
+			tk := time.NewTicker(time.Duration(float64(time.Second) / cfg.rate))
+			pace = tk.C
+			defer tk.Stop()
+		}
+		c0, w0 := p.num(b, "cpu"), time.Now()
+		b.StartTimer()
+		var wg sync.WaitGroup
+		for _, s := range sess {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for k := from; k < end && s.err == nil; k++ {
+					if pace != nil {
+						<-pace
+					}
+					s.err = oneTurn(s, k)
+				}
+			}()
+		}
+		wg.Wait()
+		b.StopTimer()
+		run.wall += time.Since(w0)
+		run.cpu += time.Duration(p.num(b, "cpu") - c0)
+		for _, s := range sess {
+			if s.err != nil {
+				b.Fatal(s.err)
+			}
+		}
+		done = end
+		client.CloseIdleConnections()
+		between()
+	}
+	for _, s := range sess {
+		run.lat = append(run.lat, s.lat...)
+	}
+	slices.Sort(run.lat)
+	return run
 }
