@@ -23,8 +23,18 @@ func Space(b []byte, i int) int {
 
 // String returns the index after the string starting at b[i] (a '"'), or
 // -1 if it does not end. It jumps from quote to quote with the vectorized
-// bytes.IndexByte, so long texts cost memory bandwidth, not a loop per byte.
+// bytes.IndexByte, so long texts cost memory bandwidth, not a loop per byte;
+// the first bytes are looked at one by one, since most strings (keys, ids,
+// labels) end there, sooner than a vectorized search starts.
 func String(b []byte, i int) int {
+	for j, end := i+1, min(len(b), i+1+shortString); j < end; j++ {
+		if b[j] == '"' {
+			return j + 1
+		}
+		if b[j] == '\\' {
+			break // escapes: the general search counts backslashes
+		}
+	}
 	for j := i + 1; ; {
 		k := bytes.IndexByte(b[j:], '"')
 		if k < 0 {
@@ -41,6 +51,9 @@ func String(b []byte, i int) int {
 		j = q + 1
 	}
 }
+
+// shortString is how many bytes String reads one by one before searching.
+const shortString = 16
 
 // class sorts the bytes Value stops at inside containers.
 var class = [256]byte{'"': '"', '{': '{', '[': '[', '}': '}', ']': ']'}
@@ -69,8 +82,13 @@ func Value(b []byte, i int) int {
 		var small [64]byte
 		stack := small[:0] // the closers expected
 		for ; i < len(b); i++ {
+			for i < len(b) && class[b[i]] == 0 {
+				i++ // the bytes of scalars and separators, in a loop of their own
+			}
+			if i == len(b) {
+				break
+			}
 			switch c := class[b[i]]; c {
-			case 0:
 			case '"':
 				if i = String(b, i); i < 0 {
 					return -1

@@ -2,6 +2,7 @@ package jsonskim
 
 import (
 	"encoding/json"
+	"math/rand/v2"
 	"strings"
 	"testing"
 )
@@ -71,6 +72,74 @@ func TestEachAgreesWithEncodingJSON(t *testing.T) {
 		if EachField([]byte(bad), func(k, v []byte) bool { return true }) ||
 			EachElem([]byte(bad), func(v []byte) bool { return true }) {
 			t.Errorf("%s accepted", bad)
+		}
+	}
+}
+
+// plainString is String's definition, a byte at a time: the index after the
+// first quote not escaped by a backslash, or -1.
+func plainString(b []byte, i int) int {
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1
+		}
+	}
+	return -1
+}
+
+// String and Value agree with their plain definitions on random text:
+// quotes and backslashes at every distance from the start (String looks at
+// the first bytes one by one, then searches), and random nested values.
+func TestStringAndValueRandom(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	alphabet := []byte(`ab"\\ {}[],:1`)
+	for range 20000 {
+		n := rng.IntN(48)
+		b := make([]byte, 1, n+1)
+		b[0] = '"'
+		for range n {
+			b = append(b, alphabet[rng.IntN(len(alphabet))])
+		}
+		if got, want := String(b, 0), plainString(b, 0); got != want {
+			t.Fatalf("String(%q) = %d, want %d", b, got, want)
+		}
+	}
+	var gen func(depth int) any
+	gen = func(depth int) any {
+		switch k := rng.IntN(6); {
+		case k == 0 || depth > 4:
+			s := make([]byte, rng.IntN(40))
+			for i := range s {
+				s[i] = alphabet[rng.IntN(len(alphabet))]
+			}
+			return string(s)
+		case k == 1:
+			return rng.IntN(100000)
+		case k == 2:
+			arr := make([]any, rng.IntN(5))
+			for i := range arr {
+				arr[i] = gen(depth + 1)
+			}
+			return arr
+		default:
+			obj := map[string]any{}
+			for range rng.IntN(5) {
+				obj[string(alphabet[rng.IntN(len(alphabet))])+"k"] = gen(depth + 1)
+			}
+			return obj
+		}
+	}
+	for range 3000 {
+		v, err := json.Marshal(gen(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := append(v, `, "tail"]`...)
+		if got := Value(b, 0); got != len(v) {
+			t.Fatalf("Value(%s) = %d, want %d", b, got, len(v))
 		}
 	}
 }
