@@ -169,7 +169,7 @@ func jsonBlockSpans(text string) []jsonBlockSpan {
 // lenientRecover re-parses every JSON <tool_call> block leniently and keeps
 // those with a non-empty string name that the request offers (any name
 // when no tool has a name).
-func lenientRecover(spans []jsonBlockSpan, ts *toolSet) []Call {
+func lenientRecover(spans []jsonBlockSpan, ts *ToolSet) []Call {
 	var out []Call
 	for _, sp := range spans {
 		v, ok := jsonBlock(sp.inner, false)

@@ -73,10 +73,13 @@ type Result struct {
 //   - When no calls were found so far (and always with FallbackOnly), the
 //     XML fallback runs on the body.
 func ToolCalls(text string, tools []Tool, format Format) Result {
-	if len(tools) == 0 {
+	return toolCalls(text, NewToolSet(tools), format)
+}
+
+func toolCalls(text string, ts *ToolSet, format Format) Result {
+	if len(ts.tools) == 0 {
 		return Result{Content: pyStrip(text)}
 	}
-	ts := newToolSet(tools)
 	body := text
 	var calls []Call
 	ill := false
@@ -122,6 +125,9 @@ type Options struct {
 	ReasoningOptions []ReasoningOption
 	// Tools is the request's tool schema; empty means no tool parsing.
 	Tools []Tool
+	// ToolSet, when set, is Tools already indexed (NewToolSet), and Tools
+	// is not read.
+	ToolSet *ToolSet
 	// ToolFormat is the configured tool parser.
 	ToolFormat Format
 	// TrailingSpecials are special-token texts (e.g. "<|im_end|>") removed
@@ -144,7 +150,11 @@ func Parse(raw string, o Options) Output {
 	if o.Qwen3Reasoning {
 		reasoning, body = Reasoning(raw, o.ReasoningOptions...)
 	}
-	r := ToolCalls(body, o.Tools, o.ToolFormat)
+	ts := o.ToolSet
+	if ts == nil {
+		ts = NewToolSet(o.Tools)
+	}
+	r := toolCalls(body, ts, o.ToolFormat)
 	return Output{
 		Reasoning: reasoning,
 		Text:      StripTrailingSpecials(r.Content, o.TrailingSpecials...),

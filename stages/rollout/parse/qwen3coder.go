@@ -23,7 +23,7 @@ type parserResult struct {
 // structural </tool_call>, </function> and </parameter> detection, schema
 // typed parameter values. Function names are not checked against the
 // request's tools.
-func qwen3Coder(text string, ts *toolSet) parserResult {
+func qwen3Coder(text string, ts *ToolSet) parserResult {
 	none := parserResult{content: text}
 	if !strings.Contains(text, functionOpen) {
 		return none
@@ -281,7 +281,7 @@ func validFunctionName(name string) bool {
 }
 
 // parseXMLFunction parses "NAME>...params..." (the text after <function=).
-func parseXMLFunction(fn string, ts *toolSet) (parserCall, bool) {
+func parseXMLFunction(fn string, ts *ToolSet) (parserCall, bool) {
 	end := strings.IndexByte(fn, '>')
 	if end < 0 {
 		return parserCall{}, false

@@ -3,6 +3,7 @@ package parse
 import (
 	"encoding/json"
 	"strings"
+	"sync"
 )
 
 // Tool is one function the request offers the model, OpenAI
@@ -109,15 +110,21 @@ func propertyType(raw json.RawMessage) ParamType {
 	return ParamType{Type: "string"}
 }
 
-// toolSet indexes the request's tools.
-type toolSet struct {
+// ToolSet is a request's tool list indexed for parsing: names, and each
+// tool's parameter types read from its schema once, when a call first
+// names it. An adapter builds one per session's tool list and parses every
+// turn's output against it, instead of reading the called tool's schema
+// again each turn. Safe for concurrent use.
+type ToolSet struct {
 	tools []Tool
 	names map[string]bool // non-empty names
-	props map[string]map[string]ParamType
+	mu    sync.Mutex
+	props map[string]map[string]ParamType // read-only once stored
 }
 
-func newToolSet(tools []Tool) *toolSet {
-	ts := &toolSet{tools: tools, names: map[string]bool{}, props: map[string]map[string]ParamType{}}
+// NewToolSet indexes tools. The caller must not change them afterwards.
+func NewToolSet(tools []Tool) *ToolSet {
+	ts := &ToolSet{tools: tools, names: map[string]bool{}, props: map[string]map[string]ParamType{}}
 	for _, t := range tools {
 		if t.Name != "" {
 			ts.names[t.Name] = true
@@ -127,8 +134,10 @@ func newToolSet(tools []Tool) *toolSet {
 }
 
 // properties returns the parameters of the first tool called name (empty
-// when there is none), computed once.
-func (ts *toolSet) properties(name string) map[string]ParamType {
+// when there is none), computed once; the map is shared: read-only.
+func (ts *ToolSet) properties(name string) map[string]ParamType {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
 	if p, ok := ts.props[name]; ok {
 		return p
 	}

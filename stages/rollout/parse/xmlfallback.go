@@ -8,7 +8,7 @@ import "strings"
 // all-string arguments {P: trimmed value} for each
 // `<parameter=P>value</parameter>` in BODY, and is cut out of the text;
 // blocks with other names stay untouched.
-func xmlFallback(text string, ts *toolSet) (string, []Call) {
+func xmlFallback(text string, ts *ToolSet) (string, []Call) {
 	var calls []Call
 	var b strings.Builder
 	last, pos := 0, 0
