@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"unsafe"
 
 	"github.com/kilnrl/kiln/stages/rollout/engine"
 	"github.com/kilnrl/kiln/stages/rollout/jsonskim"
@@ -153,8 +154,8 @@ type hashMemo struct {
 	toolsSum  rawSum
 	toolsHash digest
 	haveTools bool
-	toolList  []json.RawMessage // for parsedTools
-	parsed    []parse.Tool      // parseTools(toolList), nil until asked
+	toolList  []json.RawMessage // for toolSet
+	parsed    *parse.ToolSet    // of parseTools(toolList), nil until asked
 	toolsRead bool
 }
 
@@ -206,10 +207,10 @@ func (m *hashMemo) tools(tools []json.RawMessage) digest {
 	return m.toolsHash
 }
 
-// parsedTools is parseTools of the list last given to tools.
-func (m *hashMemo) parsedTools() []parse.Tool {
+// toolSet indexes parseTools of the list last given to tools, once.
+func (m *hashMemo) toolSet() *parse.ToolSet {
 	if !m.toolsRead {
-		m.parsed, m.toolsRead = parseTools(m.toolList), true
+		m.parsed, m.toolsRead = parse.NewToolSet(parseTools(m.toolList)), true
 	}
 	return m.parsed
 }
@@ -288,7 +289,7 @@ func (s *Server) reusePrompt(ctx context.Context, sess *session, msgs []json.Raw
 			}
 			return nil, false, err
 		}
-		if len(anchor) > len(full) || !slices.Equal(full[:len(anchor)], anchor) {
+		if len(anchor) > len(full) || !equalIDs(full[:len(anchor)], anchor) {
 			continue
 		}
 		// Step 6.
@@ -312,7 +313,13 @@ func (s *Server) reusePrompt(ctx context.Context, sess *session, msgs []json.Raw
 				continue
 			}
 		}
-		// Step 7.
+		// Step 7. When the canonical render of the prefix is the very ids
+		// the turn had, the prompt is the render itself (ids from the
+		// engine client are read-only, so it can be shared, not copied).
+		if n := len(t.PromptIDs); n+len(t.OutputIDs) == end+1 &&
+			equalIDs(full[:n], t.PromptIDs) && equalIDs(full[n:end+1], t.OutputIDs) {
+			return full, true, nil
+		}
 		out := make([]int32, 0, len(t.PromptIDs)+len(t.OutputIDs)+len(full)-end-1)
 		out = append(out, t.PromptIDs...)
 		out = append(out, t.OutputIDs...)
@@ -348,6 +355,21 @@ func (s *Server) blankTail(ctx context.Context, ids []int32) (bool, error) {
 		s.blankTails.Store(key, blank)
 	}
 	return blank, nil
+}
+
+// equalIDs is slices.Equal for id lists, which are thousands long and,
+// read through the session's engine.Memo, often the very same memory (a
+// render and its prefix): that is seen at once, and other lists are
+// compared as bytes, vectorized.
+func equalIDs(a, b []int32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	if len(a) == 0 || &a[0] == &b[0] {
+		return true
+	}
+	return bytes.Equal(unsafe.Slice((*byte)(unsafe.Pointer(&a[0])), 4*len(a)),
+		unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), 4*len(b)))
 }
 
 // ambiguous is spec §3 step 4: another stored prefix with identical messages

@@ -2,8 +2,10 @@ package adapter
 
 import (
 	"encoding/json"
+	"slices"
 	"testing"
 
+	"github.com/kilnrl/kiln/stages/rollout/parse"
 	"github.com/stretchr/testify/assert"
 )
 
@@ -69,6 +71,19 @@ func TestHashMemo(t *testing.T) {
 		assert.Equal(t, want, got, "turn %d messages", i)
 		assert.Equal(t, len(tc.msgs)+1, cap(got), "room for the assistant message")
 		assert.Equal(t, hashTools(tc.tools), m.tools(tc.tools), "turn %d tools", i)
-		assert.Equal(t, parseTools(tc.tools), m.parsedTools(), "turn %d parsed tools", i)
+		assert.Equal(t, parse.NewToolSet(parseTools(tc.tools)), m.toolSet(), "turn %d parsed tools", i)
+	}
+}
+
+// equalIDs is slices.Equal, shared memory or not.
+func TestEqualIDs(t *testing.T) {
+	a := []int32{1, 2, 3, 1 << 30, -7}
+	for _, c := range [][2][]int32{
+		{a, a}, {a, a[:4]}, {a[:4], a[:4]}, {a, slices.Clone(a)}, {a[1:], a[:4]}, {nil, {}}, {nil, a[:0]},
+		{{1, 2, 3}, {1, 2, 4}}, {{1 << 8}, {1}}, {{-1}, {1<<31 - 1}},
+	} {
+		if got, want := equalIDs(c[0], c[1]), slices.Equal(c[0], c[1]); got != want {
+			t.Errorf("equalIDs(%v, %v) = %v, want %v", c[0], c[1], got, want)
+		}
 	}
 }

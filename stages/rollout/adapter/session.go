@@ -34,6 +34,7 @@ type session struct {
 	turns    []records.Turn
 	prefixes []prefix
 	memo     hashMemo
+	calls    engine.Memo // what the engine client remembers of this session's calls
 }
 
 func (s *Server) newSession(id string, o SessionOptions) *session {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/stages/rollout/engine"
@@ -93,7 +94,7 @@ func (s *Server) runTurn(ctx context.Context, sess *session, req *protocol.Reque
 	eng := s.opts.Engine
 	render := func(ctx context.Context, msgs []json.RawMessage, gen bool) ([]int32, error) {
 		return eng.TokenizeChat(ctx, engine.ChatRequest{Messages: msgs, Tools: req.Tools,
-			AddGenerationPrompt: gen, ChatTemplateKwargs: sess.kwargs})
+			AddGenerationPrompt: gen, ChatTemplateKwargs: sess.kwargs, Memo: &sess.calls})
 	}
 	if len(req.Messages) == 0 {
 		return nil, nil, &protocol.Error{Status: http.StatusBadRequest, Type: "invalid_request_error",
@@ -121,7 +122,7 @@ func (s *Server) runTurn(ctx context.Context, sess *session, req *protocol.Reque
 		}
 		sp.MaxTokens = n
 	}
-	gr := engine.GenerateRequest{PromptIDs: prompt, Sampling: sp, SessionID: req.SessionID,
+	gr := engine.GenerateRequest{PromptIDs: prompt, Memo: &sess.calls, Sampling: sp, SessionID: req.SessionID,
 		ReturnSamplingMask: !s.opts.NoTopPReplay && sp.TopP != nil && *sp.TopP < 1}
 	gen, err := eng.Generate(ctx, gr)
 	if err != nil {
@@ -140,7 +141,7 @@ func (s *Server) runTurn(ctx context.Context, sess *session, req *protocol.Reque
 		}
 	}
 	out := parse.Parse(raw, parse.Options{Qwen3Reasoning: s.opts.ReasoningParser == "qwen3",
-		Tools: sess.memo.parsedTools(), ToolFormat: s.toolFmt, TrailingSpecials: s.trailing})
+		ToolSet: sess.memo.toolSet(), ToolFormat: s.toolFmt, TrailingSpecials: s.trailing})
 	rep := &protocol.Reply{Reasoning: out.Reasoning, Content: out.Text, FinishReason: gen.FinishReason,
 		PromptTokens: len(prompt), OutputTokens: len(gen.OutputIDs)}
 	for _, c := range out.Calls {
@@ -153,7 +154,7 @@ func (s *Server) runTurn(ctx context.Context, sess *session, req *protocol.Reque
 		RolloutID: sess.opts.RolloutID, Index: sess.opts.Index, GroupIndex: sess.opts.GroupIndex,
 		Session: sess.id, PromptIDs: prompt, OutputIDs: gen.OutputIDs, OutputLogProbs: gen.LogProbs,
 		FinishReason: gen.FinishReason, IllFormed: out.IllFormed,
-		PromptMessages: string(joinArray(req.Messages)), ResponseMessage: &resp,
+		PromptMessages: joinArray(req.Messages), ResponseMessage: &resp,
 		MaxContextTokens: int32(limit),
 	}
 	if gr.ReturnSamplingMask {
@@ -163,18 +164,24 @@ func (s *Server) runTurn(ctx context.Context, sess *session, req *protocol.Reque
 }
 
 // joinArray writes msgs as one JSON array, bytes as given (json.Marshal
-// would HTML-escape them).
-func joinArray(msgs []json.RawMessage) []byte {
-	var buf bytes.Buffer
-	buf.WriteByte('[')
+// would HTML-escape them), in one allocation: it is the whole history,
+// every turn.
+func joinArray(msgs []json.RawMessage) string {
+	n := 2
+	for _, m := range msgs {
+		n += len(m) + 1
+	}
+	var sb strings.Builder
+	sb.Grow(n)
+	sb.WriteByte('[')
 	for i, m := range msgs {
 		if i > 0 {
-			buf.WriteByte(',')
+			sb.WriteByte(',')
 		}
-		buf.Write(m)
+		sb.Write(m)
 	}
-	buf.WriteByte(']')
-	return buf.Bytes()
+	sb.WriteByte(']')
+	return sb.String()
 }
 
 func (s *Server) overflow(req *protocol.Request, err error) error {

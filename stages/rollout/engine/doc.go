@@ -36,6 +36,11 @@
 //     mask and routed experts present and consistent. Failures are
 //     *ReplyError with a Reason; HTTP failures are *HTTPError (message from
 //     error.message, detail, or the raw body, §1).
+//   - Memo: one conversation's memory across calls. /tokenize ids it has
+//     read before (the same bytes at the start of a later reply) are taken
+//     from it, not parsed again; a generate prompt that is one of its
+//     renders is written from the reply's bytes. Ids read through a memo are
+//     read-only.
 //   - LoadSpecialTokens (§7): the checkpoint's JSON tokenizer files give the
 //     stop ids (tokenizer EOS + generation_config eos_token_id), HF-style
 //     all_special_ids, every special added token, and ChatML / think markers.

@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 
 	"github.com/kilnrl/kiln/stages/rollout/jsonskim"
 )
@@ -81,6 +82,9 @@ func (r *genReply) choice(b []byte, i int) int {
 			return e
 		case "logprobs":
 			r.lps, r.entryIDs, r.intIDs, r.content = r.lps[:0], r.entryIDs[:0], false, false
+			if r.lps == nil && len(r.ids) > 0 { // token_ids came first, as vLLM writes them
+				r.lps, r.entryIDs = make([]float32, 0, len(r.ids)), make([]int32, 0, len(r.ids))
+			}
 			e := objectAt(b, v, func(key []byte, v int) int {
 				if string(key) != "content" {
 					if foldsTo(key, "content") {
@@ -89,7 +93,12 @@ func (r *genReply) choice(b []byte, i int) int {
 					return jsonskim.Value(b, v)
 				}
 				r.content = true
-				return jsonskim.Array(b, v, func(v int) int { return r.entry(b, v) })
+				return jsonskim.Array(b, v, func(v int) int {
+					if e := r.entryC(b, v); e >= 0 {
+						return e
+					}
+					return r.entry(b, v)
+				})
 			})
 			if e >= 0 {
 				r.ch.Logprobs = b[v:e]
@@ -113,11 +122,34 @@ func (r *genReply) choice(b []byte, i int) int {
 }
 
 // entry reads one logprob entry: its finite logprob (required) and the id
-// it names, if any.
+// it names, if any. It is read with a loop of its own rather than through
+// objectAt: an entry per sampled token makes it the innermost loop of the
+// reply.
 func (r *genReply) entry(b []byte, i int) int {
+	if i >= len(b) || b[i] != '{' {
+		return -1
+	}
 	var lp float32
 	haveLP, id := false, int32(-1)
-	e := objectAt(b, i, func(key []byte, v int) int {
+	i = jsonskim.Space(b, i+1)
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return -1
+		}
+		ke := jsonskim.String(b, i)
+		if ke < 0 {
+			return -1
+		}
+		key := b[i+1 : ke-1]
+		for _, c := range key {
+			if c == '\\' {
+				return -1 // keys are matched by their raw text
+			}
+		}
+		if i = jsonskim.Space(b, ke); i >= len(b) || b[i] != ':' {
+			return -1
+		}
+		v := jsonskim.Space(b, i+1)
 		e := jsonskim.Value(b, v)
 		if e < 0 {
 			return -1
@@ -131,41 +163,141 @@ func (r *genReply) entry(b []byte, i int) int {
 			}
 			haveLP = true
 		case "token_id":
-			if string(val) == "null" {
-				return e
-			}
-			n, ok := parseUint32(val)
-			if !ok {
-				return -1
-			}
-			id, r.intIDs = n, true
-		case "token":
-			if string(val) == "null" {
-				return e
-			}
-			if len(val) < 2 || val[0] != '"' || bytes.IndexByte(val, '\\') >= 0 {
-				return -1
-			}
-			if label, isLabel := bytes.CutPrefix(val[1:len(val)-1], []byte("token_id:")); isLabel {
-				n, ok := parseUint32(label)
-				if !ok || (id >= 0 && n != id) {
+			if string(val) != "null" {
+				n, ok := parseUint32(val)
+				if !ok {
 					return -1
 				}
-				id = n
+				id, r.intIDs = n, true
 			}
+		case "token":
+			if string(val) != "null" {
+				if len(val) < 2 || val[0] != '"' || bytes.IndexByte(val, '\\') >= 0 {
+					return -1
+				}
+				if label, isLabel := bytes.CutPrefix(val[1:len(val)-1], []byte("token_id:")); isLabel {
+					n, ok := parseUint32(label)
+					if !ok || (id >= 0 && n != id) {
+						return -1
+					}
+					id = n
+				}
+			}
+		case "top_logprobs", "rank", "bytes":
 		default:
 			if foldsTo(key, entryFields...) {
 				return -1
 			}
 		}
-		return e
-	})
-	if e < 0 || !haveLP {
+		if i = jsonskim.Space(b, e); i >= len(b) {
+			return -1
+		}
+		if b[i] == '}' {
+			break
+		}
+		if b[i] != ',' {
+			return -1
+		}
+		i = jsonskim.Space(b, i+1)
+	}
+	if !haveLP {
 		return -1
 	}
 	r.lps = append(r.lps, lp)
 	r.entryIDs = append(r.entryIDs, id)
-	return e
+	return i + 1
+}
+
+// entryC reads an entry laid out exactly as vLLM's newest shape (C)
+// serializes it — {"token_id":N,"logprob":F,"rank":R,"top_logprobs":[{
+// "token_id":N,"logprob":F,"rank":R},...]}, no spaces — by matching that
+// text instead of scanning keys and skimming values: the entries are most
+// of a reply. It returns -1, having recorded nothing, for anything else,
+// and entry then reads it; what it accepts entry would read alike.
+func (r *genReply) entryC(b []byte, i int) int {
+	id, i, ok := cLabel(b, i, `{"token_id":`, scanUint)
+	if !ok || id > math.MaxInt32 {
+		return -1
+	}
+	ls := i + len(`,"logprob":`)
+	if !bytes.HasPrefix(b[i:], []byte(`,"logprob":`)) {
+		return -1
+	}
+	le := cNumberEnd(b, ls)
+	lp, ok := parseFinite32(b[ls:le])
+	if !ok {
+		return -1
+	}
+	if i = cRank(b, le); i < 0 || !bytes.HasPrefix(b[i:], []byte(`,"top_logprobs":[`)) {
+		return -1
+	}
+	i += len(`,"top_logprobs":[`)
+	for k := 0; ; k++ {
+		if k > 0 || (i < len(b) && b[i] != ']') {
+			// One top entry, its values only skimmed (as entry skims them).
+			var ok bool
+			if _, i, ok = cLabel(b, i, `{"token_id":`, scanUint); !ok || !bytes.HasPrefix(b[i:], []byte(`,"logprob":`)) {
+				return -1
+			}
+			j := cNumberEnd(b, i+len(`,"logprob":`))
+			if j == i+len(`,"logprob":`) {
+				return -1
+			}
+			if i = cRank(b, j); i < 0 || i >= len(b) || b[i] != '}' {
+				return -1
+			}
+			i++
+		}
+		if i >= len(b) {
+			return -1
+		}
+		if b[i] == ']' {
+			break
+		}
+		if b[i] != ',' {
+			return -1
+		}
+		i++
+	}
+	if i+1 >= len(b) || b[i+1] != '}' {
+		return -1
+	}
+	r.lps = append(r.lps, lp)
+	r.entryIDs = append(r.entryIDs, int32(id))
+	r.intIDs = true
+	return i + 2
+}
+
+// cLabel matches lit at b[i] and reads the value after it with scan.
+func cLabel(b []byte, i int, lit string, scan func([]byte, int) (int, int, bool)) (int, int, bool) {
+	if !bytes.HasPrefix(b[i:], []byte(lit)) {
+		return 0, i, false
+	}
+	return scan(b, i+len(lit))
+}
+
+// cRank matches ,"rank": and an integer or null at b[i], returning the
+// index after it or -1.
+func cRank(b []byte, i int) int {
+	if !bytes.HasPrefix(b[i:], []byte(`,"rank":`)) {
+		return -1
+	}
+	i += len(`,"rank":`)
+	if bytes.HasPrefix(b[i:], []byte("null")) {
+		return i + 4
+	}
+	if _, e, ok := scanUint(b, i); ok {
+		return e
+	}
+	return -1
+}
+
+// cNumberEnd is the index after the run of number bytes at b[i].
+func cNumberEnd(b []byte, i int) int {
+	for i < len(b) && (b[i] >= '0' && b[i] <= '9' || b[i] == '-' || b[i] == '.' || b[i] == 'e' || b[i] == 'E' || b[i] == '+') {
+		i++
+	}
+	return i
 }
 
 // rawAt skims the value at b[i:] and stores it in dst when dst is set.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math"
 	"strconv"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/kilnrl/kiln/stages/rollout/jsonskim"
@@ -15,7 +16,7 @@ import (
 // thing the adapter reads on every turn (thousands of ids, twice a turn).
 // ok is false for anything unexpected; callers then use encoding/json,
 // which also produces the error message.
-func scanTokenize(b []byte) (tokens []int32, count int, hasCount bool, maxLen int, ok bool) {
+func scanTokenize(b []byte, memo *Memo) (tokens []int32, count int, hasCount bool, maxLen int, ok bool) {
 	i := jsonskim.Space(b, 0)
 	if i >= len(b) || b[i] != '{' {
 		return nil, 0, false, 0, false
@@ -40,7 +41,7 @@ func scanTokenize(b []byte) (tokens []int32, count int, hasCount bool, maxLen in
 		switch string(key) {
 		case `"tokens"`:
 			var good bool
-			if tokens, i, good = scanIDs(b, i); !good {
+			if tokens, i, good = memo.scan(b, i); !good {
 				return nil, 0, false, 0, false
 			}
 		case `"count"`, `"max_model_len"`:
@@ -79,14 +80,28 @@ func scanTokenize(b []byte) (tokens []int32, count int, hasCount bool, maxLen in
 
 // scanIDs parses a JSON array of non-negative int32s at b[i].
 func scanIDs(b []byte, i int) ([]int32, int, bool) {
+	return scanIDsFrom(nil, b, i, i)
+}
+
+// scanIDsFrom parses the ids of the array at b[i] that come after
+// b[from]: from == i for all of them, else the index just after one of its
+// commas (the ids before it are the caller's, Memo's). The ids go into
+// dst's array when it has room.
+func scanIDsFrom(dst []int32, b []byte, i, from int) ([]int32, int, bool) {
 	if i >= len(b) || b[i] != '[' {
 		return nil, i, false
 	}
 	// Each id takes at least two bytes ("n,"), which bounds the count.
-	ids := make([]int32, bytes.Count(b[i:], []byte{','})+1)
+	ids := dst[:0]
+	if most := bytes.Count(b[from:], []byte{','}) + 1; cap(ids) >= most {
+		ids = ids[:most]
+	} else {
+		ids = make([]int32, most)
+	}
 	n := 0
-	i = jsonskim.Space(b, i+1)
-	if i < len(b) && b[i] == ']' {
+	if from > i {
+		i = jsonskim.Space(b, from)
+	} else if i = jsonskim.Space(b, i+1); i < len(b) && b[i] == ']' {
 		return ids[:0], i + 1, true
 	}
 	for n < len(ids) {
@@ -229,4 +244,41 @@ func parseFinite32(raw []byte) (float32, bool) {
 		return 0, false
 	}
 	return float32(f), true
+}
+
+// scanDetokenize reads a /detokenize reply's "prompt" when it is a plain
+// string: no escapes, no control bytes, valid UTF-8 — the text encoding/json
+// would give unchanged. ok is false for anything else, and the caller then
+// uses encoding/json, which also words the error.
+func scanDetokenize(b []byte) (text string, ok bool) {
+	found := false
+	end := jsonskim.Object(b, jsonskim.Space(b, 0), func(key []byte, v int) int {
+		e := jsonskim.Value(b, v)
+		switch {
+		case e < 0:
+			return -1
+		case string(key) == "prompt":
+			val := b[v:e]
+			if found || len(val) < 2 || val[0] != '"' {
+				return -1
+			}
+			val = val[1 : len(val)-1]
+			for _, c := range val {
+				if c < 0x20 || c == '\\' {
+					return -1
+				}
+			}
+			if !utf8.Valid(val) {
+				return -1
+			}
+			text, found = string(val), true
+		case bytes.IndexByte(key, '\\') >= 0 || foldsTo(key, "prompt"):
+			return -1
+		}
+		return e
+	})
+	if end < 0 || jsonskim.Space(b, end) != len(b) || !found {
+		return "", false
+	}
+	return text, true
 }

@@ -2,9 +2,11 @@ package engine
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -43,7 +45,7 @@ func TestScanTokenize(t *testing.T) {
 		{`{"tokens":[1,2`, false},
 	}
 	for _, c := range cases {
-		ids, count, hasCount, maxLen, ok := scanTokenize([]byte(c.body))
+		ids, count, hasCount, maxLen, ok := scanTokenize([]byte(c.body), nil)
 		assert.Equal(t, c.ok, ok, c.body)
 		if !ok {
 			continue
@@ -166,6 +168,12 @@ func FuzzParseGenerate(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte(`{"choices":[{"token_ids":[],"logprobs":{"content":[]}}]}`))
+	// Shape C as vLLM lays it out (entryC's fast path), with a rank null,
+	// an empty top list and two top entries.
+	f.Add([]byte(`{"choices":[{"index":0,"finish_reason":"stop","token_ids":[5,6,7],"logprobs":{"content":[` +
+		`{"token_id":5,"logprob":-0.10000000149011612,"rank":1,"top_logprobs":[{"token_id":5,"logprob":-0.10000000149011612,"rank":1}]},` +
+		`{"token_id":6,"logprob":-2.5e-05,"rank":null,"top_logprobs":[]},` +
+		`{"token_id":7,"logprob":-0.0,"rank":2,"top_logprobs":[{"token_id":9,"logprob":-1,"rank":1},{"token_id":7,"logprob":-0.0,"rank":2}]}]}}]}`))
 	f.Add([]byte(`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"token":"token_id:5","logprob":-1}]},"finish_reason":"length","stop_reason":7}],"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		req := &GenerateRequest{PromptIDs: []int32{1, 2}}
@@ -195,8 +203,78 @@ func BenchmarkScanTokenize(b *testing.B) {
 	body := append(append([]byte(`{"count":5000,"max_model_len":32768,"tokens":`), appendIDs(nil, ids)...), `,"token_strs":null}`...)
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
-		if got, _, _, _, ok := scanTokenize(body); !ok || len(got) != len(ids) {
+		if got, _, _, _, ok := scanTokenize(body, nil); !ok || len(got) != len(ids) {
 			b.Fatal("scan failed")
 		}
+	}
+}
+
+// BenchmarkParseGenerate reads a newest-shape generate reply of 148
+// sampled tokens, each with its sampled-token top entry (logprobs: 0), the
+// reply the adapter reads every turn.
+func BenchmarkParseGenerate(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString(`{"request_id":"generate-tokens-r1","output_mode":"tokens","model":"m","created":1700000000,"choices":[{"index":0,"finish_reason":"stop","stop_reason":null,"token_ids":[`)
+	ids := make([]int32, 148)
+	for i := range ids {
+		ids[i] = int32((i * 7919) % 151643)
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		fmt.Fprint(&sb, ids[i])
+	}
+	sb.WriteString(`],"logprobs":{"content":[`)
+	for i, id := range ids {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		lp := -float64(i%17)*0.0731234567891 - 0.000012338161468505859
+		fmt.Fprintf(&sb, `{"token_id":%d,"logprob":%v,"rank":1,"top_logprobs":[{"token_id":%d,"logprob":%v,"rank":1}]}`, id, lp, id, lp)
+	}
+	sb.WriteString(`]},"routed_experts":null,"sampling_mask":null,"weight_versions":null}],"usage":{"prompt_tokens":4000,"total_tokens":4148,"completion_tokens":148,"prompt_tokens_details":null},"prompt_token_ids":null,"mm_placeholders":null,"metrics":null,"prompt_logprobs":null,"prompt_token_id_logprobs":null,"kv_transfer_params":null,"ec_transfer_params":null}`)
+	body := []byte(sb.String())
+	req := &GenerateRequest{PromptIDs: make([]int32, 4000)}
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		g, err := parseGenerate(body, req)
+		if err != nil || len(g.OutputIDs) != len(ids) {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestScanDetokenize: the fast reader gives what encoding/json gives, or
+// declines.
+func TestScanDetokenize(t *testing.T) {
+	for _, body := range []string{
+		`{"prompt":"hello <|im_end|>"}`,
+		` {"prompt" : "a b" , "other": [1,{"x":"y"}]} `,
+		`{"prompt":"caf\u00e9 \n"}`,
+		`{"prompt":"tab	raw"}`,
+		"{\"prompt\":\"bad \xff utf8\"}",
+		`{"prompt":"é ünïcödé"}`,
+		`{"prompt":null}`,
+		`{"prompt":1}`,
+		`{"Prompt":"folded"}`,
+		`{"prompt":"one","prompt":"two"}`,
+		`{"prompt":"x"} trailing`,
+		`{"prompt":"unterminated}`,
+		`{}`,
+		`[]`,
+	} {
+		var want struct {
+			Prompt *string `json:"prompt"`
+		}
+		werr := json.Unmarshal([]byte(body), &want)
+		got, ok := scanDetokenize([]byte(body))
+		if !ok {
+			continue // declined: encoding/json decides
+		}
+		if werr != nil || want.Prompt == nil || *want.Prompt != got {
+			t.Errorf("%q: fast %q, encoding/json %v %v", body, got, want.Prompt, werr)
+		}
+	}
+	if got, ok := scanDetokenize([]byte(`{"prompt":"ok"}`)); !ok || got != "ok" {
+		t.Errorf("plain reply declined: %q %v", got, ok)
 	}
 }

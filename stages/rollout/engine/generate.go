@@ -48,7 +48,11 @@ type SamplingParams struct {
 // GenerateRequest is one token-in generation.
 type GenerateRequest struct {
 	PromptIDs []int32 // at least one id
-	Sampling  SamplingParams
+	// Memo, when set, is the conversation's: a prompt that is a render
+	// read through it is written from the reply's bytes (not sent; see
+	// Memo).
+	Memo     *Memo
+	Sampling SamplingParams
 	// SessionID is sent as header x-session-id for the router's consistent
 	// hashing (spec-adapter §1.2); "" and "default" send no header.
 	SessionID string
@@ -364,7 +368,7 @@ func (c *Client) generateBody(req *GenerateRequest, maxTokens int) ([]byte, erro
 	}
 	b := c.bufs.get(len(rest) + 16 + 7*len(req.PromptIDs))
 	b = append(b, `{"token_ids":`...)
-	b = appendIDs(b, req.PromptIDs)
+	b = req.Memo.appendPrompt(b, req.PromptIDs)
 	b = append(b, ',')
 	return append(b, rest[1:]...), nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/bits"
 	"net"
 	"net/http"
 	"strconv"
@@ -239,25 +240,40 @@ func appendRequestHead(b []byte, host string, r *h1Request) []byte {
 
 // bufPool recycles request and reply bodies: a turn builds two /tokenize
 // bodies and a generate body of the whole prompt and reads replies as large,
-// and none of them outlives its call (parsed values are copies).
-type bufPool struct{ p sync.Pool }
+// and none of them outlives its call (parsed values are copies). Buffers
+// are kept by size class, powers of two, so that a body finds one of its
+// size: with one pool, a small buffer drawn for a large body was dropped.
+type bufPool struct{ classes [bufClasses]sync.Pool }
 
-// maxPooled keeps rare huge bodies (routed-experts replies) out of the pool.
-const maxPooled = 4 << 20
+// Pooled sizes: 4 KiB to 4 MiB; larger bodies (rare routed-experts
+// replies) are not pooled.
+const (
+	minPooledShift = 12
+	maxPooledShift = 22
+	bufClasses     = maxPooledShift - minPooledShift + 1
+)
 
 // get returns an empty buffer with at least n bytes of capacity.
 func (bp *bufPool) get(n int) []byte {
-	if v, ok := bp.p.Get().(*[]byte); ok && cap(*v) >= n {
+	c := 0
+	if n > 1<<minPooledShift {
+		c = bits.Len(uint(n-1)) - minPooledShift // the smallest class holding n
+	}
+	if c >= bufClasses {
+		return make([]byte, 0, n)
+	}
+	if v, ok := bp.classes[c].Get().(*[]byte); ok {
 		return (*v)[:0]
 	}
-	return make([]byte, 0, max(n, 4<<10))
+	return make([]byte, 0, 1<<(c+minPooledShift))
 }
 
 // put returns b for reuse; the caller must not touch b afterwards.
 func (bp *bufPool) put(b []byte) {
-	if cap(b) == 0 || cap(b) > maxPooled {
+	if cap(b) < 1<<minPooledShift || cap(b) >= 1<<(maxPooledShift+1) {
 		return
 	}
+	c := bits.Len(uint(cap(b))) - 1 - minPooledShift // the largest class cap(b) holds
 	b = b[:0]
-	bp.p.Put(&b)
+	bp.classes[c].Put(&b)
 }

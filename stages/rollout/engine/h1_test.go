@@ -80,7 +80,7 @@ func TestH1Transport(t *testing.T) {
 		})
 		c := h1Client(t, srv.URL)
 		for range 3 {
-			ids, err := c.tokenize(ctx, []byte(`{}`))
+			ids, err := c.tokenize(ctx, []byte(`{}`), nil)
 			require.NoError(t, err)
 			assert.Equal(t, []int32{1, 2, 3}, ids)
 		}
@@ -118,7 +118,7 @@ func TestH1Transport(t *testing.T) {
 			http.Error(w, `{"error":{"message":"bad things"}}`, http.StatusBadRequest)
 		})
 		c := h1Client(t, srv.URL)
-		_, err := c.tokenize(ctx, []byte(`{}`))
+		_, err := c.tokenize(ctx, []byte(`{}`), nil)
 		var he *HTTPError
 		require.ErrorAs(t, err, &he)
 		assert.Equal(t, 400, he.Status)
@@ -172,4 +172,26 @@ func TestH1Transport(t *testing.T) {
 		_, err = c.do(ctx, http.MethodPost, "/inference/v1/generate", []byte(`{}`), nil)
 		require.NoError(t, err, "the next request dials anew")
 	})
+}
+
+// TestBufPool: every buffer holds what it was asked for, whatever came back
+// to the pool before, and one of the right size is found again.
+func TestBufPool(t *testing.T) {
+	var bp bufPool
+	for _, n := range []int{0, 1, 4095, 4096, 4097, 30000, 1 << 20, 4 << 20, 5 << 20} {
+		b := bp.get(n)
+		if len(b) != 0 || cap(b) < n {
+			t.Fatalf("get(%d): len %d cap %d", n, len(b), cap(b))
+		}
+		bp.put(append(b, make([]byte, n+n/2)...)) // grown past its class: pooled by what it holds
+	}
+	for _, n := range []int{100, 9000, 30000, 70000, 1 << 20} {
+		b := bp.get(n)
+		if cap(b) < n {
+			t.Fatalf("get(%d) after puts: cap %d", n, cap(b))
+		}
+		if c := cap(b); c > 4*max(n, 4096) {
+			t.Errorf("get(%d): a buffer of %d bytes, from a class far above n", n, c)
+		}
+	}
 }

@@ -34,6 +34,10 @@ type ChatRequest struct {
 	// ChatTemplate overrides the server's template; vLLM refuses it (400)
 	// unless started with --trust-request-chat-template. "": not sent.
 	ChatTemplate string
+	// Memo, when set, is the conversation's: the ids this reply shares
+	// byte for byte with an earlier render are taken from it rather than
+	// parsed (not sent; see Memo).
+	Memo *Memo
 }
 
 // TokenizeChat renders messages with the served model's chat template and
@@ -44,7 +48,7 @@ func (c *Client) TokenizeChat(ctx context.Context, req ChatRequest) ([]int32, er
 		return nil, err
 	}
 	defer c.bufs.put(body)
-	return c.tokenize(ctx, body)
+	return c.tokenize(ctx, body, req.Memo)
 }
 
 func (c *Client) tokenizeBody(req ChatRequest) ([]byte, error) {
@@ -126,7 +130,7 @@ func validValue(raw json.RawMessage, open byte) bool {
 	return len(t) > 0 && t[0] == open && jsonskim.Value(t, 0) == len(t)
 }
 
-func (c *Client) tokenize(ctx context.Context, body []byte) ([]int32, error) {
+func (c *Client) tokenize(ctx context.Context, body []byte, memo *Memo) ([]int32, error) {
 	const path = "/tokenize"
 	r, err := c.do(ctx, http.MethodPost, path, body, nil)
 	if err != nil {
@@ -136,7 +140,7 @@ func (c *Client) tokenize(ctx context.Context, body []byte) ([]int32, error) {
 	if r.status/100 != 2 {
 		return nil, c.httpError(http.MethodPost, path, r)
 	}
-	if ids, count, hasCount, maxLen, ok := scanTokenize(r.body); ok {
+	if ids, count, hasCount, maxLen, ok := scanTokenize(r.body, memo); ok {
 		if hasCount && count != len(ids) {
 			return nil, replyErr(path, ReasonLengthMismatch, "count %d but %d tokens", count, len(ids))
 		}
@@ -178,15 +182,16 @@ func (c *Client) Detokenize(ctx context.Context, ids []int32) (string, error) {
 		}
 	}
 	if ids == nil {
-		ids = []int32{}
+		ids = []int32{} // "tokens":[], not null
 	}
-	body, err := marshal(struct {
-		Model  string  `json:"model,omitempty"`
-		Tokens []int32 `json:"tokens"`
-	}{c.opts.Model, ids})
-	if err != nil {
-		return "", err
+	body := c.bufs.get(32 + len(c.opts.Model) + 11*len(ids))
+	defer func() { c.bufs.put(body) }()
+	body = append(body, '{')
+	if c.opts.Model != "" {
+		m, _ := marshal(c.opts.Model)
+		body = append(append(append(body, `"model":`...), m...), ',')
 	}
+	body = append(appendIDs(append(body, `"tokens":`...), ids), '}')
 	r, err := c.do(ctx, http.MethodPost, path, body, nil)
 	if err != nil {
 		return "", err
@@ -194,6 +199,9 @@ func (c *Client) Detokenize(ctx context.Context, ids []int32) (string, error) {
 	defer c.release(r)
 	if r.status/100 != 2 {
 		return "", c.httpError(http.MethodPost, path, r)
+	}
+	if text, ok := scanDetokenize(r.body); ok {
+		return text, nil
 	}
 	var resp struct {
 		Prompt *string `json:"prompt"`

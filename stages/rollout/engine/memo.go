@@ -1,0 +1,99 @@
+package engine
+
+import (
+	"bytes"
+	"slices"
+	"sync"
+)
+
+// Memo is what the client remembers of one conversation between its calls,
+// so that each call reads and writes only what is new. An adapter renders a
+// turn's whole history (twice, spec §3) and sends the whole prompt to
+// generate, and every turn the history is the last one's plus a little:
+//
+//   - /tokenize replies (ChatRequest.Memo): the id list of the longest
+//     render seen, its bytes and its ids. A reply that begins with the same
+//     bytes has those ids compared as bytes rather than parsed, and a render
+//     of fewer messages is not even copied. An id is taken from the memo
+//     only when its digits and the comma after them lie within the common
+//     byte prefix, so the reply says exactly that id there; everything after
+//     the last such comma is parsed. A reply that is a prefix of the
+//     remembered one leaves the memo as it is.
+//   - generate requests (GenerateRequest.Memo): a prompt that is the
+//     remembered render's very ids is written as the reply's bytes of them.
+//
+// Ids read through a memo may share memory with it and with other replies
+// read through it: they are read-only. The zero value is ready. Safe for concurrent use,
+// though it only pays when one conversation's calls use it.
+type Memo struct {
+	mu sync.Mutex
+	// /tokenize: the remembered list's bytes ('[' through ']') and ids
+	// (never written once remembered).
+	raw  []byte
+	ids  []int32
+	tail []int32 // scratch: the ids of a reply after the shared ones
+}
+
+// scan reads the id list at b[i] as scanIDs does, taking the ids it shares
+// with the remembered list from it, and remembers this list unless it is a
+// prefix of that one. A nil memo is scanIDs.
+func (m *Memo) scan(b []byte, i int) ([]int32, int, bool) {
+	if m == nil {
+		return scanIDs(b, i)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	from, k := i, 0
+	p := commonPrefix(b[i:], m.raw)
+	if c := bytes.LastIndexByte(b[i:i+p], ','); c >= 0 {
+		from, k = i+c+1, bytes.Count(b[i:i+c+1], []byte{','})
+	}
+	tail, end, ok := scanIDsFrom(m.tail, b, i, from)
+	if !ok {
+		return nil, end, false
+	}
+	m.tail = tail
+	n := k + len(tail)
+	if n == 0 {
+		return []int32{}, end, true
+	}
+	if n <= len(m.ids) && slices.Equal(tail, m.ids[k:n]) {
+		return m.ids[:n:n], end, true // the remembered list, or a prefix of it
+	}
+	// A new array of exactly n ids (it may be kept as a turn's prompt:
+	// append's growth would leave a quarter of it unused).
+	ids := slices.Concat(m.ids[:k], tail)
+	m.raw, m.ids = append(m.raw[:0], b[i:end]...), ids
+	return ids, end, true
+}
+
+// appendPrompt appends ids as a JSON array, as appendIDs does; when ids
+// are the remembered render's own (the prompt an adapter builds from a
+// render it reuses whole), the reply's bytes of them are written instead of
+// formatting thousands of ids again. A nil memo is appendIDs.
+func (m *Memo) appendPrompt(b []byte, ids []int32) []byte {
+	if m == nil || len(ids) == 0 {
+		return appendIDs(b, ids)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(ids) == len(m.ids) && &ids[0] == &m.ids[0] { // the same read-only array
+		return append(b, m.raw...)
+	}
+	return appendIDs(b, ids)
+}
+
+// commonPrefix is the length of the longest common prefix of a and b,
+// compared a block at a time with the vectorized bytes.Equal.
+func commonPrefix(a, b []byte) int {
+	n := min(len(a), len(b))
+	const block = 256
+	i := 0
+	for i+block <= n && bytes.Equal(a[i:i+block], b[i:i+block]) {
+		i += block
+	}
+	for i < n && a[i] == b[i] {
+		i++
+	}
+	return i
+}
