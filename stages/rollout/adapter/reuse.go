@@ -149,6 +149,7 @@ func appendCanonical(out, b []byte, i, depth int) ([]byte, int, bool) {
 type hashMemo struct {
 	seeds     [2]maphash.Seed
 	seeded    bool
+	raws      []json.RawMessage // the last request's messages
 	sums      []rawSum
 	hashes    []digest
 	toolsSum  rawSum
@@ -171,10 +172,20 @@ func (m *hashMemo) sum(raw []byte) rawSum {
 
 // messages returns the hashes of msgs, with room for one more (the turn's
 // assistant message).
+//
+// A message that is the very slice it was last time (the decode History
+// hands a session's unchanged history back as the same translated bytes,
+// which nothing writes) is not even fingerprinted: m.raws keeps those
+// slices, so their memory cannot be reused for other bytes meanwhile.
+// Message bytes given to the adapter's memo are never written afterwards.
 func (m *hashMemo) messages(msgs []json.RawMessage) []digest {
 	out := make([]digest, len(msgs), len(msgs)+1)
 	sums := make([]rawSum, len(msgs))
 	for i, raw := range msgs {
+		if i < len(m.raws) && sameSlice(raw, m.raws[i]) {
+			sums[i], out[i] = m.sums[i], m.hashes[i]
+			continue
+		}
 		sums[i] = m.sum(raw)
 		if i < len(m.sums) && sums[i] == m.sums[i] {
 			out[i] = m.hashes[i]
@@ -182,8 +193,16 @@ func (m *hashMemo) messages(msgs []json.RawMessage) []digest {
 			out[i] = canonicalHash(raw)
 		}
 	}
-	m.sums, m.hashes = sums, out[:len(msgs):len(msgs)]
+	// The slice headers are copied: the caller's list may be reused for
+	// other messages, the bytes it points to may not.
+	m.raws, m.sums, m.hashes = append(m.raws[:0], msgs...), sums, out[:len(msgs):len(msgs)]
 	return out
+}
+
+// sameSlice reports whether a and b are the same memory: the same bytes,
+// as long as nothing writes them.
+func sameSlice(a, b []byte) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 // tools returns hashTools(tools), remembered while the list is unchanged.

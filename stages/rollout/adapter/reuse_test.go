@@ -61,6 +61,12 @@ func TestHashMemo(t *testing.T) {
 		{raw(`{"role":"user","content":"a"}`, `{"role":"assistant","content":"b"}`), raw(`{"type":"function","function":{"name":"u"}}`)},
 		{raw(`{"role":"user","content":"a"}`, `{"role":"assistant","content":"b"}`), []json.RawMessage{}},
 	}
+	// The same slices again (as the decode History hands them back), one
+	// of them re-sliced shorter at the same address.
+	same := raw(`{"role":"user","content":"a"}`, `{"role":"assistant","content":"b"}`)
+	turns = append(turns, struct{ msgs, tools []json.RawMessage }{same, nil},
+		struct{ msgs, tools []json.RawMessage }{same, nil},
+		struct{ msgs, tools []json.RawMessage }{[]json.RawMessage{same[0], same[1][:len(same[1])-2]}, nil})
 	var m hashMemo
 	for i, tc := range turns {
 		got := m.messages(tc.msgs)

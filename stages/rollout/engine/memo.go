@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"encoding/json"
 	"slices"
 	"sync"
 )
@@ -19,6 +20,10 @@ import (
 //     byte prefix, so the reply says exactly that id there; everything after
 //     the last such comma is parsed. A reply that is a prefix of the
 //     remembered one leaves the memo as it is.
+//   - /tokenize requests: a message or tool that is the very slice the
+//     last request checked (a session's unchanged history, handed back by
+//     the decoder as the same bytes) is not checked again. Message and tool
+//     bytes given with a memo must not be written afterwards.
 //   - generate requests (GenerateRequest.Memo): a prompt that is the
 //     remembered render's very ids is written as the reply's bytes of them.
 //
@@ -32,6 +37,9 @@ type Memo struct {
 	raw  []byte
 	ids  []int32
 	tail []int32 // scratch: the ids of a reply after the shared ones
+	// The messages and tools of the last /tokenize body, found well formed
+	// (the slices, not copies: see checked).
+	msgs, tools []json.RawMessage
 }
 
 // scan reads the id list at b[i] as scanIDs does, taking the ids it shares
@@ -81,6 +89,35 @@ func (m *Memo) appendPrompt(b []byte, ids []int32) []byte {
 		return append(b, m.raw...)
 	}
 	return appendIDs(b, ids)
+}
+
+// checked returns the messages and tools the last /tokenize body written
+// through m held, all found well formed; a nil memo has none. The memo
+// keeps the slices themselves, so their memory holds those bytes as long as
+// it does.
+func (m *Memo) checked() (msgs, tools []json.RawMessage) {
+	if m == nil {
+		return nil, nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.msgs, m.tools
+}
+
+// setChecked remembers a body's messages and tools as checked; the lists
+// are copied (their elements, not the bytes), as the caller may reuse them.
+func (m *Memo) setChecked(msgs, tools []json.RawMessage) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.msgs, m.tools = slices.Clone(msgs), slices.Clone(tools)
+}
+
+// sameSlice reports whether a and b are the same memory.
+func sameSlice(a, b []byte) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 // commonPrefix is the length of the longest common prefix of a and b,

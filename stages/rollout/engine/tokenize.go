@@ -36,7 +36,8 @@ type ChatRequest struct {
 	ChatTemplate string
 	// Memo, when set, is the conversation's: the ids this reply shares
 	// byte for byte with an earlier render are taken from it rather than
-	// parsed (not sent; see Memo).
+	// parsed, and messages and tools the last request through it held are
+	// not checked again (not sent; see Memo).
 	Memo *Memo
 }
 
@@ -67,8 +68,9 @@ func (c *Client) tokenizeBody(req ChatRequest) ([]byte, error) {
 		b.WriteByte(',')
 	}
 	b.WriteString(`"messages":[`)
+	checkedMsgs, checkedTools := req.Memo.checked()
 	for i, m := range req.Messages {
-		if !validValue(m, '{') {
+		if !(i < len(checkedMsgs) && sameSlice(m, checkedMsgs[i])) && !validValue(m, '{') {
 			return nil, fmt.Errorf("engine: TokenizeChat: messages[%d] is not a JSON object", i)
 		}
 		if i > 0 {
@@ -80,7 +82,7 @@ func (c *Client) tokenizeBody(req ChatRequest) ([]byte, error) {
 	if len(req.Tools) > 0 {
 		b.WriteString(`,"tools":[`)
 		for i, t := range req.Tools {
-			if !validValue(t, '{') {
+			if !(i < len(checkedTools) && sameSlice(t, checkedTools[i])) && !validValue(t, '{') {
 				return nil, fmt.Errorf("engine: TokenizeChat: tools[%d] is not a JSON object", i)
 			}
 			if i > 0 {
@@ -90,6 +92,7 @@ func (c *Client) tokenizeBody(req ChatRequest) ([]byte, error) {
 		}
 		b.WriteByte(']')
 	}
+	req.Memo.setChecked(req.Messages, req.Tools)
 	fmt.Fprintf(b, `,"add_generation_prompt":%t`, req.AddGenerationPrompt)
 	if req.ContinueFinalMessage {
 		b.WriteString(`,"continue_final_message":true`)

@@ -67,9 +67,28 @@ func TestTokenizeChatErrors(t *testing.T) {
 	}
 	assert.Equal(t, 5, c.ContextLength(), "an explicit ContextLength is kept")
 
+	// Through a memo, only the very slices a body already held skip the
+	// check: other bytes at the same index, or the same bytes re-sliced,
+	// are checked.
+	var memo Memo
+	tools := []json.RawMessage{json.RawMessage(`{"type":"function","function":{"name":"f"}}`)}
+	_, err := c.TokenizeChat(bg, ChatRequest{Messages: m, Tools: tools, Memo: &memo})
+	assert.ErrorContains(t, err, "count 3 but 2 tokens", "the body was sent")
+	for _, tc := range []struct {
+		req  ChatRequest
+		want string
+	}{
+		{ChatRequest{Messages: []json.RawMessage{json.RawMessage(`{"role":`)}, Memo: &memo}, "messages[0] is not a JSON object"},
+		{ChatRequest{Messages: []json.RawMessage{m[0][:len(m[0])-1]}, Memo: &memo}, "messages[0] is not a JSON object"},
+		{ChatRequest{Messages: m, Tools: []json.RawMessage{tools[0][:5]}, Memo: &memo}, "tools[0]"},
+	} {
+		_, err := c.TokenizeChat(bg, tc.req)
+		assert.ErrorContains(t, err, tc.want)
+	}
+
 	f2 := newFake(t, map[string]reply{"POST /tokenize": {status: 400, body: []byte(`{"error":{"message":"Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with untrusted chat template.","type":"BadRequestError","param":null,"code":400}}`)}})
 	c2 := newClient(t, f2.URL, Options{})
-	_, err := c2.TokenizeChat(bg, ChatRequest{Messages: m, ChatTemplate: "x"})
+	_, err = c2.TokenizeChat(bg, ChatRequest{Messages: m, ChatTemplate: "x"})
 	var he *HTTPError
 	require.ErrorAs(t, err, &he)
 	assert.Contains(t, he.Error(), "--trust-request-chat-template")
