@@ -28,8 +28,8 @@ import (
 //     remembered render's very ids is written as the reply's bytes of them.
 //
 // Ids read through a memo may share memory with it and with other replies
-// read through it: they are read-only. The zero value is ready. Safe for concurrent use,
-// though it only pays when one conversation's calls use it.
+// read through it: they are read-only. The zero value is ready. Safe for
+// concurrent use, though it only pays when one conversation's calls use it.
 type Memo struct {
 	mu sync.Mutex
 	// /tokenize: the remembered list's bytes ('[' through ']') and ids
