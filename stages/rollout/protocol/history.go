@@ -3,6 +3,7 @@ package protocol
 import (
 	"bytes"
 	"encoding/json"
+	"hash/maphash"
 	"maps"
 	"net/http"
 	"sync"
@@ -39,10 +40,18 @@ type History struct {
 // historyCheckpoint is the state after the source messages [0, k) of a
 // request and a flush: immutable once stored.
 type historyCheckpoint struct {
-	sums  []rawSum          // fingerprints of source messages [0, k)
-	out   []json.RawMessage // their translation, encoded (no top-level system message)
-	pos   map[string]int    // the translator's tool_use positions
-	calls int
+	sums []rawSum // fingerprints of source messages [0, k)
+	// The bytes of source messages [0, k) as one span, from the first
+	// one's start to the last one's end (separators included): its length,
+	// its fingerprint and each message's extent within it. A request whose
+	// list starts with the same span has the same k messages, told by one
+	// hash of the span rather than a skim and a hash of each message.
+	span    int
+	spanSum rawSum
+	rel     [][2]int
+	out     []json.RawMessage // their translation, encoded (no top-level system message)
+	pos     map[string]int    // the translator's tool_use positions
+	calls   int
 	// Responses: the system message "instructions" became (nil: none);
 	// developer messages merge into it, so a checkpoint serves only
 	// requests with the same.
@@ -79,6 +88,7 @@ type historyDecode struct {
 	h      *History
 	ck     *historyCheckpoint // what the previous request left; nil: nothing
 	reused int                // source messages taken from ck (for tests)
+	bySpan bool               // ck's messages were told by their span (for tests)
 }
 
 // historyList is the parsed "messages" list: elements the checkpoint
@@ -89,6 +99,49 @@ type historyList struct {
 	sums    []rawSum
 	extents [][2]int // each element's bytes in the body
 	skipped int      // leading elements skipped: 0 or len(ck.sums)
+	// The span hash from the first element's start, written up to
+	// spanEnd (0: not started); the next checkpoint's span continues it.
+	span    spanHash
+	spanEnd int
+}
+
+// spanHash fingerprints a span of bytes as Cache.key does, written in
+// pieces.
+type spanHash [2]maphash.Hash
+
+func (h *spanHash) start(c *Cache) {
+	for k := range h {
+		h[k].SetSeed(c.seeds[k])
+	}
+}
+
+func (h *spanHash) write(b []byte) {
+	for k := range h {
+		h[k].Write(b)
+	}
+}
+
+func (h *spanHash) sum() rawSum { return rawSum{h[0].Sum64(), h[1].Sum64()} }
+
+// checkpointSpan is the span of elements [0, k) for a checkpoint: its
+// length, fingerprint and the elements' extents within it. The hash goes
+// on from where the span check left it when it can.
+func (d *historyDecode) checkpointSpan(body []byte, l *historyList, k int) (int, rawSum, [][2]int) {
+	if k == 0 {
+		return 0, rawSum{}, nil
+	}
+	start, end := l.extents[0][0], l.extents[k-1][1]
+	if l.spanEnd == 0 || l.spanEnd > end {
+		l.span.start(d.c)
+		l.spanEnd = start
+	}
+	l.span.write(body[l.spanEnd:end])
+	l.spanEnd = end
+	rel := make([][2]int, k)
+	for j := range rel {
+		rel[j] = [2]int{l.extents[j][0] - start, l.extents[j][1] - start}
+	}
+	return end - start, l.span.sum(), rel
 }
 
 // parsePrefix parses the skipped prefix after all, when the checkpoint
@@ -118,9 +171,33 @@ func (d *historyDecode) messages(p *jsonParser) (any, bool, error) {
 		return nil, false, nil
 	}
 	l := &historyList{}
-	if ck := d.ck; ck != nil && len(ck.sums) > 0 {
-		// The prefix, skimmed: a match skips it whole, anything else
-		// parses the list from its start.
+	if ck := d.ck; ck != nil && len(ck.sums) > 0 && ck.span > 0 {
+		// The prefix as one span: the same bytes are the same messages.
+		if i := jsonskim.Space(p.b, p.i+1); i+ck.span <= len(p.b) {
+			l.span.start(d.c)
+			l.span.write(p.b[i : i+ck.span])
+			l.spanEnd = i + ck.span
+			if l.span.sum() == ck.spanSum {
+				k := len(ck.sums)
+				l.elems = make([]any, k, k+8)
+				for j := range l.elems {
+					l.elems[j] = skippedValue{}
+				}
+				l.sums = ck.sums[:k:k] // appended to by copying: ck stays as it is
+				l.extents = make([][2]int, k, k+8)
+				for j, e := range ck.rel {
+					l.extents[j] = [2]int{i + e[0], i + e[1]}
+				}
+				l.skipped, d.bySpan, p.i = k, true, i+ck.span
+			} else {
+				l.spanEnd = 0
+			}
+		}
+	}
+	if ck := d.ck; l.skipped == 0 && ck != nil && len(ck.sums) > 0 {
+		// The prefix, skimmed message by message (the same messages with
+		// other separators between them): a match skips it whole,
+		// anything else parses the list from its start.
 		i := jsonskim.Space(p.b, p.i+1)
 		for n := range ck.sums {
 			end := jsonskim.Value(p.b, i)
@@ -251,7 +328,9 @@ func (d *historyDecode) translateAnthropic(body []byte, l *historyList) ([]json.
 	}
 	if t.snap != nil {
 		k, m := last, len(prefix)+t.snap.outLen
-		d.h.store(&historyCheckpoint{sums: l.sums[:k:k], out: out[:m:m], pos: t.snap.pos, calls: t.snap.calls})
+		span, spanSum, rel := d.checkpointSpan(body, l, k)
+		d.h.store(&historyCheckpoint{sums: l.sums[:k:k], span: span, spanSum: spanSum, rel: rel,
+			out: out[:m:m], pos: t.snap.pos, calls: t.snap.calls})
 	} else if from == 0 {
 		// Nothing of this request can serve the next one.
 		d.h.store(nil)
@@ -292,7 +371,9 @@ func (d *historyDecode) translateResponses(body []byte, l *historyList, instr *o
 	}
 	if t.snap != nil {
 		k, m := from+t.snap.item, len(prefix)+t.snap.outLen
-		d.h.store(&historyCheckpoint{sums: l.sums[:k:k], out: out[:m:m], instr: instrRaw})
+		span, spanSum, rel := d.checkpointSpan(body, l, k)
+		d.h.store(&historyCheckpoint{sums: l.sums[:k:k], span: span, spanSum: spanSum, rel: rel,
+			out: out[:m:m], instr: instrRaw})
 	} else if from == 0 {
 		d.h.store(nil)
 	}

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -45,6 +46,9 @@ func TestHistoryReuse(t *testing.T) {
 		_, hd := decode(msgs)
 		if hd.reused != prevLast {
 			t.Fatalf("turn %d: reused %d messages, want %d (up to the previous request's last assistant message)", k, hd.reused, prevLast)
+		}
+		if hd.bySpan != (prevLast > 0) {
+			t.Fatalf("turn %d: reused prefix told by its span: %v, want %v (the same bytes resent)", k, hd.bySpan, prevLast > 0)
 		}
 		if k > 0 {
 			prevLast = len(msgs) - 2
@@ -293,5 +297,60 @@ func TestHistoryResponsesCodexShape(t *testing.T) {
 			map[string]any{"type": "reasoning", "summary": []any{}, "encrypted_content": reasoningHandle + "eA=="},
 			map[string]any{"type": "function_call", "call_id": id, "name": "exec_command", "arguments": `{"cmd":"ls"}`},
 			map[string]any{"type": "function_call_output", "call_id": id, "output": "ok"})
+	}
+}
+
+// The same messages with other separators between them (a client that
+// re-serializes its list differently) are not the previous span, and are
+// told message by message; an edit inside the span is caught by both.
+func TestHistorySpanAndSeparators(t *testing.T) {
+	c := NewCache()
+	var hist History
+	h := http.Header{"Authorization": {"Bearer s"}}
+	var msgs []string
+	add := func(role, content string) {
+		b, _ := json.Marshal(map[string]any{"role": role, "content": content})
+		msgs = append(msgs, string(b))
+	}
+	decode := func(sep string) *historyDecode {
+		t.Helper()
+		body := []byte(`{"max_tokens":100,"messages":[` + strings.Join(msgs, sep) + `]}`)
+		want, err := DecodeAnthropic(h, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hd := &historyDecode{c: c, h: &hist, ck: hist.load()}
+		got, err := decodeAnthropicWith(h, body, newCachedParts(c, "anthropic", "system", "tools"), hd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(want, got) {
+			t.Fatalf("with history:\n%+v\nwithout:\n%+v", got, want)
+		}
+		return hd
+	}
+	add("user", "task")
+	for k, sep := range []string{",", ",", ", ", ", ", ",\n", ","} {
+		add("assistant", fmt.Sprintf("step %d", k))
+		add("user", fmt.Sprintf("result %d", k))
+		prevSep := []string{"", ",", ",", ", ", ", ", ",\n"}[k]
+		hd := decode(sep)
+		switch {
+		case k == 0:
+		case sep != prevSep && hd.bySpan:
+			t.Fatalf("turn %d: separators %q after %q, yet told by the span", k, sep, prevSep)
+		case sep == prevSep && !hd.bySpan:
+			t.Fatalf("turn %d: the same bytes resent, not told by the span", k)
+		case hd.reused != 2*k-1:
+			t.Fatalf("turn %d: reused %d, want %d", k, hd.reused, 2*k-1)
+		}
+	}
+	// An edit inside the span: nothing reused, and the decode is still
+	// the uncached one (checked in decode).
+	msgs[1] = strings.Replace(msgs[1], "step 0", "step O", 1)
+	add("assistant", "more")
+	add("user", "ok")
+	if hd := decode(","); hd.reused != 0 || hd.bySpan {
+		t.Fatalf("edited history: reused %d (by span %v)", hd.reused, hd.bySpan)
 	}
 }
