@@ -17,7 +17,8 @@ import (
 // and translates the whole of it on every turn — time that grows with the
 // session, a turn at a time. With it, the messages up to the previous
 // request's last clean boundary are recognized by a 128-bit fingerprint of
-// each one's bytes, skipped by the parser, and their translation (and the
+// their bytes (of the whole span when it is resent byte for byte, else of
+// each message), skipped by the parser, and their translation (and the
 // translator's state there) taken from the previous request; only what
 // follows is parsed and translated.
 //
