@@ -27,19 +27,7 @@ func TestHistoryReuse(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, err := DecodeAnthropic(h, body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hd := &historyDecode{c: c, h: &hist, ck: hist.load()}
-		got, err := decodeAnthropicWith(h, body, newCachedParts(c, "anthropic", "system", "tools"), hd)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !reflect.DeepEqual(want, got) {
-			t.Fatalf("with history:\n%+v\nwithout:\n%+v", got, want)
-		}
-		return got, hd
+		return decodeWithHistory(t, c, &hist, h, body)
 	}
 	prevLast := 0 // the previous request's last assistant message (0: none)
 	for k := range 30 {
@@ -100,6 +88,26 @@ func TestHistoryReuse(t *testing.T) {
 		}
 		cc = append(cc, map[string]any{"role": "assistant", "content": "step"}, map[string]any{"role": "user", "content": "result"})
 	}
+}
+
+// decodeWithHistory decodes an Anthropic request body with hist and
+// checks it decodes as without: what the adapter does with a session's
+// request, and what it must come to.
+func decodeWithHistory(t *testing.T, c *Cache, hist *History, h http.Header, body []byte) (Request, *historyDecode) {
+	t.Helper()
+	want, err := DecodeAnthropic(h, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hd := &historyDecode{c: c, h: hist, ck: hist.load()}
+	got, err := decodeAnthropicWith(h, body, newCachedParts(c, "anthropic", "system", "tools"), hd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(want, got) {
+		t.Fatalf("with history:\n%+v\nwithout:\n%+v", got, want)
+	}
+	return got, hd
 }
 
 func results(k int, id string) []any {
@@ -314,19 +322,7 @@ func TestHistorySpanAndSeparators(t *testing.T) {
 	}
 	decode := func(sep string) *historyDecode {
 		t.Helper()
-		body := []byte(`{"max_tokens":100,"messages":[` + strings.Join(msgs, sep) + `]}`)
-		want, err := DecodeAnthropic(h, body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hd := &historyDecode{c: c, h: &hist, ck: hist.load()}
-		got, err := decodeAnthropicWith(h, body, newCachedParts(c, "anthropic", "system", "tools"), hd)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !reflect.DeepEqual(want, got) {
-			t.Fatalf("with history:\n%+v\nwithout:\n%+v", got, want)
-		}
+		_, hd := decodeWithHistory(t, c, &hist, h, []byte(`{"max_tokens":100,"messages":[`+strings.Join(msgs, sep)+`]}`))
 		return hd
 	}
 	add("user", "task")
