@@ -55,14 +55,19 @@ import (
 //
 //	go test ./stages/rollout/adapter -run '^$' -bench AdapterLoad -benchtime 1x
 //
-// With -short only sessions=8 × 5 turns runs (for CI at -benchtime=1x).
+// The fourth case, 16 sessions × 100 turns (prompts grow to ~40k tokens),
+// shows how the cost of a turn grows with its session. With -short only
+// sessions=8 × 5 turns runs (for CI at -benchtime=1x).
 func BenchmarkAdapterLoad(b *testing.B) {
-	cases := []loadConfig{{sessions: 64, turns: 20}, {sessions: 256, turns: 20}, {sessions: 64, turns: 20, rate: 100}}
+	cases := []loadConfig{{sessions: 64, turns: 20}, {sessions: 256, turns: 20}, {sessions: 64, turns: 20, rate: 100}, {sessions: 16, turns: 100}}
 	if testing.Short() {
 		cases = []loadConfig{{sessions: 8, turns: 5}}
 	}
 	for _, c := range cases {
 		name := fmt.Sprintf("sessions=%d", c.sessions)
+		if c.turns != 20 {
+			name += fmt.Sprintf("/turns=%d", c.turns)
+		}
 		if c.rate > 0 {
 			name += fmt.Sprintf("/rate=%g", c.rate)
 		}
