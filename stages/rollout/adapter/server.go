@@ -163,7 +163,7 @@ func New(opts Options) *Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/messages", s.turnHandler(protocol.Anthropic, s.decodeAnthropic))
 	mux.HandleFunc("POST /v1/responses", s.turnHandler(protocol.Responses, s.decodeResponses))
-	mux.HandleFunc("POST /v1/chat/completions", s.turnHandler(protocol.Chat, protocol.DecodeChat))
+	mux.HandleFunc("POST /v1/chat/completions", s.turnHandler(protocol.Chat, s.decodeChat))
 	mux.HandleFunc("POST /v1/messages/count_tokens", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 		writeJSON(w, http.StatusOK, protocol.CountTokensBody)
@@ -203,6 +203,14 @@ func (s *Server) decodeResponses(h http.Header, body []byte) (protocol.Request, 
 		return s.decoded.DecodeResponsesHistory(h, body, s.history(id))
 	}
 	return protocol.DecodeResponses(h, body)
+}
+
+// decodeChat is decodeResponses for Chat Completions requests.
+func (s *Server) decodeChat(h http.Header, body []byte) (protocol.Request, error) {
+	if id := protocol.BearerToken(h); id != "" {
+		return s.decoded.DecodeChatHistory(h, body, s.history(id))
+	}
+	return protocol.DecodeChat(h, body)
 }
 
 // history is the decode History of session id; nil for a closed session

@@ -32,16 +32,7 @@ func decodeAnthropic(header http.Header, body []byte, cp *cachedParts) (Request,
 // decodeAnthropicWith decodes with the cache's parts (cp) and a session's
 // history (hd), either nil.
 func decodeAnthropicWith(header http.Header, body []byte, cp *cachedParts, hd *historyDecode) (Request, error) {
-	var top topHook
-	if cp != nil || hd != nil {
-		top = func(p *jsonParser, key string) (any, bool, error) {
-			if key == "messages" && hd != nil {
-				return hd.messages(p)
-			}
-			return cp.top(p, key)
-		}
-	}
-	b, err := decodeBodyCached(body, top)
+	b, err := decodeBodyCached(body, historyTop("messages", cp, hd))
 	if err != nil {
 		return Request{}, err
 	}

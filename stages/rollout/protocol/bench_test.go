@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
+	"strconv"
 	"testing"
 )
 
@@ -116,6 +117,61 @@ func BenchmarkDecodeCodex(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+		})
+	}
+}
+
+// BenchmarkDecodeChatSession decodes a Chat Completions session as an
+// adapter receives it: 40 requests, each the history so far plus an
+// assistant tool call and its tool result (~60 KB by the end), in order,
+// uncached and with a Cache and one History per session. Reported: time
+// per request, averaged over the session.
+//
+//	go test ./stages/rollout/protocol -run '^$' -bench DecodeChatSession
+func BenchmarkDecodeChatSession(b *testing.B) {
+	const turns = 40
+	msgs := []any{map[string]any{"role": "system", "content": "You are a coding agent. Use the tools to inspect and edit the repository."},
+		map[string]any{"role": "user", "content": "The tests in tests/test_module.py fail; fix src/module.py."}}
+	tools := []any{map[string]any{"type": "function", "function": map[string]any{"name": "bash", "description": "Run a shell command",
+		"parameters": map[string]any{"type": "object", "properties": map[string]any{"command": map[string]any{"type": "string"}}, "required": []any{"command"}}}}}
+	var bodies [][]byte
+	for k := 0; k < turns; k++ {
+		body, err := json.Marshal(map[string]any{"model": "m", "messages": msgs, "tools": tools, "max_tokens": 1024})
+		if err != nil {
+			b.Fatal(err)
+		}
+		bodies = append(bodies, body)
+		id := "call_" + strconv.Itoa(k)
+		msgs = append(msgs,
+			map[string]any{"role": "assistant", "content": "Let me look at the next part of the module.", "tool_calls": []any{
+				map[string]any{"id": id, "type": "function", "function": map[string]any{"name": "bash",
+					"arguments": `{"command":"sed -n 1,80p src/module.py"}`}}}},
+			map[string]any{"role": "tool", "tool_call_id": id,
+				"content": "def f(x):\n    return x * 2\n\n# ... 40 more lines of code of the module under test ...\n"})
+	}
+	h := http.Header{"Authorization": {"Bearer s"}}
+	c := NewCache()
+	for _, tc := range []struct {
+		name    string
+		session func() func(http.Header, []byte) (Request, error)
+	}{
+		{"uncached", func() func(http.Header, []byte) (Request, error) { return DecodeChat }},
+		{"history", func() func(http.Header, []byte) (Request, error) {
+			hist := &History{}
+			return func(hd http.Header, body []byte) (Request, error) { return c.DecodeChatHistory(hd, body, hist) }
+		}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				dec := tc.session()
+				for _, body := range bodies {
+					if _, err := dec(h, body); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*turns)/1e3, "µs/request")
 		})
 	}
 }

@@ -1,23 +1,46 @@
 package protocol
 
-import "net/http"
+import (
+	"encoding/json"
+	"net/http"
+)
 
 // DecodeChat translates an OpenAI Chat Completions request (§5.6):
 // developer becomes system, tool results keep their order (no
 // reordering), assistant tool calls lose their ids and get §5.7 argument
 // coercion.
 func DecodeChat(header http.Header, body []byte) (Request, error) {
-	b, err := decodeBody(body)
+	return decodeChat(header, body, nil, nil)
+}
+
+// DecodeChatHistory is DecodeChat that reuses what h holds of the
+// session's previous request (see History) and leaves in h what the next
+// one can reuse, with the tool list's translation from c. Each message is
+// translated on its own, so every boundary is clean: the checkpoint is the
+// whole list. A nil c or h decodes without.
+func (c *Cache) DecodeChatHistory(header http.Header, body []byte, h *History) (Request, error) {
+	if c == nil || h == nil {
+		return DecodeChat(header, body)
+	}
+	return decodeChat(header, body, newCachedParts(c, "chat", "tools"), &historyDecode{c: c, h: h, ck: h.load()})
+}
+
+func decodeChat(header http.Header, body []byte, cp *cachedParts, hd *historyDecode) (Request, error) {
+	b, err := decodeBodyCached(body, historyTop("messages", cp, hd))
 	if err != nil {
 		return Request{}, err
 	}
+	hist, _ := b.val("messages").(*historyList)
 	msgs, ok := b.val("messages").([]any)
-	if !ok {
+	if !ok && hist == nil {
 		return Request{}, badRequest("messages must be a list")
 	}
-	tools, err := listField(b, "tools")
-	if err != nil {
-		return Request{}, err
+	toolsV, toolsHit := cp.hit("tools")
+	var tools []any
+	if !toolsHit {
+		if tools, err = listField(b, "tools"); err != nil {
+			return Request{}, err
+		}
 	}
 	s, err := sampling(b, openAIMaxKeys, "stop")
 	if err != nil {
@@ -30,50 +53,16 @@ func DecodeChat(header http.Header, body []byte) (Request, error) {
 		Stream:    wantsStream(header, b),
 	}
 	r.Model, _ = b.str("model")
-	var out []*object
-	for _, m := range msgs {
-		mo, ok := m.(*object)
-		if !ok {
-			continue
-		}
-		switch role := mo.val("role"); role {
-		case "system", "developer":
-			out = append(out, obj("role", "system", "content", flatten(mo.val("content"))))
-		case "user", "tool":
-			out = append(out, obj("role", role, "content", flatten(mo.val("content"))))
-		case "assistant":
-			a := obj("role", "assistant", "content", flatten(mo.val("content")))
-			if rc := mo.val("reasoning_content"); truthy(rc) {
-				a.set("reasoning_content", flatten(rc))
-			}
-			var calls []any
-			tcs, _ := mo.val("tool_calls").([]any)
-			for _, c := range tcs {
-				co, ok := c.(*object)
-				if !ok {
-					continue
-				}
-				fn, _ := co.val("function").(*object)
-				name := fn.val("name")
-				if !truthy(name) {
-					name = co.val("name")
-				}
-				if !truthy(name) {
-					name = "tool"
-				}
-				args, ok := fn.get("arguments")
-				if !ok {
-					args = co.val("arguments")
-				}
-				calls = append(calls, toolCall(text(name), coerceArguments(args)))
-			}
-			if len(calls) > 0 {
-				a.set("tool_calls", calls)
-			}
-			out = append(out, a)
-		}
+	if hist != nil {
+		r.Messages = hd.translateChat(body, hist)
+	} else {
+		r.Messages = rawAll(chatMessages(msgs))
 	}
-	r.Messages = rawAll(out)
+	if toolsHit {
+		ct := toolsV.(cachedTools)
+		r.Tools, r.Specs = ct.tools, ct.specs
+		return r, nil
+	}
 	for _, e := range tools {
 		to, ok := e.(*object)
 		if !ok || deferred(to) {
@@ -96,5 +85,86 @@ func DecodeChat(header http.Header, body []byte) (Request, error) {
 		r.Tools = append(r.Tools, marshal(functionSchema(name, fn.val("description"), fn.val("parameters"))))
 		r.Specs = append(r.Specs, ToolSpec{SchemaName: name, Name: name, Kind: FunctionTool})
 	}
+	cp.store("tools", cachedTools{tools: r.Tools, specs: r.Specs})
 	return r, nil
+}
+
+// chatMessages translates each message on its own (non-objects and
+// unknown roles are dropped).
+func chatMessages(msgs []any) []*object {
+	var out []*object
+	for _, m := range msgs {
+		if o := chatMessage(m); o != nil {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// chatMessage is §5.6 for one message; nil drops it.
+func chatMessage(m any) *object {
+	mo, ok := m.(*object)
+	if !ok {
+		return nil
+	}
+	switch role := mo.val("role"); role {
+	case "system", "developer":
+		return obj("role", "system", "content", flatten(mo.val("content")))
+	case "user", "tool":
+		return obj("role", role, "content", flatten(mo.val("content")))
+	case "assistant":
+		a := obj("role", "assistant", "content", flatten(mo.val("content")))
+		if rc := mo.val("reasoning_content"); truthy(rc) {
+			a.set("reasoning_content", flatten(rc))
+		}
+		var calls []any
+		tcs, _ := mo.val("tool_calls").([]any)
+		for _, c := range tcs {
+			co, ok := c.(*object)
+			if !ok {
+				continue
+			}
+			fn, _ := co.val("function").(*object)
+			name := fn.val("name")
+			if !truthy(name) {
+				name = co.val("name")
+			}
+			if !truthy(name) {
+				name = "tool"
+			}
+			args, ok := fn.get("arguments")
+			if !ok {
+				args = co.val("arguments")
+			}
+			calls = append(calls, toolCall(text(name), coerceArguments(args)))
+		}
+		if len(calls) > 0 {
+			a.set("tool_calls", calls)
+		}
+		return a
+	}
+	return nil
+}
+
+// translateChat is §5.6 over l: the messages the checkpoint covers take
+// its translation, the rest are translated, and the whole list becomes the
+// next checkpoint (a message's translation depends on it alone).
+func (d *historyDecode) translateChat(body []byte, l *historyList) []json.RawMessage {
+	from := l.skipped
+	var prefix []json.RawMessage
+	if from > 0 {
+		prefix = d.ck.out
+		d.reused = from
+	}
+	out := rawAll(chatMessages(l.elems[from:]))
+	if len(prefix) > 0 {
+		out = append(append(make([]json.RawMessage, 0, len(prefix)+len(out)), prefix...), out...)
+	}
+	if k := len(l.elems); k > 0 {
+		span, spanSum, rel := d.checkpointSpan(body, l, k)
+		d.h.store(&historyCheckpoint{sums: l.sums[:k:k], span: span, spanSum: spanSum, rel: rel, out: out[:len(out):len(out)]})
+	} else {
+		d.h.store(nil)
+	}
+	return out
 }

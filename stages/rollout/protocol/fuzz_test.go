@@ -117,13 +117,30 @@ func FuzzHistoryDecodeResponses(f *testing.F) {
 	f.Add([]byte(turn1), []byte(turn2))
 	f.Add([]byte(turn2), []byte(turn1))
 	f.Add([]byte(turn1), []byte(strings.Replace(turn2, `"store":false`, `"store":false,"instructions":"i"`, 1)))
+	f.Fuzz(fuzzWithHistory(DecodeResponses, (*Cache).DecodeResponsesHistory))
+}
+
+// The same for Chat Completions requests decoded with a History.
+func FuzzHistoryDecodeChat(f *testing.F) {
+	turn1 := `{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"u"},{"role":"assistant","content":"","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{\"x\":1}"}}]},{"role":"tool","tool_call_id":"a","content":"o"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}`
+	turn2 := `{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"u"},{"role":"assistant","content":"","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{\"x\":1}"}}]},{"role":"tool","tool_call_id":"a","content":"o"},{"role":"assistant","content":"done","reasoning_content":"r"},{"role":"developer","content":"d"},7,{"role":"user","content":[{"type":"text","text":"more"}]}],"tools":[]}`
+	f.Add([]byte(turn1), []byte(turn2))
+	f.Add([]byte(turn2), []byte(turn1))
+	f.Add([]byte(turn1), []byte(strings.Replace(turn2, `},{"role"`, `}, {"role"`, -1)))
+	f.Fuzz(fuzzWithHistory(DecodeChat, (*Cache).DecodeChatHistory))
+}
+
+// fuzzWithHistory decodes a session of requests (a, b, a, b, b) with a
+// History and without: the same requests, the same errors.
+func fuzzWithHistory(plain func(http.Header, []byte) (Request, error),
+	withHistory func(*Cache, http.Header, []byte, *History) (Request, error)) func(*testing.T, []byte, []byte) {
 	h := http.Header{"Authorization": {"Bearer s"}}
-	f.Fuzz(func(t *testing.T, a, b []byte) {
+	return func(t *testing.T, a, b []byte) {
 		c := NewCache()
 		var hist History
 		for _, body := range [][]byte{a, b, a, b, b} {
-			want, wantErr := DecodeResponses(h, body)
-			got, gotErr := c.DecodeResponsesHistory(h, body, &hist)
+			want, wantErr := plain(h, body)
+			got, gotErr := withHistory(c, h, body, &hist)
 			if fmt.Sprint(wantErr) != fmt.Sprint(gotErr) {
 				t.Fatalf("uncached err %v, err %v", wantErr, gotErr)
 			}
@@ -131,5 +148,5 @@ func FuzzHistoryDecodeResponses(f *testing.F) {
 				t.Fatalf("uncached %+v\nwith history %+v", want, got)
 			}
 		}
-	})
+	}
 }

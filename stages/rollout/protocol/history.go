@@ -83,6 +83,21 @@ func (c *Cache) DecodeAnthropicHistory(header http.Header, body []byte, h *Histo
 	return decodeAnthropicWith(header, body, newCachedParts(c, "anthropic", "system", "tools"), &historyDecode{c: c, h: h, ck: h.load()})
 }
 
+// historyTop is the parser hook of a decode with a History: the list at
+// key goes through hd, the other top-level values through cp. Both nil:
+// no hook.
+func historyTop(key string, cp *cachedParts, hd *historyDecode) topHook {
+	if cp == nil && hd == nil {
+		return nil
+	}
+	return func(p *jsonParser, k string) (any, bool, error) {
+		if k == key && hd != nil {
+			return hd.messages(p)
+		}
+		return cp.top(p, k)
+	}
+}
+
 // historyDecode is one request's use of a History.
 type historyDecode struct {
 	c      *Cache

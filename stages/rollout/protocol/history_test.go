@@ -350,3 +350,78 @@ func TestHistorySpanAndSeparators(t *testing.T) {
 		t.Fatalf("edited history: reused %d (by span %v)", hd.reused, hd.bySpan)
 	}
 }
+
+// The same for Chat Completions: random sessions of every role (and
+// messages that are not objects), tool calls with string, object or
+// missing arguments, tool lists that change, edits and dropped tails,
+// separators that change — with a History exactly as without one.
+func TestHistoryRandomChatSessions(t *testing.T) {
+	h := http.Header{"Authorization": {"Bearer s"}}
+	reused, bySpan := 0, 0
+	for seed := range 300 {
+		r := rand.New(rand.NewPCG(uint64(seed), 13))
+		c := NewCache()
+		var hist History
+		var msgs []any
+		for turn := range 15 {
+			switch x := r.IntN(20); {
+			case x == 0 && len(msgs) > 2:
+				msgs = msgs[:r.IntN(len(msgs))]
+			case x == 1 && len(msgs) > 0:
+				msgs[r.IntN(len(msgs))] = map[string]any{"role": "user", "content": fmt.Sprintf("edited %d", turn)}
+			}
+			for range 1 + r.IntN(3) {
+				switch x := r.IntN(12); {
+				case x < 4:
+					a := map[string]any{"role": "assistant", "content": []any{map[string]any{"type": "text", "text": "t"}}}
+					if r.IntN(3) == 0 {
+						a["reasoning_content"] = "why"
+					}
+					var calls []any
+					for k := range r.IntN(3) {
+						args := []any{`{"command":"ls"}`, map[string]any{"n": k}, nil, "not json"}[r.IntN(4)]
+						calls = append(calls, map[string]any{"id": fmt.Sprintf("c%d", k), "type": "function",
+							"function": map[string]any{"name": "Bash", "arguments": args}})
+					}
+					if len(calls) > 0 {
+						a["tool_calls"] = calls
+					}
+					msgs = append(msgs, a)
+				case x < 7:
+					msgs = append(msgs, map[string]any{"role": "tool", "tool_call_id": "c0", "content": fmt.Sprintf("r%d", turn)})
+				case x < 10:
+					msgs = append(msgs, map[string]any{"role": "user", "content": fmt.Sprintf("u%d", turn)})
+				case x < 11:
+					msgs = append(msgs, map[string]any{"role": []string{"system", "developer"}[r.IntN(2)], "content": "s"})
+				default:
+					msgs = append(msgs, []any{"not", "a", "message"}[r.IntN(3)])
+				}
+			}
+			tools := []any{map[string]any{"type": "function", "function": map[string]any{"name": "Bash", "parameters": map[string]any{"type": "object"}}}}
+			if r.IntN(4) == 0 {
+				tools = append(tools, map[string]any{"type": "function", "function": map[string]any{"name": fmt.Sprint("t", turn)}})
+			}
+			body, err := json.Marshal(map[string]any{"model": "m", "messages": msgs, "tools": tools})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.IntN(5) == 0 {
+				body = []byte(strings.ReplaceAll(string(body), `},{"content"`, `}, {"content"`))
+			}
+			want, wantErr := DecodeChat(h, body)
+			hd := &historyDecode{c: c, h: &hist, ck: hist.load()}
+			got, gotErr := decodeChat(h, body, newCachedParts(c, "chat", "tools"), hd)
+			if (wantErr == nil) != (gotErr == nil) || !reflect.DeepEqual(want, got) {
+				t.Fatalf("seed %d turn %d (reused %d): with history %v\n%s\nwithout %v\n%s", seed, turn, hd.reused, gotErr, dump(got), wantErr, dump(want))
+			}
+			reused += hd.reused
+			if hd.bySpan {
+				bySpan++
+			}
+		}
+	}
+	if reused == 0 || bySpan == 0 {
+		t.Fatalf("reused %d messages, %d requests by span: the generator never exercises the History", reused, bySpan)
+	}
+	t.Logf("%d messages reused, %d requests told by their span", reused, bySpan)
+}

@@ -29,16 +29,7 @@ func (c *Cache) DecodeResponsesHistory(header http.Header, body []byte, h *Histo
 }
 
 func decodeResponses(header http.Header, body []byte, cp *cachedParts, hd *historyDecode) (Request, error) {
-	var top topHook
-	if hd != nil {
-		top = func(p *jsonParser, key string) (any, bool, error) {
-			if key == "input" {
-				return hd.messages(p)
-			}
-			return cp.top(p, key)
-		}
-	}
-	b, err := decodeBodyCached(body, top)
+	b, err := decodeBodyCached(body, historyTop("input", cp, hd))
 	if err != nil {
 		return Request{}, err
 	}
