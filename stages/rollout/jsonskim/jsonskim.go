@@ -176,16 +176,9 @@ func Object(b []byte, i int, fn func(key []byte, v int) int) int {
 		if i = fn(key, Space(b, i+1)); i < 0 {
 			return -1
 		}
-		if i = Space(b, i); i >= len(b) {
-			return -1
-		}
-		switch b[i] {
-		case ',':
-			i = Space(b, i+1)
-		case '}':
-			return i + 1
-		default:
-			return -1
+		var closed bool
+		if i, closed = next(b, i, '}'); i < 0 || closed {
+			return i
 		}
 	}
 }
@@ -205,16 +198,25 @@ func Array(b []byte, i int, fn func(v int) int) int {
 		if i = fn(i); i < 0 {
 			return -1
 		}
-		if i = Space(b, i); i >= len(b) {
-			return -1
-		}
-		switch b[i] {
-		case ',':
-			i = Space(b, i+1)
-		case ']':
-			return i + 1
-		default:
-			return -1
+		var closed bool
+		if i, closed = next(b, i, ']'); i < 0 || closed {
+			return i
 		}
 	}
+}
+
+// next reads what follows a container's element at b[i]: a comma and the
+// space after it (the index of the next element, closed false), or the
+// closing byte (the index after it, closed true); -1 for anything else.
+func next(b []byte, i int, closing byte) (int, bool) {
+	if i = Space(b, i); i >= len(b) {
+		return -1, false
+	}
+	switch b[i] {
+	case ',':
+		return Space(b, i+1), false
+	case closing:
+		return i + 1, true
+	}
+	return -1, false
 }

@@ -134,12 +134,7 @@ func TestHistoryRandomSessions(t *testing.T) {
 		var msgs []any
 		calls := 0
 		for turn := range 15 {
-			switch x := r.IntN(20); {
-			case x == 0 && len(msgs) > 2: // drop a tail (compaction-like)
-				msgs = msgs[:r.IntN(len(msgs))]
-			case x == 1 && len(msgs) > 0: // edit an earlier message
-				msgs[r.IntN(len(msgs))] = map[string]any{"role": "user", "content": fmt.Sprintf("edited %d", turn)}
-			}
+			msgs = reviseHistory(r, msgs, map[string]any{"role": "user", "content": fmt.Sprintf("edited %d", turn)})
 			for range 1 + r.IntN(3) {
 				switch x := r.IntN(10); {
 				case x < 4:
@@ -181,6 +176,19 @@ func TestHistoryRandomSessions(t *testing.T) {
 		t.Fatal("no request reused a history: the generator never exercises the History")
 	}
 	t.Logf("%d messages reused", reused)
+}
+
+// reviseHistory is a random session's occasional rewrite before a turn:
+// a dropped tail (compaction-like) or an earlier message replaced by
+// edited.
+func reviseHistory(r *rand.Rand, msgs []any, edited any) []any {
+	switch x := r.IntN(20); {
+	case x == 0 && len(msgs) > 2:
+		return msgs[:r.IntN(len(msgs))]
+	case x == 1 && len(msgs) > 0:
+		msgs[r.IntN(len(msgs))] = edited
+	}
+	return msgs
 }
 
 func dump(r Request) string {
@@ -364,12 +372,7 @@ func TestHistoryRandomChatSessions(t *testing.T) {
 		var hist History
 		var msgs []any
 		for turn := range 15 {
-			switch x := r.IntN(20); {
-			case x == 0 && len(msgs) > 2:
-				msgs = msgs[:r.IntN(len(msgs))]
-			case x == 1 && len(msgs) > 0:
-				msgs[r.IntN(len(msgs))] = map[string]any{"role": "user", "content": fmt.Sprintf("edited %d", turn)}
-			}
+			msgs = reviseHistory(r, msgs, map[string]any{"role": "user", "content": fmt.Sprintf("edited %d", turn)})
 			for range 1 + r.IntN(3) {
 				switch x := r.IntN(12); {
 				case x < 4:
