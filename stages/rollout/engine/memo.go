@@ -28,7 +28,9 @@ import (
 //     remembered render's very ids is written as the reply's bytes of them.
 //
 // Ids read through a memo may share memory with it and with other replies
-// read through it: they are read-only. The zero value is ready. Safe for
+// read through it: they are read-only. The renders of a growing
+// conversation share one array, so the prompts a session keeps cost about
+// the memory of its longest one rather than the sum of all of them. The zero value is ready. Safe for
 // concurrent use, though it only pays when one conversation's calls use it.
 type Memo struct {
 	mu sync.Mutex
@@ -68,11 +70,30 @@ func (m *Memo) scan(b []byte, i int) ([]int32, int, bool) {
 	if n <= len(m.ids) && slices.Equal(tail, m.ids[k:n]) {
 		return m.ids[:n:n], end, true // the remembered list, or a prefix of it
 	}
-	// A new array of exactly n ids (it may be kept as a turn's prompt:
-	// append's growth would leave a quarter of it unused).
-	ids := slices.Concat(m.ids[:k], tail)
-	m.raw, m.ids = append(m.raw[:0], b[i:end]...), ids
-	return ids, end, true
+	// q: how far the reply agrees with the remembered ids (the tail
+	// re-reads the id whose comma was not yet shared).
+	q := k
+	for q < len(m.ids) && q-k < len(tail) && tail[q-k] == m.ids[q] {
+		q++
+	}
+	var ids []int32
+	if q == len(m.ids) && n <= cap(m.ids) {
+		// The reply extends the remembered list, and its new ids fit in the
+		// array's room past it, which no result has ever covered (results
+		// are cut to their length and capacity): the renders of a growing
+		// conversation, each kept as a turn's prompt, share one array.
+		ids = append(m.ids, tail[q-k:]...)
+	} else {
+		// Room for the conversation to grow by half again before the next
+		// copy; earlier results keep the old array.
+		ids = make([]int32, n, n+n/2)
+		copy(ids, m.ids[:k])
+		copy(ids[k:], tail)
+	}
+	// Only the bytes past the shared ones are copied into raw.
+	p = min(p, end-i)
+	m.raw, m.ids = append(m.raw[:p], b[i+p:end]...), ids
+	return ids[:n:n], end, true
 }
 
 // appendPrompt appends ids as a JSON array, as appendIDs does; when ids

@@ -68,6 +68,9 @@ func TestMemo(t *testing.T) {
 			if !ok1 || !ok2 || !slices.Equal(got, want) || !slices.Equal(got, ids) || count != len(ids) {
 				t.Fatalf("seed %d step %d: memo gave %v (ok %v), plain %v (ok %v), sent %v", seed, step, got, ok2, want, ok1, ids)
 			}
+			if cap(got) != len(got) {
+				t.Fatalf("seed %d step %d: result of %d ids has capacity %d: an append to it would write shared memory", seed, step, len(got), cap(got))
+			}
 			results = append(results, got)
 		}
 		// Results may share memory with the memo: no later scan wrote it.
@@ -75,6 +78,52 @@ func TestMemo(t *testing.T) {
 			if !slices.Equal(got, earlier[k]) {
 				t.Fatalf("seed %d: result %d changed to %v after later scans, was %v", seed, k, got, earlier[k])
 			}
+		}
+	}
+}
+
+// TestMemoSharesGrowth: the renders of a growing conversation share one
+// array until it is full, so a session's kept prompts cost about its
+// longest one; a render that changes an earlier id gets an array of its
+// own and leaves the shared one as it was.
+func TestMemoSharesGrowth(t *testing.T) {
+	var memo Memo
+	list := func(ids []int32) []byte {
+		b, _ := json.Marshal(ids)
+		return b
+	}
+	conv := make([]int32, 0, 4096)
+	for k := range 1000 {
+		conv = append(conv, int32(k%251))
+	}
+	first, _, ok := memo.scan(list(conv), 0)
+	if !ok {
+		t.Fatal("first render refused")
+	}
+	var kept [][]int32
+	arrays := map[*int32]bool{}
+	for turn := range 20 {
+		conv = append(conv, int32(turn), 7, 8, 9)
+		got, _, ok := memo.scan(list(conv), 0)
+		if !ok || !slices.Equal(got, conv) {
+			t.Fatalf("turn %d: %v %v", turn, ok, got)
+		}
+		kept = append(kept, got)
+		arrays[&got[0]] = true
+	}
+	// 1000 ids grow by 80: within the first array's room (half again).
+	if len(arrays) != 1 || !arrays[&first[0]] {
+		t.Fatalf("20 extensions used %d arrays (first shared: %v), want the first one", len(arrays), arrays[&first[0]])
+	}
+	edited := slices.Clone(conv)
+	edited[500] = 9999
+	got, _, ok := memo.scan(list(edited), 0)
+	if !ok || !slices.Equal(got, edited) || &got[0] == &first[0] {
+		t.Fatalf("edited render: ok %v, same array %v", ok, &got[0] == &first[0])
+	}
+	for k, ids := range kept {
+		if ids[500] != int32(500%251) {
+			t.Fatalf("kept render %d changed by a later edited render", k)
 		}
 	}
 }
