@@ -4,10 +4,8 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"math/bits"
 	"net"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -186,33 +184,8 @@ func (p *h1Pool) exchange(ctx context.Context, c *h1Conn, r *h1Request) (status 
 	if _, err := bufs.WriteTo(c.nc); err != nil {
 		return 0, nil, err
 	}
-	resp, err := http.ReadResponse(c.br, nil)
-	if err != nil {
-		return 0, nil, err
-	}
-	if resp.ContentLength > maxResponse {
-		resp.Body.Close()
-		return 0, nil, fmt.Errorf("reply larger than %d bytes", maxResponse)
-	}
-	if resp.ContentLength >= 0 {
-		body = p.bufs.get(int(resp.ContentLength))[:resp.ContentLength]
-		_, err = io.ReadFull(resp.Body, body)
-	} else {
-		body, err = io.ReadAll(io.LimitReader(resp.Body, maxResponse+1))
-		if err == nil && len(body) > maxResponse {
-			err = fmt.Errorf("reply larger than %d bytes", maxResponse)
-		}
-	}
-	if err != nil {
-		return 0, nil, fmt.Errorf("reading reply: %w", err)
-	}
-	// Close drains what is left of the body (a chunked body's trailer),
-	// which leaves the connection at the next reply.
-	if err := resp.Body.Close(); err != nil {
-		return 0, nil, fmt.Errorf("reading reply: %w", err)
-	}
-	keep = !resp.Close && resp.ProtoAtLeast(1, 1)
-	return resp.StatusCode, body, nil
+	status, body, keep, err = readReply(c.br, p.bufs)
+	return status, body, err
 }
 
 // appendRequestHead writes the request line and headers (checked by the
