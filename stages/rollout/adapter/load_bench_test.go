@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/stages/rollout/adapter"
 	"github.com/kilnrl/kiln/stages/rollout/engine"
 	"github.com/kilnrl/kiln/stages/rollout/enginetest"
@@ -38,7 +39,8 @@ import (
 // CPU time is measured apart from the load client's and the engine's.
 //
 // Reported per turn: the adapter process's CPU (getrusage user+sys: its
-// server, its engine client and everything between); engine calls,
+// server, its engine client and everything between, plus the Finish calls
+// that hand the turns over, also shown apart as finish-cpu); engine calls,
 // /tokenize calls, engine bytes and new engine TCP connections; client-seen
 // latency p50/p99 and the achieved rate (turns/s, closed loop: every session
 // sends its next turn as soon as the last one is answered, so latency
@@ -167,6 +169,9 @@ type loadSummary struct {
 	RecordedBytes int64
 	PromptTokens  int64
 	OutputTokens  int64
+	// FinishCPU is the process CPU the Finish calls took (they join each
+	// turn's prompt messages): part of the adapter's cost of the turns.
+	FinishCPU time.Duration
 	// NoReuse names the first turn whose prompt does not start with the
 	// previous turn's prompt+output, "" when every turn reused.
 	NoReuse string
@@ -220,9 +225,7 @@ func TestLoadAdapterChild(t *testing.T) {
 	for in.Scan() {
 		switch in.Text() {
 		case "cpu":
-			var ru syscall.Rusage
-			_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-			fmt.Fprintln(out, ru.Utime.Nano()+ru.Stime.Nano())
+			fmt.Fprintln(out, int64(processCPU()))
 		case "heap":
 			fmt.Fprintln(out, liveHeap())
 		case "finish":
@@ -238,11 +241,19 @@ func TestLoadAdapterChild(t *testing.T) {
 				f.Close()
 			}
 			sum := loadSummary{Turns: map[string]int{}}
-			for _, id := range ad.Sessions() {
+			ids := ad.Sessions()
+			all := make([][]records.Turn, len(ids))
+			before := processCPU()
+			for k, id := range ids {
 				turns, err := ad.Finish(id)
 				if err != nil {
 					t.Fatal(err)
 				}
+				all[k] = turns
+			}
+			sum.FinishCPU = processCPU() - before
+			for k, id := range ids {
+				turns := all[k]
 				sum.Sessions++
 				sum.Turns[id] = len(turns)
 				for k, tr := range turns {
@@ -331,6 +342,13 @@ func (p *adapterProc) stop() {
 	_ = p.cmd.Wait()
 }
 
+// processCPU is the process's user+system CPU time so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 func liveHeap() uint64 {
 	runtime.GC()
 	runtime.GC()
@@ -402,9 +420,11 @@ func runLoad(b *testing.B, cfg loadConfig) {
 	// The baseline: the relay makes the same exchanges with the same bytes.
 	relayCPU := runRelay(b, cfg, &log, sess)
 
-	b.ReportMetric(float64(run.cpu.Microseconds())/float64(nTurns), "adapter-cpu-µs/turn")
+	cpu := run.cpu + sum.FinishCPU
+	b.ReportMetric(float64(cpu.Microseconds())/float64(nTurns), "adapter-cpu-µs/turn")
+	b.ReportMetric(float64(sum.FinishCPU.Microseconds())/float64(nTurns), "finish-cpu-µs/turn")
 	b.ReportMetric(float64(relayCPU.Microseconds())/float64(nTurns), "relay-cpu-µs/turn")
-	b.ReportMetric(float64(run.cpu)/float64(relayCPU), "÷relay")
+	b.ReportMetric(float64(cpu)/float64(relayCPU), "÷relay")
 	b.ReportMetric(float64(totals.calls)/float64(nTurns), "engine-calls/turn")
 	b.ReportMetric(float64(totals.tokenize)/float64(nTurns), "tokenize/turn")
 	b.ReportMetric(float64(totals.bytes)/float64(nTurns), "engine-B/turn")

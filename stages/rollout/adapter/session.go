@@ -31,7 +31,8 @@ type session struct {
 	asked    int // requests counted against MaxTurnsPerSession (Server.mu)
 
 	// Guarded by turnSem.
-	turns    []records.Turn
+	turns    []records.Turn // PromptMessages is joined by Finish, from msgs
+	msgs     messageStore
 	prefixes []prefix
 	memo     hashMemo
 	calls    engine.Memo // what the engine client remembers of this session's calls
@@ -106,6 +107,10 @@ func (s *Server) Finish(id string) ([]records.Turn, error) {
 	if sess == nil {
 		return nil, nil
 	}
+	for i := range sess.turns {
+		sess.turns[i].PromptMessages = joinArray(sess.msgs.turns[i])
+	}
+	sess.msgs = messageStore{}
 	return sess.turns, nil
 }
 

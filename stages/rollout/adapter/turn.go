@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/stages/rollout/engine"
@@ -83,6 +82,7 @@ func (s *Server) serveTurn(w http.ResponseWriter, r *http.Request, req *protocol
 	t.StartedMs, t.DurationMs = &ms, &dur
 	t.Turn = int32(len(sess.turns))
 	sess.turns = append(sess.turns, *t)
+	sess.msgs.record(req.Messages)
 	hashes = append(hashes, canonicalHash([]byte(*t.ResponseMessage)))
 	sess.prefixes = append(sess.prefixes, prefix{msgs: hashes, tools: tools,
 		key: prefixKey(hashes, tools), turn: len(sess.turns) - 1})
@@ -154,34 +154,13 @@ func (s *Server) runTurn(ctx context.Context, sess *session, req *protocol.Reque
 		RolloutID: sess.opts.RolloutID, Index: sess.opts.Index, GroupIndex: sess.opts.GroupIndex,
 		Session: sess.id, PromptIDs: prompt, OutputIDs: gen.OutputIDs, OutputLogProbs: gen.LogProbs,
 		FinishReason: gen.FinishReason, IllFormed: out.IllFormed,
-		PromptMessages: joinArray(req.Messages), ResponseMessage: &resp,
+		ResponseMessage:  &resp, // PromptMessages: by Finish, from the session's messageStore
 		MaxContextTokens: int32(limit),
 	}
 	if gr.ReturnSamplingMask {
 		t.TopPTokenIDs, t.TopPTokenOffsets = gen.TopPTokenIDs, gen.TopPTokenOffsets
 	}
 	return t, rep, nil
-}
-
-// joinArray writes msgs as one JSON array, bytes as given (json.Marshal
-// would HTML-escape them), in one allocation: it is the whole history,
-// every turn.
-func joinArray(msgs []json.RawMessage) string {
-	n := 2
-	for _, m := range msgs {
-		n += len(m) + 1
-	}
-	var sb strings.Builder
-	sb.Grow(n)
-	sb.WriteByte('[')
-	for i, m := range msgs {
-		if i > 0 {
-			sb.WriteByte(',')
-		}
-		sb.Write(m)
-	}
-	sb.WriteByte(']')
-	return sb.String()
 }
 
 func (s *Server) overflow(req *protocol.Request, err error) error {
