@@ -90,8 +90,13 @@ func (m *Memo) scan(b []byte, i int) ([]int32, int, bool) {
 		copy(ids, m.ids[:k])
 		copy(ids[k:], tail)
 	}
-	// Only the bytes past the shared ones are copied into raw.
+	// Only the bytes past the shared ones are copied into raw, which grows
+	// by half again (append grows large slices by a quarter: a copy of
+	// the whole list every turn or two).
 	p = min(p, end-i)
+	if need := end - i; need > cap(m.raw) {
+		m.raw = append(make([]byte, 0, need+need/2), m.raw[:p]...)
+	}
 	m.raw, m.ids = append(m.raw[:p], b[i+p:end]...), ids
 	return ids[:n:n], end, true
 }
