@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/metrics"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -40,7 +41,8 @@ import (
 //
 // Reported per turn: the adapter process's CPU (getrusage user+sys: its
 // server, its engine client and everything between, plus the Finish calls
-// that hand the turns over, also shown apart as finish-cpu); engine calls,
+// that hand the turns over, also shown apart as finish-cpu; gc-cpu is the
+// garbage collector's share by the runtime's estimate); engine calls,
 // /tokenize calls, engine bytes and new engine TCP connections; client-seen
 // latency p50/p99 and the achieved rate (turns/s, closed loop: every session
 // sends its next turn as soon as the last one is answered, so latency
@@ -154,7 +156,8 @@ const (
 
 // loadChild is the adapter process of the load benchmark, driven over its
 // stdin and stdout by a line protocol: it prints its listen address, then
-// answers "cpu" (its own user+system CPU in ns), "heap" (live heap bytes
+// answers "cpu" (its own user+system CPU in ns), "gccpu" (the part of it
+// the runtime puts down to garbage collection, in ns), "heap" (live heap bytes
 // after GC) and "finish" (finishes every session and prints a loadSummary
 // as JSON); EOF ends it.
 type loadChild struct {
@@ -226,6 +229,8 @@ func TestLoadAdapterChild(t *testing.T) {
 		switch in.Text() {
 		case "cpu":
 			fmt.Fprintln(out, int64(processCPU()))
+		case "gccpu":
+			fmt.Fprintln(out, int64(gcCPU()))
 		case "heap":
 			fmt.Fprintln(out, liveHeap())
 		case "finish":
@@ -342,6 +347,17 @@ func (p *adapterProc) stop() {
 	_ = p.cmd.Wait()
 }
 
+// gcCPU is the runtime's estimate of the CPU its garbage collector has
+// used so far (marking, idle-time marking included, and pauses).
+func gcCPU() time.Duration {
+	s := []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64 {
+		return 0
+	}
+	return time.Duration(s[0].Value.Float64() * float64(time.Second))
+}
+
 // processCPU is the process's user+system CPU time so far.
 func processCPU() time.Duration {
 	var ru syscall.Rusage
@@ -423,6 +439,7 @@ func runLoad(b *testing.B, cfg loadConfig) {
 	cpu := run.cpu + sum.FinishCPU
 	b.ReportMetric(float64(cpu.Microseconds())/float64(nTurns), "adapter-cpu-µs/turn")
 	b.ReportMetric(float64(sum.FinishCPU.Microseconds())/float64(nTurns), "finish-cpu-µs/turn")
+	b.ReportMetric(float64(run.gc.Microseconds())/float64(nTurns), "gc-cpu-µs/turn")
 	b.ReportMetric(float64(relayCPU.Microseconds())/float64(nTurns), "relay-cpu-µs/turn")
 	b.ReportMetric(float64(cpu)/float64(relayCPU), "÷relay")
 	b.ReportMetric(float64(totals.calls)/float64(nTurns), "engine-calls/turn")
@@ -492,6 +509,7 @@ func (s *loadSession) restart() {
 // loadRun is what one drive of the load measured.
 type loadRun struct {
 	cpu, wall time.Duration
+	gc        time.Duration // of cpu, the garbage collector's (runtime estimate)
 	lat       []time.Duration
 }
 
@@ -580,7 +598,7 @@ func driveLoad(b *testing.B, cfg loadConfig, p *adapterProc, sess []*loadSession
 			pace = tk.C
 			defer tk.Stop()
 		}
-		c0, w0 := p.num(b, "cpu"), time.Now()
+		g0, c0, w0 := p.num(b, "gccpu"), p.num(b, "cpu"), time.Now()
 		b.StartTimer()
 		var wg sync.WaitGroup
 		for _, s := range sess {
@@ -599,6 +617,7 @@ func driveLoad(b *testing.B, cfg loadConfig, p *adapterProc, sess []*loadSession
 		b.StopTimer()
 		run.wall += time.Since(w0)
 		run.cpu += time.Duration(p.num(b, "cpu") - c0)
+		run.gc += time.Duration(p.num(b, "gccpu") - g0)
 		for _, s := range sess {
 			if s.err != nil {
 				b.Fatal(s.err)
