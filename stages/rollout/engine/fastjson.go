@@ -282,3 +282,48 @@ func scanDetokenize(b []byte) (text string, ok bool) {
 	}
 	return text, true
 }
+
+// usageCounts is what scanUsage reads of a usage object.
+type usageCounts struct {
+	fields     int // distinct or not: 0 only for {}
+	completion int // 0 when absent or null
+	prompt     int // -1 when absent or null
+}
+
+// scanUsage reads a usage object as vLLM writes it — every value a
+// non-negative integer or null, every key printable ASCII without escapes
+// — without encoding/json's map. ok is false for anything else, and the
+// caller decodes it with encoding/json; for what it accepts, that decoding
+// gives the same counts (duplicate keys: the last wins; a null
+// prompt_tokens_details has no cached tokens).
+func scanUsage(raw []byte) (u usageCounts, ok bool) {
+	u.prompt = -1
+	i := jsonskim.Space(raw, 0)
+	if i >= len(raw) || raw[i] != '{' {
+		return u, false
+	}
+	end := jsonskim.Object(raw, i, func(key []byte, v int) int {
+		for _, c := range key {
+			if c < 0x20 || c >= 0x7f || c == '\\' {
+				return -1
+			}
+		}
+		u.fields++
+		val, e := -1, -1
+		if bytes.HasPrefix(raw[v:], []byte("null")) {
+			e = v + 4
+		} else if x, j, ok := scanUint(raw, v); ok {
+			val, e = x, j
+		} else {
+			return -1
+		}
+		switch string(key) {
+		case "completion_tokens":
+			u.completion = max(val, 0)
+		case "prompt_tokens":
+			u.prompt = val
+		}
+		return e
+	})
+	return u, end >= 0 && jsonskim.Space(raw, end) == len(raw)
+}

@@ -278,3 +278,39 @@ func TestScanDetokenize(t *testing.T) {
 		t.Errorf("plain reply declined: %q %v", got, ok)
 	}
 }
+
+// FuzzCheckUsage: the usage check reads every value as its encoding/json
+// path does — the same error or none, the same prompt and cached counts —
+// whether or not the fast reader takes it.
+func FuzzCheckUsage(f *testing.F) {
+	for _, s := range []string{
+		`{"prompt_tokens":4000,"total_tokens":4148,"completion_tokens":148,"prompt_tokens_details":null}`,
+		`{}`, ` { "completion_tokens" : 148 } `, `{"completion_tokens":null}`, `{"completion_tokens":5,"completion_tokens":null}`,
+		`{"completion_tokens":148,"prompt_tokens":null}`, `{"completion_tokens":148.0}`, `{"completion_tokens":1e2}`,
+		`{"completion_tokens":"148"}`, `{"completion_tokens":-148}`, `{"completion_tokens":0148}`, `{"completion_tokens":148x}`,
+		`{"completion_tokens":nul}`, `{"completion_tokens":nullx}`, `{"Completion_Tokens":148}`, `{"completion\u005ftokens":148}`,
+		`{"completion_tokens":148,"prompt_tokens_details":{"cached_tokens":64}}`, `{"completion_tokens":148,"prompt_tokens_details":{"Cached_Tokens":64}}`,
+		`{"completion_tokens":148,"x":"\u00e9"}`, "{\"completion_tokens\":148,\"k\x01\":1}", "{\"completion_tokens\":148,\"\xff\":1}",
+		`[148]`, `148`, `{"completion_tokens":148`, `{"completion_tokens":148}}`, `{"completion_tokens":123456789012345678901}`,
+	} {
+		f.Add(s, 148)
+	}
+	if u, ok := scanUsage([]byte(`{"prompt_tokens":4000,"total_tokens":4148,"completion_tokens":148,"prompt_tokens_details":null}`)); !ok || u.completion != 148 || u.prompt != 4000 {
+		f.Fatalf("vLLM's usage object not read by the fast reader: %+v %v", u, ok)
+	}
+	f.Fuzz(func(t *testing.T, raw string, n int) {
+		var fast, slow Generation
+		errFast := checkUsage("generate", json.RawMessage(raw), n, &fast)
+		slow.PromptTokens, slow.CachedTokens = -1, -1
+		var errSlow error
+		if !isNull(json.RawMessage(raw)) {
+			errSlow = checkUsageJSON("generate", json.RawMessage(raw), n, &slow)
+		}
+		if (errFast == nil) != (errSlow == nil) || (errFast != nil && errFast.Error() != errSlow.Error()) {
+			t.Fatalf("%q n=%d: error %v, encoding/json path %v", raw, n, errFast, errSlow)
+		}
+		if errFast == nil && (fast.PromptTokens != slow.PromptTokens || fast.CachedTokens != slow.CachedTokens) {
+			t.Fatalf("%q: prompt/cached %d/%d, encoding/json path %d/%d", raw, fast.PromptTokens, fast.CachedTokens, slow.PromptTokens, slow.CachedTokens)
+		}
+	})
+}

@@ -308,6 +308,21 @@ func checkUsage(route string, raw json.RawMessage, n int, g *Generation) error {
 	if isNull(raw) {
 		return nil
 	}
+	if u, ok := scanUsage(raw); ok {
+		if u.fields == 0 {
+			return nil
+		}
+		if u.completion != n {
+			return replyErr(route, ReasonUsageMismatch, "usage.completion_tokens = %d but %d output ids", u.completion, n)
+		}
+		g.PromptTokens = u.prompt
+		return nil
+	}
+	return checkUsageJSON(route, raw, n, g)
+}
+
+// checkUsageJSON is checkUsage by encoding/json, for any usage value.
+func checkUsageJSON(route string, raw json.RawMessage, n int, g *Generation) error {
 	var u map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &u); err != nil {
 		return replyErr(route, ReasonBadJSON, "usage is not an object: %v", err)
