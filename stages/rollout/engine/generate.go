@@ -225,9 +225,11 @@ func (c *Client) Generate(ctx context.Context, req GenerateRequest) (Generation,
 	if len(req.PromptIDs) == 0 {
 		return Generation{}, errors.New("engine: Generate: empty prompt")
 	}
-	for i, id := range req.PromptIDs {
-		if id < 0 {
-			return Generation{}, fmt.Errorf("engine: Generate: PromptIDs[%d] = %d is negative", i, id)
+	if !req.Memo.holds(req.PromptIDs) { // a memo's render was read as non-negative ids
+		for i, id := range req.PromptIDs {
+			if id < 0 {
+				return Generation{}, fmt.Errorf("engine: Generate: PromptIDs[%d] = %d is negative", i, id)
+			}
 		}
 	}
 	if err := checkSampling(&req.Sampling); err != nil {

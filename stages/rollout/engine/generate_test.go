@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -378,6 +379,17 @@ func TestSamplingChecks(t *testing.T) {
 	}
 	_, err := c.Generate(bg, GenerateRequest{Sampling: SamplingParams{MaxTokens: 1}})
 	assert.ErrorContains(t, err, "empty prompt")
+	// A negative prompt id is refused, memo or not: a memo vouches only
+	// for the very ids it read.
+	var memo Memo
+	render, _, ok := memo.scan([]byte(`[5,6,7]`), 0)
+	require.True(t, ok)
+	for _, m := range []*Memo{nil, &memo} {
+		_, err = c.Generate(bg, GenerateRequest{PromptIDs: []int32{5, -6, 7}, Memo: m, Sampling: SamplingParams{MaxTokens: 1}})
+		assert.ErrorContains(t, err, "PromptIDs[1] = -6 is negative")
+	}
+	assert.True(t, memo.holds(render) && memo.holds(render[:2]), "the memo's render and its prefixes")
+	assert.False(t, memo.holds(slices.Clone(render)) || memo.holds(render[1:]) || memo.holds(nil), "copies, other offsets, nothing")
 }
 
 func TestGenerateHTTPErrors(t *testing.T) {

@@ -117,6 +117,18 @@ func (m *Memo) appendPrompt(b []byte, ids []int32) []byte {
 	return appendIDs(b, ids)
 }
 
+// holds reports whether ids are the remembered render or a prefix of it,
+// the very memory: ids the memo read from a reply (non-negative int32s,
+// never written since). A nil memo holds nothing.
+func (m *Memo) holds(ids []int32) bool {
+	if m == nil || len(ids) == 0 {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(ids) <= len(m.ids) && &ids[0] == &m.ids[0]
+}
+
 // checked returns the messages and tools the last /tokenize body written
 // through m held, all found well formed; a nil memo has none. The memo
 // keeps the slices themselves, so their memory holds those bytes as long as
