@@ -46,7 +46,11 @@ import (
 // /tokenize calls, engine bytes and new engine TCP connections; client-seen
 // latency p50/p99 and the achieved rate (turns/s, closed loop: every session
 // sends its next turn as soon as the last one is answered, so latency
-// includes queueing at that rate); the adapter's live heap per session at
+// includes queueing at that rate); at a capped rate, the latency the
+// adapter added (added-p50/p99: each turn's latency less the engine
+// handler's time on the exchanges made while it was in flight, over the
+// turns no other turn overlapped — added-turns-told is their share — with
+// the relay's latency beside it as the floor); the adapter's live heap per session at
 // half and at all turns, and the bytes the recorded turns themselves hold
 // (records.Turn ids, logprobs, messages). KILN_LOAD_CPUPROFILE=FILE writes
 // the adapter process's CPU profile, KILN_LOAD_MEMPROFILE=FILE its
@@ -61,11 +65,12 @@ import (
 //
 // The fourth case, 16 sessions × 100 turns (prompts grow to ~40k tokens),
 // shows how the cost of a turn grows with its session. With -short only
-// sessions=8 × 5 turns runs (for CI at -benchtime=1x).
+// sessions=8 × 5 turns runs, saturated and at 200 turns/s (for CI at
+// -benchtime=1x).
 func BenchmarkAdapterLoad(b *testing.B) {
 	cases := []loadConfig{{sessions: 64, turns: 20}, {sessions: 256, turns: 20}, {sessions: 64, turns: 20, rate: 100}, {sessions: 16, turns: 100}}
 	if testing.Short() {
-		cases = []loadConfig{{sessions: 8, turns: 5}}
+		cases = []loadConfig{{sessions: 8, turns: 5}, {sessions: 8, turns: 5, rate: 200}}
 	}
 	for _, c := range cases {
 		name := fmt.Sprintf("sessions=%d", c.sessions)
@@ -433,8 +438,22 @@ func runLoad(b *testing.B, cfg loadConfig) {
 		b.Fatalf("%d generate calls for %d turns", totals.generate, nTurns)
 	}
 
+	// Below saturation, what the adapter adds to a turn's latency: the
+	// client's latency less the engine's time on the turn's exchanges.
+	var added []time.Duration
+	var told float64
+	if cfg.rate > 0 {
+		var untold int
+		added, untold = addedLatency(run.spans, log.all)
+		told = float64(len(run.spans)-untold) / float64(len(run.spans))
+		if told < 0.5 {
+			b.Fatalf("only %d of %d turns had engine exchanges that no other turn overlapped", len(added), len(run.spans))
+		}
+	}
+
 	// The baseline: the relay makes the same exchanges with the same bytes.
-	relayCPU := runRelay(b, cfg, &log, sess)
+	relay := runRelay(b, cfg, &log, sess)
+	relayCPU := relay.cpu
 
 	cpu := run.cpu + sum.FinishCPU
 	b.ReportMetric(float64(cpu.Microseconds())/float64(nTurns), "adapter-cpu-µs/turn")
@@ -448,6 +467,15 @@ func runLoad(b *testing.B, cfg loadConfig) {
 	b.ReportMetric(float64(newConns)/float64(nTurns), "engine-conns/turn")
 	b.ReportMetric(run.pct(0.50), "p50-ms")
 	b.ReportMetric(run.pct(0.99), "p99-ms")
+	if len(added) > 0 {
+		b.ReportMetric(pct(added, 0.50), "added-p50-ms")
+		b.ReportMetric(pct(added, 0.99), "added-p99-ms")
+		b.ReportMetric(told, "added-turns-told")
+		// The relay's latency is a turn's five exchanges with an engine
+		// that answers at once: the floor under the adapter's added latency.
+		b.ReportMetric(relay.pct(0.50), "relay-p50-ms")
+		b.ReportMetric(relay.pct(0.99), "relay-p99-ms")
+	}
 	b.ReportMetric(float64(nTurns)/run.wall.Seconds(), "turns/s")
 	b.ReportMetric(heapAt[0], fmt.Sprintf("heap-B/session@%dturns", cfg.turns/2))
 	b.ReportMetric(heapAt[1], fmt.Sprintf("heap-B/session@%dturns", cfg.turns))
@@ -458,8 +486,8 @@ func runLoad(b *testing.B, cfg loadConfig) {
 
 // runRelay runs the same load against the relay (load_relay_test.go), in a
 // process of its own, answering each turn with the adapter's recorded
-// reply, and returns the relay's CPU time.
-func runRelay(b *testing.B, cfg loadConfig, log *exchangeLog, sess []*loadSession) time.Duration {
+// reply, and returns the relay's CPU time and latencies.
+func runRelay(b *testing.B, cfg loadConfig, log *exchangeLog, sess []*loadSession) loadRun {
 	groups, err := log.turnsOf(cfg.sessions * cfg.turns)
 	if err != nil {
 		b.Fatal(err)
@@ -479,7 +507,7 @@ func runRelay(b *testing.B, cfg loadConfig, log *exchangeLog, sess []*loadSessio
 	for _, s := range sess {
 		s.restart()
 	}
-	return driveLoad(b, cfg, rp, sess, true, func() {}).cpu
+	return driveLoad(b, cfg, rp, sess, true, func() {})
 }
 
 // loadSession is one client session of the load benchmark.
@@ -488,8 +516,12 @@ type loadSession struct {
 	hist    []json.RawMessage
 	replies [][]byte // the adapter's reply to each turn
 	lat     []time.Duration
+	spans   []span // when each turn was sent and its reply read
 	err     error
 }
+
+// span is a stretch of time.
+type span struct{ start, end time.Time }
 
 func newLoadSessions(n int) []*loadSession {
 	sess := make([]*loadSession, n)
@@ -503,7 +535,7 @@ func newLoadSessions(n int) []*loadSession {
 // restart empties the history down to the first user message.
 func (s *loadSession) restart() {
 	first, _ := json.Marshal(map[string]any{"role": "user", "content": "Please fix the failing build in " + s.id + "; start by looking around."})
-	s.hist, s.lat = []json.RawMessage{first}, nil
+	s.hist, s.lat, s.spans = []json.RawMessage{first}, nil, nil
 }
 
 // loadRun is what one drive of the load measured.
@@ -511,10 +543,57 @@ type loadRun struct {
 	cpu, wall time.Duration
 	gc        time.Duration // of cpu, the garbage collector's (runtime estimate)
 	lat       []time.Duration
+	spans     []span
 }
 
-func (r loadRun) pct(p float64) float64 {
-	return float64(r.lat[min(len(r.lat)-1, int(p*float64(len(r.lat))))].Microseconds()) / 1e3
+func (r loadRun) pct(p float64) float64 { return pct(r.lat, p) }
+
+// pct is the p-quantile of sorted durations, in ms.
+func pct(sorted []time.Duration, p float64) float64 {
+	return float64(sorted[min(len(sorted)-1, int(p*float64(len(sorted))))].Microseconds()) / 1e3
+}
+
+// addedLatency returns, sorted, the latency the adapter added to each
+// client turn whose engine exchanges it can tell: the turn's latency less
+// the time the engine's handler took over the exchanges made while it was
+// in flight. An exchange inside two turns' spans (they overlapped) leaves
+// both untold; untold counts them.
+func addedLatency(turns []span, xs []exchange) (added []time.Duration, untold int) {
+	turns = slices.Clone(turns)
+	slices.SortFunc(turns, func(a, b span) int { return a.start.Compare(b.start) })
+	engine := make([]time.Duration, len(turns))
+	ambiguous := make([]bool, len(turns))
+	for _, x := range xs {
+		owner := -1
+		// The turns sent before the exchange began, latest first.
+		k, _ := slices.BinarySearchFunc(turns, x.Start, func(t span, at time.Time) int {
+			if t.start.After(at) {
+				return 1
+			}
+			return -1
+		})
+		for i := k - 1; i >= 0; i-- {
+			if turns[i].end.Before(x.End) {
+				continue
+			}
+			if owner >= 0 {
+				ambiguous[owner], ambiguous[i] = true, true
+			}
+			owner = i
+		}
+		if owner >= 0 {
+			engine[owner] += x.End.Sub(x.Start)
+		}
+	}
+	for i, t := range turns {
+		if ambiguous[i] {
+			untold++
+			continue
+		}
+		added = append(added, t.end.Sub(t.start)-engine[i])
+	}
+	slices.Sort(added)
+	return added, untold
 }
 
 // driveLoad runs every session's turns against p in two phases (half the
@@ -549,7 +628,8 @@ func driveLoad(b *testing.B, cfg loadConfig, p *adapterProc, sess []*loadSession
 		}
 		out, err := io.ReadAll(res.Body)
 		res.Body.Close()
-		s.lat = append(s.lat, time.Since(t0))
+		t1 := time.Now()
+		s.lat, s.spans = append(s.lat, t1.Sub(t0)), append(s.spans, span{t0, t1})
 		if err != nil {
 			return err
 		}
@@ -629,6 +709,7 @@ func driveLoad(b *testing.B, cfg loadConfig, p *adapterProc, sess []*loadSession
 	}
 	for _, s := range sess {
 		run.lat = append(run.lat, s.lat...)
+		run.spans = append(run.spans, s.spans...)
 	}
 	slices.Sort(run.lat)
 	return run

@@ -9,10 +9,12 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // The relay is the load benchmark's baseline: the least any adapter must do
@@ -26,10 +28,12 @@ import (
 // turn is the floor that moving these bytes through five HTTP exchanges
 // costs on the machine at hand, measured in the same run as the adapter.
 
-// exchange is one engine call the adapter made, as the engine saw it.
+// exchange is one engine call the adapter made, as the engine saw it:
+// its bytes and when the engine's handler had it.
 type exchange struct {
 	Path       string
 	Req, Reply int
+	Start, End time.Time `json:"-"`
 }
 
 // exchangeLog records the adapter's engine calls in arrival order.
@@ -38,9 +42,11 @@ type exchangeLog struct {
 	all []exchange
 }
 
-// wrap counts each request's and reply's body bytes on the way to h.
+// wrap counts each request's and reply's body bytes on the way to h, and
+// times the handler.
 func (l *exchangeLog) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
 		body, err := io.ReadAll(r.Body)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
@@ -49,8 +55,9 @@ func (l *exchangeLog) wrap(h http.Handler) http.Handler {
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		cw := &countingWriter{ResponseWriter: w}
 		h.ServeHTTP(cw, r)
+		x := exchange{Path: r.URL.Path, Req: len(body), Reply: cw.n, Start: start, End: time.Now()}
 		l.mu.Lock()
-		l.all = append(l.all, exchange{r.URL.Path, len(body), cw.n})
+		l.all = append(l.all, x)
 		l.mu.Unlock()
 	})
 }
@@ -233,4 +240,26 @@ func relayFromEnv(t *testing.T) http.Handler {
 		t.Fatal(err)
 	}
 	return relayHandler(groups, os.Getenv(relayEngineEnv))
+}
+
+// TestAddedLatency: a turn's added latency is its span less the engine time
+// of the exchanges inside it; turns that overlap an exchange are untold.
+func TestAddedLatency(t *testing.T) {
+	at := func(ms int) time.Time { return time.Unix(1000, 0).Add(time.Duration(ms) * time.Millisecond) }
+	x := func(from, to int) exchange { return exchange{Start: at(from), End: at(to)} }
+	turns := []span{{at(30), at(50)}, {at(0), at(10)}, {at(12), at(20)}, {at(18), at(25)}}
+	xs := []exchange{
+		x(1, 3), x(4, 8), // turn [0,10]: 6 ms of engine
+		x(31, 32), x(40, 45), // turn [30,50]: 6 ms
+		x(13, 15), // turn [12,20] alone
+		x(18, 19), // inside [12,20] and [18,25]: both untold
+		x(60, 61), // inside no turn
+	}
+	added, untold := addedLatency(turns, xs)
+	if untold != 2 {
+		t.Errorf("untold %d, want 2", untold)
+	}
+	if want := []time.Duration{4 * time.Millisecond, 14 * time.Millisecond}; !slices.Equal(added, want) {
+		t.Errorf("added %v, want %v", added, want)
+	}
 }
