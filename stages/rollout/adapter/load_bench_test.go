@@ -46,12 +46,12 @@ import (
 // /tokenize calls, engine bytes and new engine TCP connections; client-seen
 // latency p50/p99 and the achieved rate (turns/s, closed loop: every session
 // sends its next turn as soon as the last one is answered, so latency
-// includes queueing at that rate); at a capped rate, the latency the
-// adapter added (added-p50/p99: each turn's latency less the engine
-// handler's time on the exchanges made while it was in flight, over the
-// turns no other turn overlapped — added-turns-told is their share — with
-// the relay's latency beside it as the floor); the adapter's live heap per session at
-// half and at all turns, and the bytes the recorded turns themselves hold
+// includes queueing at that rate); at a capped rate, the latency the adapter
+// added (added-p50/p99: each turn's latency less the engine handler's time
+// on the exchanges made while it was in flight, over the turns no other turn
+// overlapped — added-turns-told is their share — with the relay's latency
+// beside it as the floor); the adapter's live heap per session at half and
+// at all turns, and the bytes the recorded turns themselves hold
 // (records.Turn ids, logprobs, messages). KILN_LOAD_CPUPROFILE=FILE writes
 // the adapter process's CPU profile, KILN_LOAD_MEMPROFILE=FILE its
 // allocations.
