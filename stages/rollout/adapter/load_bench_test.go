@@ -49,20 +49,20 @@ import (
 // includes queueing at that rate); at a capped rate, the latency the adapter
 // added (added-p50/p99: each turn's latency less the engine handler's time
 // on the exchanges made while it was in flight, over the turns no other turn
-// overlapped — added-turns-told is their share — with the relay's latency
-// beside it as the floor); the adapter's live heap per session at half and
-// at all turns, and the bytes the recorded turns themselves hold
+// overlapped — added-turns-told is their share — with the relay's added
+// latency beside it as the floor); the adapter's live heap per session at
+// half and at all turns, and the bytes the recorded turns themselves hold
 // (records.Turn ids, logprobs, messages). KILN_LOAD_CPUPROFILE=FILE writes
 // the adapter process's CPU profile, KILN_LOAD_MEMPROFILE=FILE its
 // allocations.
 //
 // The baseline, in the same run: the relay (load_relay_test.go), a process
 // that makes the same HTTP exchanges with the same bytes and does nothing
-// else, driven by the same load; "÷relay" is the adapter's CPU per turn
-// over the relay's. Saturated, the relay runs several times the adapter's
-// rate, which makes each of its turns cheaper (fewer idle gaps to wake
-// from), so it runs a second time paced at the rate the adapter achieved:
-// "relay@rate" and "÷relay@rate" compare the two at the same rate.
+// else, driven by the same load; "÷relay" is the adapter's CPU per turn over
+// the relay's. Saturated, the relay runs several times the adapter's rate,
+// which makes each of its turns cheaper (fewer idle gaps to wake from), so
+// it runs a second time paced at the rate the adapter achieved: "relay@rate"
+// and "÷relay@rate" compare the two at the same rate.
 //
 //	go test ./stages/rollout/adapter -run '^$' -bench AdapterLoad -benchtime 1x
 //
@@ -455,7 +455,7 @@ func runLoad(b *testing.B, cfg loadConfig) {
 	}
 
 	// The baseline: the relay makes the same exchanges with the same bytes.
-	relay := runRelay(b, cfg, &log, sess)
+	relay, relayX := runRelay(b, cfg, &log, sess)
 	relayCPU := relay.cpu
 	// Saturated, the relay runs several times the adapter's rate, and a
 	// process's CPU per turn falls as its rate rises (fewer idle gaps to
@@ -464,7 +464,8 @@ func runLoad(b *testing.B, cfg loadConfig) {
 	if cfg.rate == 0 {
 		paced := cfg
 		paced.rate = float64(nTurns) / run.wall.Seconds()
-		pacedCPU = runRelay(b, paced, &log, sess).cpu
+		pacedRun, _ := runRelay(b, paced, &log, sess)
+		pacedCPU = pacedRun.cpu
 	}
 
 	cpu := run.cpu + sum.FinishCPU
@@ -487,10 +488,13 @@ func runLoad(b *testing.B, cfg loadConfig) {
 		b.ReportMetric(pct(added, 0.50), "added-p50-ms")
 		b.ReportMetric(pct(added, 0.99), "added-p99-ms")
 		b.ReportMetric(told, "added-turns-told")
-		// The relay's latency is a turn's five exchanges with an engine
-		// that answers at once: the floor under the adapter's added latency.
-		b.ReportMetric(relay.pct(0.50), "relay-p50-ms")
-		b.ReportMetric(relay.pct(0.99), "relay-p99-ms")
+		// The relay's added latency, a turn's five exchanges and nothing
+		// else, is the floor under the adapter's.
+		relayAdded, _ := addedLatency(relay.spans, relayX)
+		if len(relayAdded) > 0 {
+			b.ReportMetric(pct(relayAdded, 0.50), "relay-added-p50-ms")
+			b.ReportMetric(pct(relayAdded, 0.99), "relay-added-p99-ms")
+		}
 	}
 	b.ReportMetric(float64(nTurns)/run.wall.Seconds(), "turns/s")
 	b.ReportMetric(heapAt[0], fmt.Sprintf("heap-B/session@%dturns", cfg.turns/2))
@@ -502,8 +506,9 @@ func runLoad(b *testing.B, cfg loadConfig) {
 
 // runRelay runs the same load against the relay (load_relay_test.go), in a
 // process of its own, answering each turn with the adapter's recorded
-// reply, and returns the relay's CPU time and latencies.
-func runRelay(b *testing.B, cfg loadConfig, log *exchangeLog, sess []*loadSession) loadRun {
+// reply, and returns the relay's CPU time and latencies and the exchanges
+// its engine saw.
+func runRelay(b *testing.B, cfg loadConfig, log *exchangeLog, sess []*loadSession) (loadRun, []exchange) {
 	groups, err := log.turnsOf(cfg.sessions * cfg.turns)
 	if err != nil {
 		b.Fatal(err)
@@ -516,14 +521,16 @@ func runRelay(b *testing.B, cfg loadConfig, log *exchangeLog, sess []*loadSessio
 	if err := os.WriteFile(planFile, plan, 0o644); err != nil {
 		b.Fatal(err)
 	}
-	fsrv := httptest.NewServer(fillerEngine(bytes.Repeat([]byte{'1'}, relayFillerSize)))
+	var seen exchangeLog
+	fsrv := httptest.NewServer(seen.wrap(fillerEngine(bytes.Repeat([]byte{'1'}, relayFillerSize))))
 	defer fsrv.Close()
 	rp := startAdapterProc(b, "", "", relayPlanEnv+"="+planFile, relayEngineEnv+"="+fsrv.Listener.Addr().String())
 	defer rp.stop()
 	for _, s := range sess {
 		s.restart()
 	}
-	return driveLoad(b, cfg, rp, sess, true, func() {})
+	run := driveLoad(b, cfg, rp, sess, true, func() {})
+	return run, seen.all
 }
 
 // loadSession is one client session of the load benchmark.

@@ -23,16 +23,20 @@ import (
 // client's request, sends each engine request (as many bytes as the
 // adapter's, over kept-alive HTTP/1.1 connections written with one writev,
 // the way the adapter's own transport does) and reads each reply, then
-// answers the client with as many bytes as the adapter did. No JSON is
+// answers the client with as many bytes as the adapter did. Its engine
+// answers each call after as long as the scripted engine took over the
+// adapter's (the process waits on its engine as the adapter did: a process
+// that never waits wakes less, and each wake-up costs CPU). No JSON is
 // parsed or written, nothing is rendered, hashed or recorded. Its CPU per
 // turn is the floor that moving these bytes through five HTTP exchanges
 // costs on the machine at hand, measured in the same run as the adapter.
 
 // exchange is one engine call the adapter made, as the engine saw it:
-// its bytes and when the engine's handler had it.
+// its bytes and when the engine's handler had it (Hold: for how long).
 type exchange struct {
 	Path       string
 	Req, Reply int
+	Hold       time.Duration
 	Start, End time.Time `json:"-"`
 }
 
@@ -55,7 +59,8 @@ func (l *exchangeLog) wrap(h http.Handler) http.Handler {
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		cw := &countingWriter{ResponseWriter: w}
 		h.ServeHTTP(cw, r)
-		x := exchange{Path: r.URL.Path, Req: len(body), Reply: cw.n, Start: start, End: time.Now()}
+		end := time.Now()
+		x := exchange{Path: r.URL.Path, Req: len(body), Reply: cw.n, Hold: end.Sub(start), Start: start, End: end}
 		l.mu.Lock()
 		l.all = append(l.all, x)
 		l.mu.Unlock()
@@ -94,12 +99,18 @@ func (l *exchangeLog) turnsOf(turns int) ([][]exchange, error) {
 }
 
 // fillerEngine answers every request with as many bytes as the header
-// X-Relay-Reply-Bytes asks for, after reading the request.
+// X-Relay-Reply-Bytes asks for, after reading the request and waiting as
+// long as X-Relay-Hold-Ns says: as long as the scripted engine took over
+// the adapter's call, so the relay waits on its engine as the adapter did.
 func fillerEngine(filler []byte) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
 		if _, err := io.Copy(io.Discard, r.Body); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
+		}
+		if hold, err := strconv.ParseInt(r.Header.Get("X-Relay-Hold-Ns"), 10, 64); err == nil {
+			time.Sleep(time.Duration(hold) - time.Since(start))
 		}
 		writeFiller(w, r, filler)
 	})
@@ -137,7 +148,7 @@ func relayHandler(groups [][]exchange, engineAddr string) http.Handler {
 			return
 		}
 		for _, x := range groups[g] {
-			if err := pool.post(x.Path, filler[:x.Req], x.Reply); err != nil {
+			if err := pool.post(x.Path, filler[:x.Req], x.Reply, x.Hold); err != nil {
 				http.Error(w, err.Error(), http.StatusBadGateway)
 				return
 			}
@@ -161,7 +172,7 @@ type rawConn struct {
 	hdr []byte
 }
 
-func (p *rawPool) post(path string, body []byte, reply int) error {
+func (p *rawPool) post(path string, body []byte, reply int, hold time.Duration) error {
 	p.mu.Lock()
 	var rc *rawConn
 	if n := len(p.idle); n > 0 {
@@ -176,7 +187,7 @@ func (p *rawPool) post(path string, body []byte, reply int) error {
 		rc = &rawConn{c: c, r: bufio.NewReaderSize(c, 64<<10)}
 	}
 	rc.hdr = fmt.Appendf(rc.hdr[:0], "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"+
-		"Content-Length: %d\r\nX-Relay-Reply-Bytes: %d\r\n\r\n", path, p.addr, len(body), reply)
+		"Content-Length: %d\r\nX-Relay-Reply-Bytes: %d\r\nX-Relay-Hold-Ns: %d\r\n\r\n", path, p.addr, len(body), reply, hold)
 	bufs := net.Buffers{rc.hdr, body}
 	if _, err := bufs.WriteTo(rc.c); err != nil {
 		rc.c.Close()
