@@ -62,7 +62,8 @@ import (
 // the relay's. Saturated, the relay runs several times the adapter's rate,
 // which makes each of its turns cheaper (fewer idle gaps to wake from), so
 // it runs a second time paced at the rate the adapter achieved: "relay@rate"
-// and "÷relay@rate" compare the two at the same rate.
+// and "÷relay@rate" compare the two at the same rate, and "kiln-cpu" is
+// the difference, what kiln's own work costs a turn.
 //
 //	go test ./stages/rollout/adapter -run '^$' -bench AdapterLoad -benchtime 1x
 //
@@ -474,10 +475,15 @@ func runLoad(b *testing.B, cfg loadConfig) {
 	b.ReportMetric(float64(run.gc.Microseconds())/float64(nTurns), "gc-cpu-µs/turn")
 	b.ReportMetric(float64(relayCPU.Microseconds())/float64(nTurns), "relay-cpu-µs/turn")
 	b.ReportMetric(float64(cpu)/float64(relayCPU), "÷relay")
+	floor := relayCPU // at the adapter's rate: paced already, or paced again
 	if pacedCPU > 0 {
 		b.ReportMetric(float64(pacedCPU.Microseconds())/float64(nTurns), "relay@rate-cpu-µs/turn")
 		b.ReportMetric(float64(cpu)/float64(pacedCPU), "÷relay@rate")
+		floor = pacedCPU
 	}
+	// What kiln's own work costs a turn: the adapter's CPU less the relay's
+	// at the same rate.
+	b.ReportMetric(float64((cpu-floor).Microseconds())/float64(nTurns), "kiln-cpu-µs/turn")
 	b.ReportMetric(float64(totals.calls)/float64(nTurns), "engine-calls/turn")
 	b.ReportMetric(float64(totals.tokenize)/float64(nTurns), "tokenize/turn")
 	b.ReportMetric(float64(totals.bytes)/float64(nTurns), "engine-B/turn")
