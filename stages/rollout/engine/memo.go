@@ -30,8 +30,9 @@ import (
 // Ids read through a memo may share memory with it and with other replies
 // read through it: they are read-only. The renders of a growing
 // conversation share one array, so the prompts a session keeps cost about
-// the memory of its longest one rather than the sum of all of them. The zero value is ready. Safe for
-// concurrent use, though it only pays when one conversation's calls use it.
+// the memory of its longest one rather than the sum of all of them. The
+// zero value is ready. Safe for concurrent use, though it only pays when
+// one conversation's calls use it.
 type Memo struct {
 	mu sync.Mutex
 	// /tokenize: the remembered list's bytes ('[' through ']') and ids
@@ -67,14 +68,14 @@ func (m *Memo) scan(b []byte, i int) ([]int32, int, bool) {
 	if n == 0 {
 		return []int32{}, end, true
 	}
-	if n <= len(m.ids) && slices.Equal(tail, m.ids[k:n]) {
-		return m.ids[:n:n], end, true // the remembered list, or a prefix of it
-	}
 	// q: how far the reply agrees with the remembered ids (the tail
 	// re-reads the id whose comma was not yet shared).
 	q := k
-	for q < len(m.ids) && q-k < len(tail) && tail[q-k] == m.ids[q] {
+	for q < len(m.ids) && q < n && tail[q-k] == m.ids[q] {
 		q++
+	}
+	if q == n {
+		return m.ids[:n:n], end, true // the remembered list, or a prefix of it
 	}
 	var ids []int32
 	if q == len(m.ids) && n <= cap(m.ids) {
