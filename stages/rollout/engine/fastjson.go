@@ -283,21 +283,22 @@ func scanDetokenize(b []byte) (text string, ok bool) {
 	return text, true
 }
 
-// usageCounts is what scanUsage reads of a usage object.
+// usageCounts is what checkUsage reads of a usage object.
 type usageCounts struct {
-	fields     int // distinct or not: 0 only for {}
-	completion int // 0 when absent or null
-	prompt     int // -1 when absent or null
+	fields     bool // the object has a field (it is not {})
+	completion int  // 0 when absent or null
+	prompt     int  // -1 when absent or null
+	cached     int  // prompt_tokens_details.cached_tokens; -1 when absent or null
 }
 
 // scanUsage reads a usage object as vLLM writes it — every value a
 // non-negative integer or null, every key printable ASCII without escapes
 // — without encoding/json's map. ok is false for anything else, and the
-// caller decodes it with encoding/json; for what it accepts, that decoding
-// gives the same counts (duplicate keys: the last wins; a null
-// prompt_tokens_details has no cached tokens).
+// caller decodes it with usageJSON; for what it accepts, usageJSON gives
+// the same counts (duplicate keys: the last wins; a prompt_tokens_details
+// that is null or a number has no cached tokens).
 func scanUsage(raw []byte) (u usageCounts, ok bool) {
-	u.prompt = -1
+	u.prompt, u.cached = -1, -1
 	i := jsonskim.Space(raw, 0)
 	if i >= len(raw) || raw[i] != '{' {
 		return u, false
@@ -308,7 +309,7 @@ func scanUsage(raw []byte) (u usageCounts, ok bool) {
 				return -1
 			}
 		}
-		u.fields++
+		u.fields = true
 		val, e := -1, -1
 		if bytes.HasPrefix(raw[v:], []byte("null")) {
 			e = v + 4

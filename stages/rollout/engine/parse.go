@@ -308,49 +308,52 @@ func checkUsage(route string, raw json.RawMessage, n int, g *Generation) error {
 	if isNull(raw) {
 		return nil
 	}
-	if u, ok := scanUsage(raw); ok {
-		if u.fields == 0 {
-			return nil
+	u, ok := scanUsage(raw)
+	if !ok {
+		var err error
+		if u, err = usageJSON(route, raw); err != nil {
+			return err
 		}
-		if u.completion != n {
-			return replyErr(route, ReasonUsageMismatch, "usage.completion_tokens = %d but %d output ids", u.completion, n)
-		}
-		g.PromptTokens = u.prompt
+	}
+	if !u.fields {
 		return nil
 	}
-	return checkUsageJSON(route, raw, n, g)
+	if u.completion != n {
+		return replyErr(route, ReasonUsageMismatch, "usage.completion_tokens = %d but %d output ids", u.completion, n)
+	}
+	g.PromptTokens, g.CachedTokens = u.prompt, u.cached
+	return nil
 }
 
-// checkUsageJSON is checkUsage by encoding/json, for any usage value.
-func checkUsageJSON(route string, raw json.RawMessage, n int, g *Generation) error {
-	var u map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &u); err != nil {
-		return replyErr(route, ReasonBadJSON, "usage is not an object: %v", err)
+// usageJSON reads any usage value with encoding/json: an object, or an
+// error; a completion_tokens that is not an int is an error, other counts
+// that cannot be read are -1.
+func usageJSON(route string, raw json.RawMessage) (usageCounts, error) {
+	u := usageCounts{prompt: -1, cached: -1}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return u, replyErr(route, ReasonBadJSON, "usage is not an object: %v", err)
 	}
-	if len(u) == 0 {
-		return nil
-	}
-	ct := 0
-	if v, ok := u["completion_tokens"]; ok && !isNull(v) {
-		if err := json.Unmarshal(v, &ct); err != nil {
-			return replyErr(route, ReasonUsageMismatch, "usage.completion_tokens %s is not an int", clip(v, 40))
+	u.fields = len(fields) > 0
+	if v, ok := fields["completion_tokens"]; ok && !isNull(v) {
+		if err := json.Unmarshal(v, &u.completion); err != nil {
+			return u, replyErr(route, ReasonUsageMismatch, "usage.completion_tokens %s is not an int", clip(v, 40))
 		}
 	}
-	if ct != n {
-		return replyErr(route, ReasonUsageMismatch, "usage.completion_tokens = %d but %d output ids", ct, n)
+	if v, ok := fields["prompt_tokens"]; ok && !isNull(v) {
+		if json.Unmarshal(v, &u.prompt) != nil {
+			u.prompt = -1
+		}
 	}
-	if v, ok := u["prompt_tokens"]; ok && !isNull(v) {
-		_ = json.Unmarshal(v, &g.PromptTokens)
-	}
-	if v, ok := u["prompt_tokens_details"]; ok && !isNull(v) {
+	if v, ok := fields["prompt_tokens_details"]; ok && !isNull(v) {
 		var d struct {
 			CachedTokens *int `json:"cached_tokens"`
 		}
 		if json.Unmarshal(v, &d) == nil && d.CachedTokens != nil {
-			g.CachedTokens = *d.CachedTokens
+			u.cached = *d.CachedTokens
 		}
 	}
-	return nil
+	return u, nil
 }
 
 // parseGenerate reads and validates a POST /inference/v1/generate reply
