@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"math/bits"
 	"net"
 	"strconv"
@@ -11,11 +12,15 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kilnrl/kiln/stages/rollout/rawsock"
 )
 
 // h1Pool is the engine client's own HTTP/1.1 transport for plain-http
 // engines: persistent connections, each request written with one writev and
-// its reply read on the calling goroutine.
+// its reply read on the calling goroutine, both as raw system calls (package
+// rawsock: they do not wake the runtime's monitor thread) where the system
+// has them.
 //
 // Why not net/http.Transport: every request there hands off between three
 // goroutines (caller, the connection's write loop and its read loop), and
@@ -46,6 +51,7 @@ type h1Pool struct {
 
 type h1Conn struct {
 	nc       net.Conn
+	rs       *rawsock.Conn // nc's raw calls (see package rawsock); nil: use nc
 	br       *bufio.Reader
 	hdr      []byte // request head scratch, reused
 	idleFrom time.Time
@@ -77,7 +83,7 @@ func (p *h1Pool) get(ctx context.Context) (c *h1Conn, err error) {
 		p.idle[n-1] = nil
 		p.idle = p.idle[:n-1]
 		p.mu.Unlock()
-		if now.Sub(c.idleFrom) < h1IdleTimeout && c.br.Buffered() == 0 && peerOpen(c.nc) {
+		if now.Sub(c.idleFrom) < h1IdleTimeout && c.br.Buffered() == 0 && c.peerOpen() {
 			return c, nil
 		}
 		c.nc.Close()
@@ -86,7 +92,13 @@ func (p *h1Pool) get(ctx context.Context) (c *h1Conn, err error) {
 	if err != nil {
 		return nil, err
 	}
-	return &h1Conn{nc: nc, br: bufio.NewReaderSize(nc, 32<<10)}, nil
+	c = &h1Conn{nc: nc}
+	var r io.Reader = nc
+	if rs, ok := rawsock.New(nc); ok {
+		c.rs, r = rs, rs
+	}
+	c.br = bufio.NewReaderSize(r, 32<<10)
+	return c, nil
 }
 
 func (p *h1Pool) put(c *h1Conn) {
@@ -116,6 +128,13 @@ func (p *h1Pool) closeIdle() {
 // peerOpen reports whether an idle connection is still open at the other
 // end: a non-blocking peek that finds nothing to read. It finds a close the
 // server made while the connection sat idle, for one syscall.
+func (c *h1Conn) peerOpen() bool {
+	if c.rs != nil {
+		return c.rs.PeerOpen()
+	}
+	return peerOpen(c.nc)
+}
+
 func peerOpen(nc net.Conn) bool {
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
@@ -181,7 +200,11 @@ func (p *h1Pool) exchange(ctx context.Context, c *h1Conn, r *h1Request) (status 
 	if len(r.body) > 0 {
 		bufs = append(bufs, r.body)
 	}
-	if _, err := bufs.WriteTo(c.nc); err != nil {
+	if c.rs != nil {
+		if err := c.rs.WriteBuffers(bufs); err != nil {
+			return 0, nil, err
+		}
+	} else if _, err := bufs.WriteTo(c.nc); err != nil {
 		return 0, nil, err
 	}
 	status, body, keep, err = readReply(c.br, p.bufs)
