@@ -17,6 +17,7 @@ import (
 	"github.com/kilnrl/kiln/stages/rollout/engine"
 	"github.com/kilnrl/kiln/stages/rollout/enginetest"
 	"github.com/kilnrl/kiln/stages/rollout/protocol"
+	"github.com/kilnrl/kiln/stages/rollout/rawsock"
 )
 
 type fixture struct {
@@ -47,7 +48,10 @@ func newFixture(t *testing.T, eo enginetest.Options, ao adapter.Options) *fixtur
 		ao.IDs = protocol.SeededIDs(7)
 	}
 	ad := adapter.New(ao)
-	srv := httptest.NewServer(ad)
+	// Served as kiln-rollout adapter serves it: over raw socket calls.
+	srv := httptest.NewUnstartedServer(ad)
+	srv.Listener = rawsock.Listener(srv.Listener)
+	srv.Start()
 	t.Cleanup(srv.Close)
 	eng.Reset()
 	return &fixture{eng: eng, client: c, ad: ad, srv: srv}
