@@ -29,6 +29,7 @@ import (
 	"github.com/kilnrl/kiln/stages/rollout/engine"
 	"github.com/kilnrl/kiln/stages/rollout/enginetest"
 	"github.com/kilnrl/kiln/stages/rollout/protocol"
+	"github.com/kilnrl/kiln/stages/rollout/rawsock"
 )
 
 // BenchmarkAdapterLoad is the adapter load test: N concurrent Anthropic
@@ -54,7 +55,7 @@ import (
 // half and at all turns, and the bytes the recorded turns themselves hold
 // (records.Turn ids, logprobs, messages). KILN_LOAD_CPUPROFILE=FILE writes
 // the adapter process's CPU profile, KILN_LOAD_MEMPROFILE=FILE its
-// allocations.
+// allocations (every one: such a run's CPU figures do not count).
 //
 // The baseline, in the same run: the relay (load_relay_test.go), a process
 // that makes the same HTTP exchanges with the same bytes and does nothing
@@ -196,6 +197,9 @@ func TestLoadAdapterChild(t *testing.T) {
 		t.Skip("the adapter process of BenchmarkAdapterLoad")
 	}
 	var ad *adapter.Server
+	if os.Getenv(loadChildMemProf) != "" {
+		runtime.MemProfileRate = 1
+	}
 	h := relayFromEnv(t)
 	if h == nil {
 		if p := os.Getenv(loadChildProf); p != "" {
@@ -228,7 +232,8 @@ func TestLoadAdapterChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: h}
-	go srv.Serve(ln)
+	// As kiln-rollout adapter serves (the relay too: the same server).
+	go srv.Serve(rawsock.Listener(ln))
 	defer srv.Close()
 	out := bufio.NewWriter(os.Stdout)
 	fmt.Fprintln(out, ln.Addr().String())

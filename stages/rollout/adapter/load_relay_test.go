@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kilnrl/kiln/stages/rollout/rawsock"
 )
 
 // The relay is the load benchmark's baseline: the least any adapter must do
@@ -159,7 +161,8 @@ func relayHandler(groups [][]exchange, engineAddr string) http.Handler {
 
 // rawPool is a minimal HTTP/1.1 client: kept-alive connections, a request
 // written with one writev, a Content-Length reply read on the calling
-// goroutine and discarded.
+// goroutine and discarded — with the raw system calls of package rawsock
+// where the adapter's engine client makes them too.
 type rawPool struct {
 	addr string
 	mu   sync.Mutex
@@ -168,6 +171,7 @@ type rawPool struct {
 
 type rawConn struct {
 	c   net.Conn
+	rs  *rawsock.Conn // nil: write to c
 	r   *bufio.Reader
 	hdr []byte
 }
@@ -185,11 +189,20 @@ func (p *rawPool) post(path string, body []byte, reply int, hold time.Duration) 
 			return err
 		}
 		rc = &rawConn{c: c, r: bufio.NewReaderSize(c, 64<<10)}
+		if rs, ok := rawsock.New(c); ok {
+			rc.rs, rc.r = rs, bufio.NewReaderSize(rs, 64<<10)
+		}
 	}
 	rc.hdr = fmt.Appendf(rc.hdr[:0], "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"+
 		"Content-Length: %d\r\nX-Relay-Reply-Bytes: %d\r\nX-Relay-Hold-Ns: %d\r\n\r\n", path, p.addr, len(body), reply, hold)
 	bufs := net.Buffers{rc.hdr, body}
-	if _, err := bufs.WriteTo(rc.c); err != nil {
+	var err error
+	if rc.rs != nil {
+		err = rc.rs.WriteBuffers(bufs)
+	} else {
+		_, err = bufs.WriteTo(rc.c)
+	}
+	if err != nil {
 		rc.c.Close()
 		return err
 	}
