@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"math"
 	"strconv"
-	"unicode/utf8"
 	"unsafe"
 
 	"github.com/kilnrl/kiln/stages/rollout/jsonskim"
@@ -246,10 +245,10 @@ func parseFinite32(raw []byte) (float32, bool) {
 	return float32(f), true
 }
 
-// scanDetokenize reads a /detokenize reply's "prompt" when it is a plain
-// string: no escapes, no control bytes, valid UTF-8 — the text encoding/json
-// would give unchanged. ok is false for anything else, and the caller then
-// uses encoding/json, which also words the error.
+// scanDetokenize reads a /detokenize reply's "prompt" string as
+// encoding/json would (jsonskim.Unquote: a model's output is full of \n and
+// \" escapes). ok is false for anything else, and the caller then uses
+// encoding/json, which also words the error.
 func scanDetokenize(b []byte) (text string, ok bool) {
 	found := false
 	end := jsonskim.Object(b, jsonskim.Space(b, 0), func(key []byte, v int) int {
@@ -258,20 +257,14 @@ func scanDetokenize(b []byte) (text string, ok bool) {
 		case e < 0:
 			return -1
 		case string(key) == "prompt":
-			val := b[v:e]
-			if found || len(val) < 2 || val[0] != '"' {
+			if found {
 				return -1
 			}
-			val = val[1 : len(val)-1]
-			for _, c := range val {
-				if c < 0x20 || c == '\\' {
-					return -1
-				}
-			}
-			if !utf8.Valid(val) {
+			var ok bool
+			if text, ok = jsonskim.Unquote(b[v:e]); !ok {
 				return -1
 			}
-			text, found = string(val), true
+			found = true
 		case bytes.IndexByte(key, '\\') >= 0 || foldsTo(key, "prompt"):
 			return -1
 		}

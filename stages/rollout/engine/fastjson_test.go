@@ -274,8 +274,15 @@ func TestScanDetokenize(t *testing.T) {
 			t.Errorf("%q: fast %q, encoding/json %v %v", body, got, want.Prompt, werr)
 		}
 	}
-	if got, ok := scanDetokenize([]byte(`{"prompt":"ok"}`)); !ok || got != "ok" {
-		t.Errorf("plain reply declined: %q %v", got, ok)
+	// What a model's output looks like on the wire: taken, not declined.
+	for body, want := range map[string]string{
+		`{"prompt":"ok"}`: "ok",
+		`{"prompt":"<think>\nx\n</think>\n\n<tool_call>\n{\"name\": \"f\"}\n</tool_call><|im_end|>"}`: "<think>\nx\n</think>\n\n<tool_call>\n{\"name\": \"f\"}\n</tool_call><|im_end|>",
+		`{"prompt":"\u003cb\u003e caf\u00e9 \ud83d\ude00"}`:                                           "<b> caf\u00e9 \U0001F600",
+	} {
+		if got, ok := scanDetokenize([]byte(body)); !ok || got != want {
+			t.Errorf("%s: fast reader gave %q, %v; want %q", body, got, ok, want)
+		}
 	}
 }
 
