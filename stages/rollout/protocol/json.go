@@ -21,11 +21,28 @@ import (
 type object struct {
 	keys []string
 	vals []any
+	// The first fields' room, in the same allocation: most objects of a
+	// chat request (messages, content blocks) have a handful of keys.
+	keyRoom [objectRoom]string
+	valRoom [objectRoom]any
+}
+
+const objectRoom = 4
+
+// newObject returns an empty object with room for n fields.
+func newObject(n int) *object {
+	o := &object{}
+	if n <= objectRoom {
+		o.keys, o.vals = o.keyRoom[:0], o.valRoom[:0]
+	} else {
+		o.keys, o.vals = make([]string, 0, n), make([]any, 0, n)
+	}
+	return o
 }
 
 // obj builds an object from key, value pairs.
 func obj(kv ...any) *object {
-	o := &object{keys: make([]string, 0, len(kv)/2), vals: make([]any, 0, len(kv)/2)}
+	o := newObject(len(kv) / 2)
 	for i := 0; i+1 < len(kv); i += 2 {
 		o.set(kv[i].(string), kv[i+1])
 	}
@@ -170,7 +187,7 @@ func (p *jsonParser) literal(word string, v any) (any, error) {
 
 func (p *jsonParser) object(depth int) (any, error) {
 	p.i++ // {
-	o := &object{keys: make([]string, 0, 4), vals: make([]any, 0, 4)}
+	o := newObject(objectRoom)
 	p.ws()
 	if p.i < len(p.b) && p.b[p.i] == '}' {
 		p.i++
@@ -373,6 +390,130 @@ func commonKey(raw []byte) (string, bool) {
 		return "required", true
 	case "is_error":
 		return "is_error", true
+	case "model":
+		return "model", true
+	case "messages":
+		return "messages", true
+	case "system":
+		return "system", true
+	case "tools":
+		return "tools", true
+	case "metadata":
+		return "metadata", true
+	case "max_tokens":
+		return "max_tokens", true
+	case "stream":
+		return "stream", true
+	case "temperature":
+		return "temperature", true
+	case "top_p":
+		return "top_p", true
+	case "top_k":
+		return "top_k", true
+	case "tool_choice":
+		return "tool_choice", true
+	case "user_id":
+		return "user_id", true
+	case "budget_tokens":
+		return "budget_tokens", true
+	case "effort":
+		return "effort", true
+	case "output_config":
+		return "output_config", true
+	case "context_management":
+		return "context_management", true
+	case "input_schema":
+		return "input_schema", true
+	case "status":
+		return "status", true
+	case "summary":
+		return "summary", true
+	case "encrypted_content":
+		return "encrypted_content", true
+	case "instructions":
+		return "instructions", true
+	case "store":
+		return "store", true
+	case "include":
+		return "include", true
+	case "parallel_tool_calls":
+		return "parallel_tool_calls", true
+	case "strict":
+		return "strict", true
+	case "parameters":
+		return "parameters", true
+	case "additionalProperties":
+		return "additionalProperties", true
+	case "items":
+		return "items", true
+	case "enum":
+		return "enum", true
+	case "stop_sequences":
+		return "stop_sequences", true
+	case "edits":
+		return "edits", true
+	case "keep":
+		return "keep", true
+	case "display":
+		return "display", true
+	case "max_output_tokens":
+		return "max_output_tokens", true
+	case "reasoning":
+		return "reasoning", true
+	}
+	return "", false
+}
+
+// commonValue returns the constant for a frequent string value of the three
+// request protocols — roles, block and item types, schema types — which
+// every message repeats (raw has no escapes).
+func commonValue(raw []byte) (string, bool) {
+	if len(raw) > len("function_call_output") {
+		return "", false
+	}
+	switch string(raw) {
+	case "user":
+		return "user", true
+	case "assistant":
+		return "assistant", true
+	case "system":
+		return "system", true
+	case "developer":
+		return "developer", true
+	case "tool":
+		return "tool", true
+	case "text":
+		return "text", true
+	case "tool_use":
+		return "tool_use", true
+	case "tool_result":
+		return "tool_result", true
+	case "thinking":
+		return "thinking", true
+	case "function":
+		return "function", true
+	case "function_call":
+		return "function_call", true
+	case "function_call_output":
+		return "function_call_output", true
+	case "message":
+		return "message", true
+	case "input_text":
+		return "input_text", true
+	case "output_text":
+		return "output_text", true
+	case "reasoning":
+		return "reasoning", true
+	case "summary_text":
+		return "summary_text", true
+	case "object":
+		return "object", true
+	case "string":
+		return "string", true
+	case "ephemeral":
+		return "ephemeral", true
+	case "completed":
+		return "completed", true
 	}
 	return "", false
 }
@@ -385,6 +526,9 @@ func (p *jsonParser) str() (any, error) {
 		c := b[i]
 		if c == '"' {
 			p.i = i + 1
+			if v, ok := commonValue(b[start:i]); ok {
+				return v, nil
+			}
 			return string(b[start:i]), nil
 		}
 		if c == '\\' || c < 0x20 || c >= utf8.RuneSelf {

@@ -3,9 +3,13 @@ package protocol
 import (
 	"bytes"
 	"encoding/json"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 )
 
@@ -108,5 +112,52 @@ func checkParseJSON(t *testing.T, data []byte) {
 	}
 	if ok && !bytes.Equal(marshal(got), marshal(want)) {
 		t.Fatalf("parseJSON(%q) = %s, encoding/json: %s", data, marshal(got), marshal(want))
+	}
+}
+
+// TestCommonStrings: the constants commonKey and commonValue hand out are
+// the very text they stand for — every case label of their switches (read
+// from the source) maps to itself, and other text to nothing.
+func TestCommonStrings(t *testing.T) {
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "json.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	funcs := map[string]func([]byte) (string, bool){"commonKey": commonKey, "commonValue": commonValue}
+	for _, d := range f.Decls {
+		fd, ok := d.(*ast.FuncDecl)
+		if !ok || funcs[fd.Name.Name] == nil {
+			continue
+		}
+		fn, labels := funcs[fd.Name.Name], 0
+		ast.Inspect(fd, func(n ast.Node) bool {
+			cc, ok := n.(*ast.CaseClause)
+			if !ok {
+				return true
+			}
+			for _, e := range cc.List {
+				lit, ok := e.(*ast.BasicLit)
+				if !ok || lit.Kind != token.STRING {
+					continue
+				}
+				s, _ := strconv.Unquote(lit.Value)
+				labels++
+				if got, ok := fn([]byte(s)); !ok || got != s {
+					t.Errorf("%s(%q) = %q, %v", fd.Name.Name, s, got, ok)
+				}
+				if _, ok := fn([]byte(s + "x")); ok {
+					t.Errorf("%s(%q) is taken", fd.Name.Name, s+"x")
+				}
+			}
+			return true
+		})
+		if labels < 20 {
+			t.Errorf("%s: %d case labels found in json.go", fd.Name.Name, labels)
+		}
+		delete(funcs, fd.Name.Name)
+	}
+	if len(funcs) > 0 {
+		t.Errorf("not found in json.go: %v", funcs)
 	}
 }
