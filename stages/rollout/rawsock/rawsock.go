@@ -111,12 +111,9 @@ func (c *Conn) Write(p []byte) (int, error) {
 // stream), an error, or bytes nobody asked for all make it false. It waits
 // for nothing.
 func (c *Conn) PeerOpen() bool {
-	open := false
-	err := c.rc.Read(func(fd uintptr) bool {
-		open = c.peekEmpty(fd)
-		return true
-	})
-	return err == nil && open
+	c.open = false
+	err := c.rc.Read(c.peekFn)
+	return err == nil && c.open
 }
 
 // opError is err as net.Conn's Read and Write report it: the poller's

@@ -21,11 +21,13 @@ type sys struct {
 	iov     []syscall.Iovec // what WriteBuffers has left to write
 	iovBuf  []syscall.Iovec // iov's memory, reused
 	werr    syscall.Errno
+	open    bool // PeerOpen's answer
 	readFn  func(fd uintptr) bool
 	writeFn func(fd uintptr) bool
+	peekFn  func(fd uintptr) bool
 }
 
-func (s *sys) init() { s.readFn, s.writeFn = s.read, s.writev }
+func (s *sys) init() { s.readFn, s.writeFn, s.peekFn = s.read, s.writev, s.peek }
 
 // read makes one read call; false (wait, then call again) on EAGAIN.
 func (s *sys) read(fd uintptr) bool {
@@ -92,10 +94,12 @@ func (s *sys) writev(fd uintptr) bool {
 	return true
 }
 
-// peekEmpty: a non-blocking peek of one byte finds none yet (EAGAIN).
-func (s *sys) peekEmpty(fd uintptr) bool {
+// peek sets open: a non-blocking peek of one byte finds none yet (EAGAIN).
+// It never waits (true).
+func (s *sys) peek(fd uintptr) bool {
 	var b [1]byte
 	_, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
 		syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
-	return e == syscall.EAGAIN || e == syscall.EWOULDBLOCK
+	s.open = e == syscall.EAGAIN || e == syscall.EWOULDBLOCK
+	return true
 }

@@ -8,13 +8,13 @@ const supported = false
 
 // sys has no raw path here: New reports false, so none of this is called.
 type sys struct {
-	p               []byte
-	rn              int
-	rerr, werr      syscall.Errno
-	readFn, writeFn func(fd uintptr) bool
+	p                       []byte
+	rn                      int
+	rerr, werr              syscall.Errno
+	open                    bool
+	readFn, writeFn, peekFn func(fd uintptr) bool
 }
 
-func (s *sys) init()                     {}
-func (s *sys) setIovecs(bufs [][]byte)   {}
-func (s *sys) clearIovecs()              {}
-func (s *sys) peekEmpty(fd uintptr) bool { return false }
+func (s *sys) init()                   {}
+func (s *sys) setIovecs(bufs [][]byte) {}
+func (s *sys) clearIovecs()            {}
