@@ -7,8 +7,9 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"unicode/utf16"
 	"unicode/utf8"
+
+	"github.com/kilnrl/kiln/stages/rollout/jsonskim"
 )
 
 // Ordered JSON. Values decoded from a request are nil, bool, json.Number,
@@ -536,100 +537,54 @@ func (p *jsonParser) str() (any, error) {
 		}
 		i++
 	}
-	// The slow path: escapes, and UTF-8 checked rune by rune.
-	out := make([]byte, 0, i-start+16)
-	out = append(out, b[start:i]...)
+	// The slow path: escapes and non-ASCII text, decoded by
+	// jsonskim.Unquote as encoding/json decodes them.
+	if end := jsonskim.String(b, p.i); end > 0 {
+		if s, ok := jsonskim.Unquote(b[p.i:end]); ok {
+			p.i = end
+			return s, nil
+		}
+	}
+	return nil, p.strError(i)
+}
+
+// strError words what is wrong with the string at p.i, from i (before it
+// all is plain text), as encoding/json does, and leaves p.i at it.
+func (p *jsonParser) strError(i int) error {
+	b := p.b
 	for i < len(b) {
-		c := b[i]
-		switch {
-		case c == '"':
-			p.i = i + 1
-			return string(out), nil
+		switch c := b[i]; {
 		case c < 0x20:
 			p.i = i
-			return nil, p.errorf("in string literal")
+			return p.errorf("in string literal")
 		case c == '\\':
 			if i+1 >= len(b) {
 				p.i = len(b)
-				return nil, io.ErrUnexpectedEOF
+				return io.ErrUnexpectedEOF
 			}
-			switch e := b[i+1]; e {
-			case '"', '\\', '/':
-				out = append(out, e)
+			switch b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 				i += 2
-			case 'b':
-				out, i = append(out, '\b'), i+2
-			case 'f':
-				out, i = append(out, '\f'), i+2
-			case 'n':
-				out, i = append(out, '\n'), i+2
-			case 'r':
-				out, i = append(out, '\r'), i+2
-			case 't':
-				out, i = append(out, '\t'), i+2
 			case 'u':
-				r, ok := hex4(b, i+2)
-				if !ok {
+				if len(b)-(i+2) < 4 {
 					p.i = i + 2
-					if len(b)-(i+2) < 4 {
-						return nil, io.ErrUnexpectedEOF
-					}
-					return nil, p.errorf("in \\u hexadecimal character escape")
+					return io.ErrUnexpectedEOF
+				}
+				if _, err := strconv.ParseUint(string(b[i+2:i+6]), 16, 16); err != nil {
+					p.i = i + 2
+					return p.errorf("in \\u hexadecimal character escape")
 				}
 				i += 6
-				if utf16.IsSurrogate(r) {
-					r2, ok := rune(-1), false
-					if i+1 < len(b) && b[i] == '\\' && b[i+1] == 'u' {
-						r2, ok = hex4(b, i+2)
-					}
-					if dec := utf16.DecodeRune(r, r2); ok && dec != utf8.RuneError {
-						r = dec
-						i += 6
-					} else {
-						r = utf8.RuneError
-					}
-				}
-				out = utf8.AppendRune(out, r)
 			default:
 				p.i = i + 1
-				return nil, p.errorf("in string escape code")
+				return p.errorf("in string escape code")
 			}
-		case c < utf8.RuneSelf:
-			out = append(out, c)
-			i++
 		default:
-			r, size := utf8.DecodeRune(b[i:])
-			if r == utf8.RuneError && size == 1 {
-				out = utf8.AppendRune(out, utf8.RuneError)
-			} else {
-				out = append(out, b[i:i+size]...)
-			}
-			i += size
+			i++
 		}
 	}
 	p.i = len(b)
-	return nil, io.ErrUnexpectedEOF
-}
-
-func hex4(b []byte, i int) (rune, bool) {
-	if len(b)-i < 4 {
-		return 0, false
-	}
-	var r rune
-	for _, c := range b[i : i+4] {
-		switch {
-		case c >= '0' && c <= '9':
-			c -= '0'
-		case c >= 'a' && c <= 'f':
-			c = c - 'a' + 10
-		case c >= 'A' && c <= 'F':
-			c = c - 'A' + 10
-		default:
-			return 0, false
-		}
-		r = r*16 + rune(c)
-	}
-	return r, true
+	return io.ErrUnexpectedEOF
 }
 
 // marshal encodes v compactly: keys in order, non-ASCII raw, no HTML
