@@ -202,9 +202,10 @@ type anthropicTranslator struct {
 	pos     map[string]int // tool_use id -> global call position
 	calls   int
 
-	// snapAt asks for snap: the state when msgs[snapAt], an assistant
-	// message, is reached and what came before is flushed (History's
-	// checkpoint). snapOn false: none.
+	// snapAt asks for snap: the state right after msgs[snapAt], an
+	// assistant message, is translated — what came before it was flushed
+	// there, and nothing after it is pending yet (History's checkpoint).
+	// snapOn false: none.
 	snapOn bool
 	snapAt int
 	snap   *translatorSnap
@@ -228,10 +229,10 @@ func (t *anthropicTranslator) translate(msgs []any) {
 			t.user(mo.val("content"))
 		case "assistant":
 			t.flush()
+			t.assistant(mo.val("content"))
 			if t.snapOn && j == t.snapAt {
 				t.snap = &translatorSnap{outLen: len(t.out), pos: maps.Clone(t.pos), calls: t.calls}
 			}
-			t.assistant(mo.val("content"))
 		case "system":
 			t.flush()
 			t.out = append(t.out, obj("role", "system", "content", flatten(mo.val("content"))))

@@ -23,10 +23,10 @@ import (
 // follows is parsed and translated.
 //
 // A boundary is clean when the translation before it is final and a
-// function of the messages before it alone. Anthropic: at an assistant
-// message (every tool result before it is flushed there, later messages
-// only append), provided no §4.3 folding of a late system message crosses
-// it — each system message folds into a user message on its own side; a
+// function of the messages before it alone. Anthropic: right after an
+// assistant message (every tool result before it was flushed there, nothing
+// after it is pending yet, later messages only append), provided no §4.3
+// folding of a late system message crosses it — each system message folds into a user message on its own side; a
 // request whose new messages would fold into the reused part decodes whole.
 // Responses: between items where nothing is pending (no open assistant
 // message, call or output), with at least two messages translated so that
@@ -308,8 +308,11 @@ func (d *historyDecode) translateAnthropic(body []byte, l *historyList) ([]json.
 		}
 	}
 	from := l.skipped
-	// The next checkpoint: the last assistant message from which on, and
-	// before which, folding stays on its side.
+	// The next checkpoint: right after the last assistant message, from
+	// which on, and before which, folding stays on its side. (Clients
+	// resend that message unchanged — Claude Code 2.1.328 checked over three
+	// turns — while the last user message changes: its cache_control
+	// marker moves to the next one.)
 	last := -1
 	for j := n - 1; j >= from; j-- {
 		if role(j) == "assistant" {
@@ -343,7 +346,7 @@ func (d *historyDecode) translateAnthropic(body []byte, l *historyList) ([]json.
 		out = append(append(make([]json.RawMessage, 0, len(prefix)+len(out)), prefix...), out...)
 	}
 	if t.snap != nil {
-		k, m := last, len(prefix)+t.snap.outLen
+		k, m := last+1, len(prefix)+t.snap.outLen
 		span, spanSum, rel := d.checkpointSpan(body, l, k)
 		d.h.store(&historyCheckpoint{sums: l.sums[:k:k], span: span, spanSum: spanSum, rel: rel,
 			out: out[:m:m], pos: t.snap.pos, calls: t.snap.calls})

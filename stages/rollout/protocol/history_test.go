@@ -11,8 +11,8 @@ import (
 )
 
 // A session's requests, each resending the history plus a turn: from the
-// second on, everything up to the previous request's last assistant message
-// is taken from the History, and every decode equals the uncached one. A
+// second on, everything up to and including the previous request's last
+// assistant message is taken from the History, and every decode equals the uncached one. A
 // request that rewrites the history (compaction) or folds a late system
 // message decodes whole, and the next one reuses again.
 func TestHistoryReuse(t *testing.T) {
@@ -29,17 +29,17 @@ func TestHistoryReuse(t *testing.T) {
 		}
 		return decodeWithHistory(t, c, &hist, h, body)
 	}
-	prevLast := 0 // the previous request's last assistant message (0: none)
+	prevLast := 0 // how far the previous request reaches: through its last assistant message (0: none)
 	for k := range 30 {
 		_, hd := decode(msgs)
 		if hd.reused != prevLast {
-			t.Fatalf("turn %d: reused %d messages, want %d (up to the previous request's last assistant message)", k, hd.reused, prevLast)
+			t.Fatalf("turn %d: reused %d messages, want %d (through the previous request's last assistant message)", k, hd.reused, prevLast)
 		}
 		if hd.bySpan != (prevLast > 0) {
 			t.Fatalf("turn %d: reused prefix told by its span: %v, want %v (the same bytes resent)", k, hd.bySpan, prevLast > 0)
 		}
 		if k > 0 {
-			prevLast = len(msgs) - 2
+			prevLast = len(msgs) - 1
 		}
 		id := fmt.Sprintf("toolu_%d", k)
 		msgs = append(msgs,
@@ -61,14 +61,14 @@ func TestHistoryReuse(t *testing.T) {
 		t.Fatalf("compacted history reused %d messages", hd.reused)
 	}
 	compacted = append(compacted, map[string]any{"role": "assistant", "content": "done"}, map[string]any{"role": "user", "content": "thanks"})
-	if _, hd := decode(compacted); hd.reused != 1 {
-		t.Fatalf("after compaction: reused %d messages, want 1", hd.reused)
+	if _, hd := decode(compacted); hd.reused != 2 {
+		t.Fatalf("after compaction: reused %d messages, want 2", hd.reused)
 	}
 	// Late system messages (§4.3 folds each into the user message before
 	// it): one that folds into the tail leaves the prefix reusable...
 	late := append(append([]any{}, compacted...), map[string]any{"role": "system", "content": "reminder"})
-	if _, hd := decode(late); hd.reused != 3 {
-		t.Fatalf("system message folding into the tail: reused %d, want 3", hd.reused)
+	if _, hd := decode(late); hd.reused != 4 {
+		t.Fatalf("system message folding into the tail: reused %d, want 4", hd.reused)
 	}
 	// ...one right after the last assistant message folds into the prefix:
 	// decoded whole, and no checkpoint is left.
@@ -83,7 +83,7 @@ func TestHistoryReuse(t *testing.T) {
 	cc := []any{map[string]any{"role": "user", "content": "task"}, map[string]any{"role": "system", "content": "context"}}
 	for k := range 5 {
 		_, hd := decode(cc)
-		if want := 2 * (k - 1); k > 1 && hd.reused != want {
+		if want := 2*k - 1; k > 1 && hd.reused != want {
 			t.Fatalf("Claude Code shape, turn %d: reused %d, want %d", k, hd.reused, want)
 		}
 		cc = append(cc, map[string]any{"role": "assistant", "content": "step"}, map[string]any{"role": "user", "content": "result"})
@@ -345,8 +345,8 @@ func TestHistorySpanAndSeparators(t *testing.T) {
 			t.Fatalf("turn %d: separators %q after %q, yet told by the span", k, sep, prevSep)
 		case sep == prevSep && !hd.bySpan:
 			t.Fatalf("turn %d: the same bytes resent, not told by the span", k)
-		case hd.reused != 2*k-1:
-			t.Fatalf("turn %d: reused %d, want %d", k, hd.reused, 2*k-1)
+		case hd.reused != 2*k:
+			t.Fatalf("turn %d: reused %d, want %d", k, hd.reused, 2*k)
 		}
 	}
 	// An edit inside the span: nothing reused, and the decode is still
