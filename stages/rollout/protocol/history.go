@@ -26,8 +26,9 @@ import (
 // function of the messages before it alone. Anthropic: right after an
 // assistant message (every tool result before it was flushed there, nothing
 // after it is pending yet, later messages only append), provided no §4.3
-// folding of a late system message crosses it — each system message folds into a user message on its own side; a
-// request whose new messages would fold into the reused part decodes whole.
+// folding of a late system message crosses it — each system message folds
+// into a user message on its own side; a request whose new messages would
+// fold into the reused part decodes whole.
 // Responses: between items where nothing is pending (no open assistant
 // message, call or output), with at least two messages translated so that
 // no later developer message can merge into the first, and only for
