@@ -127,7 +127,7 @@ func runAdapter(c *cli.Context, env *stage.Env) error {
 	if err != nil {
 		return stage.UsageError{Err: fmt.Errorf("adapter: --listen %q: %w", c.String("listen"), err)}
 	}
-	ln = rawsock.Listener(ln) // see package rawsock: a sixth less CPU per turn under load
+	ln = rawsock.Listener(ln) // raw socket calls: see package rawsock
 	env.Log.Info("adapter listening", "addr", ln.Addr().String(), "engine", c.String("engine"),
 		"route", string(caps.Route), "context", caps.ContextLength)
 	rec := recording{st: st, env: env, out: out, threshold: c.Int("fork-merge-max-response-tokens")}

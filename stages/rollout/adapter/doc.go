@@ -104,9 +104,9 @@
 //
 // Serving: Server is an http.Handler. kiln-rollout adapter serves it on
 // rawsock.Listener, whose connections read and write with raw system calls
-// (as the engine client's do): under load that takes a sixth or more off the
-// CPU of a turn, the runtime's monitor thread no longer being woken by every
-// client request (package rawsock says why).
+// (as the engine client's do): under load that takes a quarter or more off
+// the CPU of a turn, the runtime's monitor thread no longer being woken by
+// every request and reply (package rawsock says why).
 //
 // Not implemented: score centering (§1.4 step 6, §2.4 rule 6), routing
 // replay (R3), the debug callback (§2.3 step 11), SSE keep-alives.

@@ -11,9 +11,9 @@
 // process had gone idle; sysmon then polls every 20 µs until the process is
 // idle again. A process that waits on another server several times per
 // unit of work — kiln's adapter makes four engine calls a turn — goes idle
-// and wakes that often, and on kiln's load benchmark those wake-ups and the
-// polling after them were a sixth of the adapter's CPU (BENCHMARKS.md,
-// "Adapter under load").
+// and wakes that often: on kiln's load benchmark, making the adapter's
+// socket calls raw took a quarter or more off its CPU per turn
+// (BENCHMARKS.md, "Adapter under load").
 //
 // Only Linux has the raw path; elsewhere New reports false and callers use
 // the net.Conn itself.
@@ -27,7 +27,8 @@ import (
 )
 
 // Conn is one connected socket's raw reads and writes. Like net.Conn, it
-// allows one Read and one WriteBuffers at a time (the two may overlap);
+// allows one Read or PeerOpen and one Write or WriteBuffers at a time (a
+// read and a write may overlap);
 // closing the net.Conn it wraps, from any goroutine, ends a waiting call
 // with an error, and the net.Conn's deadlines apply to the waits. Errors are
 // *net.OpError as net.Conn's are, and a read at the end of the stream is
