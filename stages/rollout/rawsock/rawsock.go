@@ -32,7 +32,9 @@ import (
 // closing the net.Conn it wraps, from any goroutine, ends a waiting call
 // with an error, and the net.Conn's deadlines apply to the waits. Errors are
 // *net.OpError as net.Conn's are, and a read at the end of the stream is
-// io.EOF.
+// io.EOF. The socket must stay non-blocking, as the net package leaves it:
+// a raw call on a blocking socket would hold its thread and the runtime's
+// processor until the peer moved.
 type Conn struct {
 	nc  net.Conn
 	rc  syscall.RawConn
