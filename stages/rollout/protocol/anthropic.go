@@ -201,6 +201,9 @@ type anthropicTranslator struct {
 	pending []pendingResult
 	pos     map[string]int // tool_use id -> global call position
 	calls   int
+	// posShared: pos is also a History checkpoint's, so it is copied
+	// before it is written (a checkpoint is immutable once stored).
+	posShared bool
 
 	// snapAt asks for snap: the state right after msgs[snapAt], an
 	// assistant message, is translated — what came before it was flushed
@@ -231,7 +234,8 @@ func (t *anthropicTranslator) translate(msgs []any) {
 			t.flush()
 			t.assistant(mo.val("content"))
 			if t.snapOn && j == t.snapAt {
-				t.snap = &translatorSnap{outLen: len(t.out), pos: maps.Clone(t.pos), calls: t.calls}
+				t.snap = &translatorSnap{outLen: len(t.out), pos: t.pos, calls: t.calls}
+				t.posShared = true
 			}
 		case "system":
 			t.flush()
@@ -295,6 +299,9 @@ func (t *anthropicTranslator) assistant(content any) {
 			}
 			calls = append(calls, toolCall(name, coerceArguments(input)))
 			if id, ok := bo.str("id"); ok {
+				if t.posShared {
+					t.pos, t.posShared = maps.Clone(t.pos), false
+				}
 				t.pos[id] = t.calls
 			}
 			t.calls++

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"hash/maphash"
-	"maps"
 	"net/http"
 	"sync"
 
@@ -329,7 +328,7 @@ func (d *historyDecode) translateAnthropic(body []byte, l *historyList) ([]json.
 	var prefix []json.RawMessage
 	if from > 0 {
 		ck := d.ck
-		t.pos, t.calls, prefix = maps.Clone(ck.pos), ck.calls, ck.out
+		t.pos, t.posShared, t.calls, prefix = ck.pos, true, ck.calls, ck.out
 		d.reused = from
 	}
 	msgs, origin := foldSystemOrigin(l.elems[from:])

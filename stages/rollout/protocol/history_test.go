@@ -428,3 +428,32 @@ func TestHistoryRandomChatSessions(t *testing.T) {
 	}
 	t.Logf("%d messages reused, %d requests told by their span", reused, bySpan)
 }
+
+// A checkpoint is immutable once stored: a request that reuses it and
+// translates further tool calls without leaving a checkpoint of its own (a
+// late system message folds across its last assistant message) must not
+// add them to the checkpoint's call positions, or a later request reusing
+// the same checkpoint would sort its tool results by a call it never made.
+func TestHistoryCheckpointImmutable(t *testing.T) {
+	c := NewCache()
+	var hist History
+	h := http.Header{"Authorization": {"Bearer s"}}
+	const u0 = `{"role":"user","content":"go"}`
+	const a1 = `{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"Bash","input":{"command":"ls"}}]}`
+	const u2 = `{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"one"}]}`
+	decode := func(msgs ...string) *historyDecode {
+		t.Helper()
+		_, hd := decodeWithHistory(t, c, &hist, h, []byte(`{"max_tokens":10,"messages":[`+strings.Join(msgs, ",")+`]}`))
+		return hd
+	}
+	decode(u0, a1, u2) // checkpoint through a1
+	a3 := `{"role":"assistant","content":[{"type":"tool_use","id":"tX","name":"Bash","input":{}}]}`
+	if hd := decode(u0, a1, u2, a3, `{"role":"system","content":"late"}`); hd.reused != 2 {
+		t.Fatalf("the request with a late system message reused %d messages, want 2", hd.reused)
+	}
+	// tX is not a call of this request: its results keep their order.
+	u2b := `{"role":"user","content":[{"type":"tool_result","tool_use_id":"tX","content":"x"},{"type":"tool_result","tool_use_id":"t1","content":"one"}]}`
+	if hd := decode(u0, a1, u2b); hd.reused != 2 {
+		t.Fatalf("reused %d messages, want 2 (the first checkpoint)", hd.reused)
+	}
+}
