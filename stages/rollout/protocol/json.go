@@ -325,15 +325,13 @@ func (p *jsonParser) number() (any, error) {
 	return json.Number(b[s:i]), nil
 }
 
-// str reads a string at p.i (which holds '"'). Strings without escapes,
-// control characters or invalid UTF-8 are one slice conversion.
 // key reads an object key. The keys of chat requests are a small set that
-// every message repeats: those come back as constants, not allocated.
+// every message repeats: those come back as constants (common), neither
+// allocated nor boxed as str's values are.
 func (p *jsonParser) key() (string, error) {
 	b := p.b
 	if end := bytes.IndexByte(b[p.i+1:], '"'); end >= 0 {
-		raw := b[p.i+1 : p.i+1+end]
-		if k, ok := commonKey(raw); ok {
+		if k, ok := common(b[p.i+1 : p.i+1+end]); ok {
 			p.i += end + 2
 			return k, nil
 		}
@@ -345,9 +343,14 @@ func (p *jsonParser) key() (string, error) {
 	return k.(string), nil
 }
 
-// commonKey returns the constant for a frequent key of the three request
-// protocols (no escapes: raw is the key's text as sent).
-func commonKey(raw []byte) (string, bool) {
+// common returns the constant for a frequent key or string value of the
+// three request protocols — field names, roles, block and item types,
+// schema types — which every message repeats (raw is the text as sent,
+// without escapes), so that those are not allocated.
+func common(raw []byte) (string, bool) {
+	if len(raw) > len("additionalProperties") {
+		return "", false
+	}
 	switch string(raw) {
 	case "role":
 		return "role", true
@@ -461,38 +464,18 @@ func commonKey(raw []byte) (string, bool) {
 		return "max_output_tokens", true
 	case "reasoning":
 		return "reasoning", true
-	}
-	return "", false
-}
-
-// commonValue returns the constant for a frequent string value of the three
-// request protocols — roles, block and item types, schema types — which
-// every message repeats (raw has no escapes).
-func commonValue(raw []byte) (string, bool) {
-	if len(raw) > len("function_call_output") {
-		return "", false
-	}
-	switch string(raw) {
 	case "user":
 		return "user", true
 	case "assistant":
 		return "assistant", true
-	case "system":
-		return "system", true
 	case "developer":
 		return "developer", true
 	case "tool":
 		return "tool", true
-	case "text":
-		return "text", true
 	case "tool_use":
 		return "tool_use", true
 	case "tool_result":
 		return "tool_result", true
-	case "thinking":
-		return "thinking", true
-	case "function":
-		return "function", true
 	case "function_call":
 		return "function_call", true
 	case "function_call_output":
@@ -503,8 +486,6 @@ func commonValue(raw []byte) (string, bool) {
 		return "input_text", true
 	case "output_text":
 		return "output_text", true
-	case "reasoning":
-		return "reasoning", true
 	case "summary_text":
 		return "summary_text", true
 	case "object":
@@ -519,6 +500,9 @@ func commonValue(raw []byte) (string, bool) {
 	return "", false
 }
 
+// str reads a string at p.i (which holds '"'). Plain ASCII strings are one
+// slice conversion, or a constant (common); others are decoded by
+// jsonskim.Unquote.
 func (p *jsonParser) str() (any, error) {
 	b := p.b
 	start := p.i + 1
@@ -527,7 +511,7 @@ func (p *jsonParser) str() (any, error) {
 		c := b[i]
 		if c == '"' {
 			p.i = i + 1
-			if v, ok := commonValue(b[start:i]); ok {
+			if v, ok := common(b[start:i]); ok {
 				return v, nil
 			}
 			return string(b[start:i]), nil

@@ -115,16 +115,16 @@ func checkParseJSON(t *testing.T, data []byte) {
 	}
 }
 
-// TestCommonStrings: the constants commonKey and commonValue hand out are
-// the very text they stand for — every case label of their switches (read
-// from the source) maps to itself, and other text to nothing.
+// TestCommonStrings: the constants common hands out are the very text they
+// stand for — every case label of its switch (read from the source) maps to
+// itself, and other text to nothing.
 func TestCommonStrings(t *testing.T) {
 	fset := token.NewFileSet()
 	f, err := parser.ParseFile(fset, "json.go", nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	funcs := map[string]func([]byte) (string, bool){"commonKey": commonKey, "commonValue": commonValue}
+	funcs := map[string]func([]byte) (string, bool){"common": common}
 	for _, d := range f.Decls {
 		fd, ok := d.(*ast.FuncDecl)
 		if !ok || funcs[fd.Name.Name] == nil {
