@@ -171,7 +171,7 @@ type rawPool struct {
 
 type rawConn struct {
 	c   net.Conn
-	rs  *rawsock.Conn // nil: write to c
+	s   *rawsock.Conn
 	r   *bufio.Reader
 	hdr []byte
 }
@@ -188,21 +188,13 @@ func (p *rawPool) post(path string, body []byte, reply int, hold time.Duration) 
 		if err != nil {
 			return err
 		}
-		rc = &rawConn{c: c, r: bufio.NewReaderSize(c, 64<<10)}
-		if rs, ok := rawsock.New(c); ok {
-			rc.rs, rc.r = rs, bufio.NewReaderSize(rs, 64<<10)
-		}
+		rc = &rawConn{c: c, s: rawsock.New(c)}
+		rc.r = bufio.NewReaderSize(rc.s, 64<<10)
 	}
 	rc.hdr = fmt.Appendf(rc.hdr[:0], "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"+
 		"Content-Length: %d\r\nX-Relay-Reply-Bytes: %d\r\nX-Relay-Hold-Ns: %d\r\n\r\n", path, p.addr, len(body), reply, hold)
 	bufs := net.Buffers{rc.hdr, body}
-	var err error
-	if rc.rs != nil {
-		err = rc.rs.WriteBuffers(bufs)
-	} else {
-		_, err = bufs.WriteTo(rc.c)
-	}
-	if err != nil {
+	if err := rc.s.WriteBuffers(bufs); err != nil {
 		rc.c.Close()
 		return err
 	}

@@ -4,13 +4,11 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"math/bits"
 	"net"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/kilnrl/kiln/stages/rollout/rawsock"
@@ -51,7 +49,7 @@ type h1Pool struct {
 
 type h1Conn struct {
 	nc       net.Conn
-	rs       *rawsock.Conn // nc's raw calls (see package rawsock); nil: use nc
+	sock     *rawsock.Conn // nc's reads, writes and peeks (raw where the system allows)
 	br       *bufio.Reader
 	hdr      []byte // request head scratch, reused
 	idleFrom time.Time
@@ -83,7 +81,7 @@ func (p *h1Pool) get(ctx context.Context) (c *h1Conn, err error) {
 		p.idle[n-1] = nil
 		p.idle = p.idle[:n-1]
 		p.mu.Unlock()
-		if now.Sub(c.idleFrom) < h1IdleTimeout && c.br.Buffered() == 0 && c.peerOpen() {
+		if now.Sub(c.idleFrom) < h1IdleTimeout && c.br.Buffered() == 0 && c.sock.PeerOpen() {
 			return c, nil
 		}
 		c.nc.Close()
@@ -92,12 +90,8 @@ func (p *h1Pool) get(ctx context.Context) (c *h1Conn, err error) {
 	if err != nil {
 		return nil, err
 	}
-	c = &h1Conn{nc: nc}
-	var r io.Reader = nc
-	if rs, ok := rawsock.New(nc); ok {
-		c.rs, r = rs, rs
-	}
-	c.br = bufio.NewReaderSize(r, 32<<10)
+	c = &h1Conn{nc: nc, sock: rawsock.New(nc)}
+	c.br = bufio.NewReaderSize(c.sock, 32<<10)
 	return c, nil
 }
 
@@ -123,37 +117,6 @@ func (p *h1Pool) closeIdle() {
 	for _, c := range idle {
 		c.nc.Close()
 	}
-}
-
-// peerOpen reports whether an idle connection is still open at the other
-// end: a non-blocking peek that finds nothing to read. It finds a close the
-// server made while the connection sat idle, for one syscall.
-func (c *h1Conn) peerOpen() bool {
-	if c.rs != nil {
-		return c.rs.PeerOpen()
-	}
-	return peerOpen(c.nc)
-}
-
-func peerOpen(nc net.Conn) bool {
-	sc, ok := nc.(syscall.Conn)
-	if !ok {
-		return true
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	open := false
-	var buf [1]byte
-	err = rc.Read(func(fd uintptr) bool {
-		n, _, e := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		// Nothing to read is the healthy idle state; an unsolicited byte
-		// or EOF (n == 0) or an error means the connection is not reusable.
-		open = n < 0 && (e == syscall.EAGAIN || e == syscall.EWOULDBLOCK)
-		return true
-	})
-	return err == nil && open
 }
 
 // h1Request is one request's parts.
@@ -200,11 +163,7 @@ func (p *h1Pool) exchange(ctx context.Context, c *h1Conn, r *h1Request) (status 
 	if len(r.body) > 0 {
 		bufs = append(bufs, r.body)
 	}
-	if c.rs != nil {
-		if err := c.rs.WriteBuffers(bufs); err != nil {
-			return 0, nil, err
-		}
-	} else if _, err := bufs.WriteTo(c.nc); err != nil {
+	if err := c.sock.WriteBuffers(bufs); err != nil {
 		return 0, nil, err
 	}
 	status, body, keep, err = readReply(c.br, p.bufs)

@@ -20,8 +20,8 @@ func (l listener) Accept() (net.Conn, error) {
 	if !ok {
 		return c, nil
 	}
-	rc, ok := New(tc)
-	if !ok {
+	rc := New(tc)
+	if !rc.Raw() {
 		return c, nil
 	}
 	return &tcpConn{TCPConn: tc, raw: rc}, nil

@@ -15,18 +15,20 @@
 // socket calls raw took a quarter or more off its CPU per turn
 // (BENCHMARKS.md, "Adapter under load").
 //
-// Only Linux has the raw path; elsewhere New reports false and callers use
-// the net.Conn itself.
+// Only Linux has the raw path; elsewhere, and for connections without a
+// socket, a Conn makes the net.Conn's own calls, so callers have one path.
 package rawsock
 
 import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"syscall"
 )
 
-// Conn is one connected socket's raw reads and writes. Like net.Conn, it
+// Conn is one connected socket's reads, writes and peeks, raw where the
+// system allows (Raw). Like net.Conn, it
 // allows one Read or PeerOpen and one Write or WriteBuffers at a time (a
 // read and a write may overlap);
 // closing the net.Conn it wraps, from any goroutine, ends a waiting call
@@ -37,33 +39,34 @@ import (
 // processor until the peer moved.
 type Conn struct {
 	nc  net.Conn
-	rc  syscall.RawConn
-	one [1][]byte // Write's buffer list
+	rc  syscall.RawConn // nil: nc has no socket
+	raw bool            // rc's calls are raw
+	one [1][]byte       // Write's buffer list
 	sys
 }
 
-// New wraps nc. ok is false when nc has no socket to make raw calls on, or
-// on systems without the raw path: then use nc itself.
-func New(nc net.Conn) (c *Conn, ok bool) {
-	if !supported {
-		return nil, false
+// New wraps nc.
+func New(nc net.Conn) *Conn {
+	c := &Conn{nc: nc}
+	if sc, ok := nc.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			c.rc, c.raw = rc, supported
+		}
 	}
-	sc, ok := nc.(syscall.Conn)
-	if !ok {
-		return nil, false
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return nil, false
-	}
-	c = &Conn{nc: nc, rc: rc}
 	c.sys.init()
-	return c, true
+	return c
 }
+
+// Raw reports whether c's calls are raw system calls; false: they are the
+// net.Conn's own.
+func (c *Conn) Raw() bool { return c.raw }
 
 // Read is io.Reader's: it waits until the socket has bytes (or is closed)
 // and reads what is there, at most len(p).
 func (c *Conn) Read(p []byte) (int, error) {
+	if !c.raw {
+		return c.nc.Read(p)
+	}
 	if len(p) == 0 {
 		return 0, nil
 	}
@@ -85,6 +88,11 @@ func (c *Conn) Read(p []byte) (int, error) {
 // as the socket's buffer allows, waiting while it is full. On an error some
 // of the bytes may have been written.
 func (c *Conn) WriteBuffers(bufs [][]byte) error {
+	if !c.raw {
+		nb := net.Buffers(slices.Clone(bufs)) // WriteTo empties the list it is given
+		_, err := nb.WriteTo(c.nc)
+		return err
+	}
 	c.setIovecs(bufs)
 	err := c.rc.Write(c.writeFn)
 	c.clearIovecs() // keep no pointers into the caller's buffers
@@ -112,8 +120,11 @@ func (c *Conn) Write(p []byte) (int, error) {
 // PeerOpen reports whether the socket can be used for a new request: a
 // non-blocking peek finds nothing to read. A close by the peer (end of
 // stream), an error, or bytes nobody asked for all make it false. It waits
-// for nothing.
+// for nothing. A connection without a socket is taken as open.
 func (c *Conn) PeerOpen() bool {
+	if c.rc == nil {
+		return true
+	}
 	c.open = false
 	err := c.rc.Read(c.peekFn)
 	return err == nil && c.open

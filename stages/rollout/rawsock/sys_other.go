@@ -1,4 +1,4 @@
-//go:build !linux || 386
+//go:build (!linux || 386) && unix
 
 package rawsock
 
@@ -6,7 +6,8 @@ import "syscall"
 
 const supported = false
 
-// sys has no raw path here: New reports false, so none of this is called.
+// sys here has no raw path: Conn makes the net.Conn's calls, and only the
+// peek needs the socket (an ordinary system call).
 type sys struct {
 	p                       []byte
 	rn                      int
@@ -15,6 +16,13 @@ type sys struct {
 	readFn, writeFn, peekFn func(fd uintptr) bool
 }
 
-func (s *sys) init()                   {}
+func (s *sys) init()                   { s.peekFn = s.peek }
 func (s *sys) setIovecs(bufs [][]byte) {}
 func (s *sys) clearIovecs()            {}
+
+func (s *sys) peek(fd uintptr) bool {
+	var b [1]byte
+	n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	s.open = n < 0 && (err == syscall.EAGAIN || err == syscall.EWOULDBLOCK)
+	return true
+}
