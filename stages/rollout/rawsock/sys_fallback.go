@@ -1,4 +1,4 @@
-//go:build !unix
+//go:build !linux || 386
 
 package rawsock
 
@@ -6,8 +6,8 @@ import "syscall"
 
 const supported = false
 
-// sys here has no raw path and no peek: Conn makes the net.Conn's calls,
-// and an idle connection is taken as open.
+// sys here has no raw path: Conn makes the net.Conn's calls, and only the
+// peek needs the socket (peek_unix.go, peek_other.go).
 type sys struct {
 	p                       []byte
 	rn                      int
@@ -16,6 +16,6 @@ type sys struct {
 	readFn, writeFn, peekFn func(fd uintptr) bool
 }
 
-func (s *sys) init()                   { s.peekFn = func(uintptr) bool { s.open = true; return true } }
+func (s *sys) init()                   { s.peekFn = s.peek }
 func (s *sys) setIovecs(bufs [][]byte) {}
 func (s *sys) clearIovecs()            {}
