@@ -128,6 +128,9 @@ type h1Request struct {
 
 // roundTrip sends r and returns the reply's status and whole body.
 func (p *h1Pool) roundTrip(ctx context.Context, r *h1Request) (int, []byte, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, nil, err // sent now, the request would only be aborted
+	}
 	c, err := p.get(ctx)
 	if err != nil {
 		return 0, nil, err
@@ -139,11 +142,22 @@ func (p *h1Pool) roundTrip(ctx context.Context, r *h1Request) (int, []byte, erro
 // it.
 func (p *h1Pool) exchange(ctx context.Context, c *h1Conn, r *h1Request) (status int, body []byte, err error) {
 	// Closing the connection is what unblocks the I/O below and tells the
-	// engine to stop; the connection is then never reused.
-	stop := context.AfterFunc(ctx, func() { c.nc.Close() })
+	// engine to stop; the connection is then never reused. A Watch on ctx
+	// does it for a run of calls; else the call registers on ctx itself.
+	w := watchOf(ctx)
+	var stop func() bool
+	if !w.enter(c) {
+		w, stop = nil, context.AfterFunc(ctx, func() { c.nc.Close() })
+	}
 	keep := false
 	defer func() {
-		if stop() && keep {
+		var live bool
+		if w != nil {
+			live = w.leave()
+		} else {
+			live = stop()
+		}
+		if live && keep {
 			p.put(c)
 			return
 		}
