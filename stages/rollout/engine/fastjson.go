@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"math"
 	"strconv"
@@ -234,6 +235,9 @@ func parseUint32(raw []byte) (int32, bool) {
 
 // parseFinite32 reads a JSON number that is finite as a float32.
 func parseFinite32(raw []byte) (float32, bool) {
+	if f, ok := decimal32(raw); ok {
+		return f, true
+	}
 	t := bytes.TrimSpace(raw)
 	if len(t) == 0 || !(t[0] == '-' || (t[0] >= '0' && t[0] <= '9')) {
 		return 0, false
@@ -321,3 +325,140 @@ func scanUsage(raw []byte) (u usageCounts, ok bool) {
 	})
 	return u, end >= 0 && jsonskim.Space(raw, end) == len(raw)
 }
+
+// decimal32 reads a plain JSON number — the -0.0123… and -1.2e-05 that
+// vLLM writes for logprobs, one per sampled token — as
+// float32(strconv.ParseFloat(b, 64)) without strconv, whose digit loop was
+// most of a reply's parse. ok is false, and the caller uses strconv, for
+// anything it does not settle exactly.
+//
+// Exactness: the value is computed in float64 from up to 19 significant
+// digits with at most three roundings (the digits' conversion, a power of
+// ten past 1e22, the scaling), so it lies within a few units in the last
+// place of the decimal's exact value, as does ParseFloat's correctly
+// rounded one. Rounding either to float32 drops the low 29 bits of the
+// significand; the two agree unless a float32 rounding boundary (a halfway
+// point, low bits 1<<28) lies between them, so a value whose low bits are
+// within decimalSlack of that point is refused. Magnitudes outside
+// float32's normal range are refused too: there the boundary moves.
+func decimal32(b []byte) (float32, bool) {
+	i, neg := 0, false
+	if i < len(b) && b[i] == '-' {
+		neg = true
+		i++
+	}
+	// m holds the first 19 significant digits, scaled by 10^exp; digits
+	// past them are dropped (an error under 1e-18 of the value, far inside
+	// decimalSlack; a dropped integer digit still scales m by ten).
+	const full = 1e18 // m has 19 digits from here
+	var m uint64
+	exp := 0
+	start := i
+	for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+		if m < full {
+			m = m*10 + uint64(b[i]-'0')
+		} else {
+			exp++
+		}
+	}
+	if i == start || (b[start] == '0' && i-start > 1) {
+		return 0, false // no digits, or a leading zero JSON forbids
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		frac := i
+		for {
+			if m < 1e11 && i+8 <= len(b) { // eight more digits fit in m
+				if v, ok := eightDigits(b[i:]); ok {
+					m, exp, i = m*1e8+v, exp-8, i+8
+					continue
+				}
+			}
+			if i >= len(b) || b[i] < '0' || b[i] > '9' {
+				break
+			}
+			if m < full {
+				m, exp = m*10+uint64(b[i]-'0'), exp-1
+			}
+			i++
+		}
+		if i == frac {
+			return 0, false
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		eneg := false
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			eneg = b[i] == '-'
+			i++
+		}
+		e, digits := 0, i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' && i-digits < 3 {
+			e = e*10 + int(b[i]-'0')
+			i++
+		}
+		if i == digits {
+			return 0, false
+		}
+		if eneg {
+			e = -e
+		}
+		exp += e
+	}
+	if i != len(b) {
+		return 0, false
+	}
+	if m == 0 {
+		if neg {
+			return float32(math.Copysign(0, -1)), true
+		}
+		return 0, true
+	}
+	f := float64(m)
+	switch {
+	case exp == 0:
+	case exp > 0 && exp <= 22:
+		f *= pow10[exp]
+	case exp < 0 && exp >= -22:
+		f /= pow10[-exp]
+	case exp > 22 && exp <= 44:
+		f *= 1e22 * pow10[exp-22]
+	case exp < -22 && exp >= -44:
+		f /= 1e22 * pow10[-exp-22]
+	default:
+		return 0, false
+	}
+	if f < 0x1p-126 || f > 0x1p127 {
+		return 0, false
+	}
+	if low := int64(math.Float64bits(f) & (1<<29 - 1)); low > 1<<28-decimalSlack && low < 1<<28+decimalSlack {
+		return 0, false
+	}
+	if neg {
+		f = -f
+	}
+	return float32(f), true
+}
+
+// decimalSlack is how near a float32 rounding boundary (in float64 units
+// in the last place) decimal32 still trusts its value: well over the few
+// units its roundings can add up to.
+const decimalSlack = 64
+
+// eightDigits reads b[:8] as a decimal number if all eight are digits,
+// eight at a time (the fraction of a logprob runs to 16 or 17 digits).
+func eightDigits(b []byte) (uint64, bool) {
+	u := binary.LittleEndian.Uint64(b)
+	if (u&0xF0F0F0F0F0F0F0F0)|(((u+0x0606060606060606)&0xF0F0F0F0F0F0F0F0)>>4) != 0x3333333333333333 {
+		return 0, false
+	}
+	u -= 0x3030303030303030
+	u = u*10 + u>>8 // pairs of digits, in every other byte
+	u = ((u&0x000000FF000000FF)*(100+1000000<<32) + (u>>16&0x000000FF000000FF)*(1+10000<<32)) >> 32
+	return u, true
+}
+
+// pow10 holds the powers of ten float64 represents exactly.
+var pow10 = [23]float64{1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10,
+	1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22}
