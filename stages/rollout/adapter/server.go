@@ -195,11 +195,11 @@ func (s *Server) decodeAnthropic(h http.Header, body []byte) (protocol.Request, 
 	return s.decoded.DecodeAnthropicHistory(h, body, s.history(protocol.AnthropicSessionID(h)))
 }
 
-// decodeResponses decodes with the session's history when the session is
-// named by the request's headers (a Bearer token, as Codex sends); one
-// named only in the body decodes without.
+// decodeResponses decodes with the session's history — the session named
+// by a Bearer token, as Codex sends, or in the body — when the session is
+// known before decoding (protocol.OpenAISessionID); otherwise without.
 func (s *Server) decodeResponses(h http.Header, body []byte) (protocol.Request, error) {
-	if id := protocol.BearerToken(h); id != "" {
+	if id, ok := protocol.OpenAISessionID(h, body); ok {
 		return s.decoded.DecodeResponsesHistory(h, body, s.history(id))
 	}
 	return protocol.DecodeResponses(h, body)
@@ -207,7 +207,7 @@ func (s *Server) decodeResponses(h http.Header, body []byte) (protocol.Request, 
 
 // decodeChat is decodeResponses for Chat Completions requests.
 func (s *Server) decodeChat(h http.Header, body []byte) (protocol.Request, error) {
-	if id := protocol.BearerToken(h); id != "" {
+	if id, ok := protocol.OpenAISessionID(h, body); ok {
 		return s.decoded.DecodeChatHistory(h, body, s.history(id))
 	}
 	return protocol.DecodeChat(h, body)

@@ -223,6 +223,10 @@ func TestSessionID(t *testing.T) {
 		{Responses, hdr(), `{"input":"x","metadata":{"session_id":7}}`, "7"},
 		{Responses, hdr(), `{"input":"x","metadata":{"session_id":""},"user":""}`, "default"},
 		{Responses, hdr("Authorization", "Bearer cx"), `{"input":"x","user":"u"}`, "cx"},
+		{Responses, hdr(), `{"user":"first","input":"x","user":"last"}`, "last"},
+		{Responses, hdr(), ` {"metadata":{"session_id":true,"session_id":false},"input":"x","user":{"a":1}} `, `{"a":1}`},
+		{Responses, hdr(), `{"metadata":[1],"input":"x","user":12.50}`, "12.50"},
+		{Chat, hdr(), `{"messages":[{"role":"user","content":"{\"user\":\"no\"}"}],"metadata":{"user":"no"}}`, "default"},
 	}
 	for i, c := range cases {
 		r, err := decodeFor(c.p)(c.h, []byte(c.body))
@@ -231,6 +235,19 @@ func TestSessionID(t *testing.T) {
 		}
 		if r.SessionID != c.want {
 			t.Errorf("%d: sid %q, want %q", i, r.SessionID, c.want)
+		}
+		if c.p != Anthropic {
+			id, ok := OpenAISessionID(c.h, []byte(c.body))
+			if !ok || id != c.want {
+				t.Errorf("%d: OpenAISessionID %q (ok %v), want %q", i, id, ok, c.want)
+			}
+		}
+	}
+
+	// Where the skim cannot vouch for the decode's answer it says so.
+	for _, body := range []string{`{"us\u0065r":"u","input":"x"}`, `{"user":"u"`, `{"user":"u"} {}`, `[]`, `{"user":}`} {
+		if id, ok := OpenAISessionID(hdr(), []byte(body)); ok {
+			t.Errorf("OpenAISessionID(%s) = %q, want not ok", body, id)
 		}
 	}
 }

@@ -150,3 +150,23 @@ func fuzzWithHistory(plain func(http.Header, []byte) (Request, error),
 		}
 	}
 }
+
+// Wherever OpenAISessionID answers, it names the session the decode finds.
+func FuzzOpenAISessionID(f *testing.F) {
+	for _, s := range []string{`{"input":"x","metadata":{"session_id":7},"user":"u"}`,
+		`{"messages":[],"user":"a","user":"b"}`, `{"input":"x","metadata":{"session_id":""},"user":[1]}`,
+		`{"us\u0065r":"u","input":"x"}`, `{"messages":[{"role":"user","content":"hi"}],"metadata":null}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		id, ok := OpenAISessionID(http.Header{}, body)
+		if !ok {
+			return
+		}
+		for _, dec := range []func(http.Header, []byte) (Request, error){DecodeResponses, DecodeChat} {
+			if r, err := dec(http.Header{}, body); err == nil && r.SessionID != id {
+				t.Fatalf("OpenAISessionID %q, decode %q", id, r.SessionID)
+			}
+		}
+	})
+}

@@ -1,10 +1,13 @@
 package protocol
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/kilnrl/kiln/stages/rollout/jsonskim"
 )
 
 // Protocol names one of the adapter's three client protocols.
@@ -109,11 +112,9 @@ func BearerToken(h http.Header) string {
 	return strings.TrimSpace(a[7:])
 }
 
-// anthropicSession is §2.1 for Anthropic: Bearer, else X-Api-Key, else
-// "default". The body is not consulted.
 // AnthropicSessionID is the session id of an Anthropic Messages request
 // with these headers (§2.1): the Bearer token, else X-Api-Key, else
-// DefaultSessionID.
+// DefaultSessionID. The body is not consulted.
 func AnthropicSessionID(h http.Header) string { return anthropicSession(h) }
 
 func anthropicSession(h http.Header) string {
@@ -124,6 +125,38 @@ func anthropicSession(h http.Header) string {
 		return k
 	}
 	return DefaultSessionID
+}
+
+// OpenAISessionID is the session id a Chat Completions or Responses
+// request names (§2.1) — the one its decode finds — known before decoding
+// it, so that a session named in the body can have its History too: the
+// Bearer token, else body.metadata.session_id or body.user as a skim of
+// the body's top level finds them. ok is false where the skim cannot vouch
+// for the decode's answer (a body that is not one well-formed object, a
+// top-level key written with escapes); the decode then reports any error.
+func OpenAISessionID(h http.Header, body []byte) (id string, ok bool) {
+	if t := BearerToken(h); t != "" {
+		return t, true
+	}
+	top := newObject(2)
+	end := jsonskim.Object(body, jsonskim.Space(body, 0), func(key []byte, v int) int {
+		e := jsonskim.Value(body, v)
+		if e < 0 || bytes.IndexByte(key, '\\') >= 0 {
+			return -1
+		}
+		if k := string(key); k == "metadata" || k == "user" {
+			val, err := parseJSON(body[v:e])
+			if err != nil {
+				return -1
+			}
+			top.set(k, val) // the last of duplicate keys, as the decode
+		}
+		return e
+	})
+	if end < 0 || jsonskim.Space(body, end) != len(body) {
+		return "", false
+	}
+	return openAISession(h, top), true
 }
 
 // openAISession is §2.1 for Chat and Responses: Bearer, else a truthy
