@@ -10,7 +10,6 @@ import (
 	"io"
 	"math"
 	"net"
-	"net/http"
 	"strings"
 	"time"
 
@@ -21,8 +20,8 @@ import (
 	"github.com/kilnrl/kiln/formats/store"
 	"github.com/kilnrl/kiln/stages/rollout/adapter"
 	"github.com/kilnrl/kiln/stages/rollout/engine"
+	"github.com/kilnrl/kiln/stages/rollout/h1server"
 	"github.com/kilnrl/kiln/stages/rollout/parse"
-	"github.com/kilnrl/kiln/stages/rollout/rawsock"
 	"github.com/kilnrl/kiln/stages/stage"
 )
 
@@ -127,7 +126,6 @@ func runAdapter(c *cli.Context, env *stage.Env) error {
 	if err != nil {
 		return stage.UsageError{Err: fmt.Errorf("adapter: --listen %q: %w", c.String("listen"), err)}
 	}
-	ln = rawsock.Listener(ln) // raw socket calls: see package rawsock
 	env.Log.Info("adapter listening", "addr", ln.Addr().String(), "engine", c.String("engine"),
 		"route", string(caps.Route), "context", caps.ContextLength)
 	rec := recording{st: st, env: env, out: out, threshold: c.Int("fork-merge-max-response-tokens")}
@@ -206,7 +204,7 @@ type recording struct {
 // serveAndRecord serves until ctx is cancelled, then finishes every session
 // and commits the turns and their trajectories.
 func serveAndRecord(ctx context.Context, ln net.Listener, srv *adapter.Server, rec recording) error {
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 30 * time.Second}
+	hs := &h1server.Server{Handler: srv, ReadHeaderTimeout: 30 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	select {

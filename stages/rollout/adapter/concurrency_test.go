@@ -22,7 +22,7 @@ func TestClientDisconnectCancelsEngineCall(t *testing.T) {
 	f := newFixture(t, enginetest.Options{Script: constant("ok"), Latency: 400 * time.Millisecond}, adapter.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.srv.URL+"/v1/messages",
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.url+"/v1/messages",
 		strings.NewReader(`{"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`))
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer s")

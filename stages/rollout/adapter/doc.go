@@ -102,11 +102,12 @@
 //   - records.Turn.MaxContextTokens is the effective limit of §1.5 (session
 //     limit and engine context length), 0 when neither is known.
 //
-// Serving: Server is an http.Handler. kiln-rollout adapter serves it on
-// rawsock.Listener, whose connections read and write with raw system calls
-// (as the engine client's do): under load that takes a quarter or more off
-// the CPU of a turn, the runtime's monitor thread no longer being woken by
-// every request and reply (package rawsock says why).
+// Serving: Server is an http.Handler. kiln-rollout adapter serves it with
+// package h1server — one goroutine per connection, responses written whole,
+// client hang-ups noticed by one epoll watcher instead of a goroutine per
+// request — whose connections read and write with raw system calls (package
+// rawsock, as the engine client's do). A request's context is its
+// connection's: it ends when the client hangs up or the connection closes.
 //
 // Not implemented: score centering (§1.4 step 6, §2.4 rule 6), routing
 // replay (R3), the debug callback (§2.3 step 11), SSE keep-alives.

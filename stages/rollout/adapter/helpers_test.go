@@ -16,15 +16,15 @@ import (
 	"github.com/kilnrl/kiln/stages/rollout/adapter"
 	"github.com/kilnrl/kiln/stages/rollout/engine"
 	"github.com/kilnrl/kiln/stages/rollout/enginetest"
+	"github.com/kilnrl/kiln/stages/rollout/h1server"
 	"github.com/kilnrl/kiln/stages/rollout/protocol"
-	"github.com/kilnrl/kiln/stages/rollout/rawsock"
 )
 
 type fixture struct {
 	eng    *enginetest.Engine
 	client *engine.Client
 	ad     *adapter.Server
-	srv    *httptest.Server
+	url    string // the adapter's base URL
 }
 
 // newFixture starts a scripted engine and an adapter in front of it. The
@@ -48,13 +48,12 @@ func newFixture(t *testing.T, eo enginetest.Options, ao adapter.Options) *fixtur
 		ao.IDs = protocol.SeededIDs(7)
 	}
 	ad := adapter.New(ao)
-	// Served as kiln-rollout adapter serves it: over raw socket calls.
-	srv := httptest.NewUnstartedServer(ad)
-	srv.Listener = rawsock.Listener(srv.Listener)
-	srv.Start()
-	t.Cleanup(srv.Close)
+	// Served as kiln-rollout adapter serves it.
+	url, stop, err := h1server.ServeLoopback(ad)
+	require.NoError(t, err)
+	t.Cleanup(stop)
 	eng.Reset()
-	return &fixture{eng: eng, client: c, ad: ad, srv: srv}
+	return &fixture{eng: eng, client: c, ad: ad, url: url}
 }
 
 type response struct {
@@ -65,7 +64,7 @@ type response struct {
 
 func (f *fixture) do(t *testing.T, method, path, sid string, body string, hdr ...string) response {
 	t.Helper()
-	req, err := http.NewRequest(method, f.srv.URL+path, strings.NewReader(body))
+	req, err := http.NewRequest(method, f.url+path, strings.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
 	if sid != "" {

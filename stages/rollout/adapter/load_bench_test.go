@@ -28,8 +28,8 @@ import (
 	"github.com/kilnrl/kiln/stages/rollout/adapter"
 	"github.com/kilnrl/kiln/stages/rollout/engine"
 	"github.com/kilnrl/kiln/stages/rollout/enginetest"
+	"github.com/kilnrl/kiln/stages/rollout/h1server"
 	"github.com/kilnrl/kiln/stages/rollout/protocol"
-	"github.com/kilnrl/kiln/stages/rollout/rawsock"
 )
 
 // BenchmarkAdapterLoad is the adapter load test: N concurrent Anthropic
@@ -231,9 +231,9 @@ func TestLoadAdapterChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: h}
+	srv := &h1server.Server{Handler: h}
 	// As kiln-rollout adapter serves (the relay too: the same server).
-	go srv.Serve(rawsock.Listener(ln))
+	go srv.Serve(ln)
 	defer srv.Close()
 	out := bufio.NewWriter(os.Stdout)
 	fmt.Fprintln(out, ln.Addr().String())

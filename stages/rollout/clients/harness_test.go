@@ -25,7 +25,7 @@ import (
 	"github.com/kilnrl/kiln/stages/rollout/adapter"
 	"github.com/kilnrl/kiln/stages/rollout/engine"
 	"github.com/kilnrl/kiln/stages/rollout/enginetest"
-	"github.com/kilnrl/kiln/stages/rollout/rawsock"
+	"github.com/kilnrl/kiln/stages/rollout/h1server"
 )
 
 // cliTimeout bounds one CLI run.
@@ -132,8 +132,8 @@ func newHarness(t *testing.T, script enginetest.Script, reasoning bool) *harness
 		rp = "qwen3"
 	}
 	h.srv = adapter.New(adapter.Options{Engine: cl, Special: special, ToolParser: "qwen3_coder", ReasoningParser: rp})
-	// Served as kiln-rollout adapter serves it: over raw socket calls.
-	as := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// Served as kiln-rollout adapter serves it.
+	url, stop, err := h1server.ServeLoopback(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		rw := &recWriter{ResponseWriter: w}
@@ -143,10 +143,9 @@ func newHarness(t *testing.T, script enginetest.Script, reasoning bool) *harness
 			Header: r.Header.Clone(), Body: body, Status: rw.status, Resp: rw.buf.Bytes()})
 		h.mu.Unlock()
 	}))
-	as.Listener = rawsock.Listener(as.Listener)
-	as.Start()
-	t.Cleanup(as.Close)
-	h.url = as.URL
+	require.NoError(t, err)
+	t.Cleanup(stop)
+	h.url = url
 	return h
 }
 
