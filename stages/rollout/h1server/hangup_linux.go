@@ -28,6 +28,10 @@ type hangups struct {
 	done   chan struct{} // closed when the watcher has returned
 }
 
+// epollET is EPOLLET as the uint32 the event mask is (package syscall's
+// constant is negative on some architectures, positive on others).
+const epollET = 1 << 31
+
 func newHangups() (*hangups, error) {
 	epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
 	if err != nil {
@@ -65,7 +69,7 @@ func (h *hangups) add(nc net.Conn, onHangUp func()) (uint64, error) {
 	}
 	h.next++
 	id := h.next
-	ev := syscall.EpollEvent{Events: syscall.EPOLLRDHUP | -syscall.EPOLLET, Fd: int32(uint32(id)), Pad: int32(uint32(id >> 32))}
+	ev := syscall.EpollEvent{Events: syscall.EPOLLRDHUP | epollET, Fd: int32(uint32(id)), Pad: int32(uint32(id >> 32))}
 	var cerr error
 	if err := rc.Control(func(fd uintptr) {
 		cerr = syscall.EpollCtl(h.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev)
