@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"strconv"
 
 	"github.com/kilnrl/kiln/stages/rollout/jsonskim"
 )
@@ -93,11 +94,13 @@ func (c *Client) tokenizeBody(req ChatRequest) ([]byte, error) {
 		b.WriteByte(']')
 	}
 	req.Memo.setChecked(req.Messages, req.Tools)
-	fmt.Fprintf(b, `,"add_generation_prompt":%t`, req.AddGenerationPrompt)
+	b.WriteString(`,"add_generation_prompt":`)
+	b.WriteString(strconv.FormatBool(req.AddGenerationPrompt))
 	if req.ContinueFinalMessage {
 		b.WriteString(`,"continue_final_message":true`)
 	}
-	fmt.Fprintf(b, `,"add_special_tokens":%t`, req.AddSpecialTokens)
+	b.WriteString(`,"add_special_tokens":`)
+	b.WriteString(strconv.FormatBool(req.AddSpecialTokens))
 	if req.ChatTemplateKwargs != nil {
 		if !validValue(req.ChatTemplateKwargs, '{') {
 			return nil, errors.New("engine: TokenizeChat: ChatTemplateKwargs is not a JSON object")
