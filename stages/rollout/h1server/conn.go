@@ -38,6 +38,7 @@ type conn struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	id     uint64 // the watcher's
+	remote string // RemoteAddr of its requests
 	state  atomic.Int32
 	head   []byte // response head, reused
 	out    []byte // response body, reused
@@ -45,7 +46,7 @@ type conn struct {
 }
 
 func (s *Server) newConn(nc net.Conn) (*conn, error) {
-	c := &conn{s: s, nc: nc, sock: rawsock.New(nc)}
+	c := &conn{s: s, nc: nc, sock: rawsock.New(nc), remote: nc.RemoteAddr().String()}
 	c.lim.r = c.sock
 	c.lim.n = noLimit
 	c.br = bufio.NewReaderSize(&c.lim, 32<<10)
@@ -53,10 +54,12 @@ func (s *Server) newConn(nc net.Conn) (*conn, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closing.Load() {
+		c.cancel()
 		return nil, http.ErrServerClosed
 	}
 	id, err := s.hangups.add(nc, c.cancel)
 	if err != nil {
+		c.cancel()
 		return nil, fmt.Errorf("watching %v for hang-ups: %w", nc.RemoteAddr(), err)
 	}
 	c.id = id
@@ -101,8 +104,9 @@ func (l *limitReader) Read(p []byte) (int, error) {
 func (c *conn) serve() {
 	defer c.close()
 	for {
-		// An idle connection waits for its next request without a limit;
-		// Shutdown closes it meanwhile.
+		// An idle connection waits for its next request without a time
+		// limit (Shutdown closes it meanwhile); the head's bytes are bounded
+		// from here.
 		c.lim.n, c.lim.hit = c.headLimit()-int64(c.br.Buffered()), false
 		if _, err := c.br.Peek(1); err != nil {
 			return
@@ -155,7 +159,7 @@ func (c *conn) readRequest() (*http.Request, int, error) {
 	if len(req.Header["Host"]) > 1 {
 		return nil, http.StatusBadRequest, errors.New("too many Host headers")
 	}
-	req.RemoteAddr = c.nc.RemoteAddr().String()
+	req.RemoteAddr = c.remote
 	return req.WithContext(c.ctx), 0, nil
 }
 

@@ -99,7 +99,9 @@ func (s *Server) Serve(ln net.Listener) error {
 		delay = 0
 		c, err := s.newConn(nc)
 		if err != nil {
-			s.logf("h1server: %v", err)
+			if !errors.Is(err, http.ErrServerClosed) {
+				s.logf("h1server: %v", err)
+			}
 			nc.Close()
 			continue
 		}
