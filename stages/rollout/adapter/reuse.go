@@ -57,7 +57,8 @@ func appendCanonical(out, b []byte, i, depth int) ([]byte, int, bool) {
 	switch b[i] {
 	case '{':
 		type field struct{ key, val []byte }
-		var fields []field
+		var room [6]field // most objects' fields, without an allocation
+		fields := room[:0]
 		i = jsonskim.Space(b, i+1)
 		if i < len(b) && b[i] == '}' {
 			return append(out, '{', '}'), i + 1, true

@@ -212,7 +212,13 @@ func appendRequestHead(b []byte, host string, r *h1Request) []byte {
 // and none of them outlives its call (parsed values are copies). Buffers
 // are kept by size class, powers of two, so that a body finds one of its
 // size: with one pool, a small buffer drawn for a large body was dropped.
-type bufPool struct{ classes [bufClasses]sync.Pool }
+//
+// A pool holds *[]byte; the holders themselves are recycled (holders), so
+// that returning a buffer does not allocate one.
+type bufPool struct {
+	classes [bufClasses]sync.Pool
+	holders sync.Pool // empty *[]byte
+}
 
 // Pooled sizes: 4 KiB to 4 MiB; larger bodies (rare routed-experts
 // replies) are not pooled.
@@ -231,8 +237,11 @@ func (bp *bufPool) get(n int) []byte {
 	if c >= bufClasses {
 		return make([]byte, 0, n)
 	}
-	if v, ok := bp.classes[c].Get().(*[]byte); ok {
-		return (*v)[:0]
+	if h, ok := bp.classes[c].Get().(*[]byte); ok {
+		b := (*h)[:0]
+		*h = nil
+		bp.holders.Put(h)
+		return b
 	}
 	return make([]byte, 0, 1<<(c+minPooledShift))
 }
@@ -243,6 +252,10 @@ func (bp *bufPool) put(b []byte) {
 		return
 	}
 	c := bits.Len(uint(cap(b))) - 1 - minPooledShift // the largest class cap(b) holds
-	b = b[:0]
-	bp.classes[c].Put(&b)
+	h, ok := bp.holders.Get().(*[]byte)
+	if !ok {
+		h = new([]byte)
+	}
+	*h = b[:0]
+	bp.classes[c].Put(h)
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -193,5 +194,13 @@ func TestBufPool(t *testing.T) {
 		if c := cap(b); c > 4*max(n, 4096) {
 			t.Errorf("get(%d): a buffer of %d bytes, from a class far above n", n, c)
 		}
+	}
+
+	// Once warm, drawing and returning a buffer allocates nothing (the
+	// collector, which empties pools, held off meanwhile).
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	bp.put(bp.get(5000))
+	if allocs := testing.AllocsPerRun(100, func() { bp.put(bp.get(5000)) }); allocs != 0 {
+		t.Errorf("a get and put allocated %v times", allocs)
 	}
 }
