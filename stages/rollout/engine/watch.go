@@ -16,11 +16,13 @@ import (
 // contract is the same either way: a call whose context ends fails with
 // ctx.Err() and its connection is closed, never reused. Calls made
 // concurrently under one Watch stay correct — one of them uses the shared
-// registration, the others register their own.
+// registration, the others register their own — and so do calls under a
+// context derived from the watched one that can end before it (a request
+// timeout): they register their own too.
 //
 // stop must be called once the run is over; it does not cancel ctx.
 func Watch(ctx context.Context) (_ context.Context, stop func()) {
-	w := &callWatch{}
+	w := &callWatch{done: ctx.Done()}
 	unregister := context.AfterFunc(ctx, w.end)
 	return context.WithValue(ctx, callWatchKey{}, w), func() { unregister() }
 }
@@ -30,14 +32,20 @@ type callWatchKey struct{}
 // callWatch closes the connection of the call in flight when its context
 // ends.
 type callWatch struct {
+	done  <-chan struct{} // the watched context's
 	mu    sync.Mutex
 	conn  *h1Conn // the call in flight under the watch, if any
 	ended bool    // the context ended
 }
 
-// watchOf returns ctx's watch, or nil.
+// watchOf returns the watch that ends with ctx, or nil: a context derived
+// under a watch that can end on its own (a request timeout) is not the
+// watch's to close, and its call registers itself.
 func watchOf(ctx context.Context) *callWatch {
 	w, _ := ctx.Value(callWatchKey{}).(*callWatch)
+	if w == nil || ctx.Done() != w.done {
+		return nil
+	}
 	return w
 }
 

@@ -128,6 +128,18 @@ func TestWatch(t *testing.T) {
 		}
 	})
 
+	t.Run("a context under the watch that ends on its own aborts its call", func(t *testing.T) {
+		s := start(t)
+		c := h1Client(t, s.url)
+		ctx, stop := Watch(context.Background())
+		defer stop()
+		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer cancel()
+		err := call(short, c, "/slow")
+		assert.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
+		waitClosed(t, s)
+	})
+
 	t.Run("after stop the context's end leaves connections alone", func(t *testing.T) {
 		s := start(t)
 		c := h1Client(t, s.url)
