@@ -30,13 +30,16 @@ func (w *response) WriteHeader(code int) {
 	if code < 100 || code > 999 {
 		panic("h1server: invalid WriteHeader code " + strconv.Itoa(code))
 	}
+	if code < 200 {
+		return // informational responses are not sent (see the package doc)
+	}
 	w.status = code
 	w.head = appendFields(w.head[:0], w.header)
 	if v := w.header["Connection"]; len(v) > 0 && strings.EqualFold(v[0], "close") {
 		w.close = true
 	}
-	if len(w.header["Content-Type"]) == 0 && bodyAllowed(code) {
-		w.sniff = true
+	if _, set := w.header["Content-Type"]; !set && bodyAllowed(code) {
+		w.sniff = true // as net/http: a nil value set by the handler means none
 	}
 }
 

@@ -21,7 +21,8 @@
 // requests, bodies with a length or chunked, Expect: 100-continue, HEAD.
 // Every response is buffered and sent whole with its length (the adapter
 // generates a turn before it answers; http.Flusher is a no-op). Not
-// HTTP/2, not hijacking, not trailers. Where the hang-up watcher is not
+// HTTP/2, not hijacking, not trailers, not informational (1xx) responses
+// from a handler (WriteHeader ignores them). Where the hang-up watcher is not
 // available (systems other than Linux) Serve is net/http's server.
 package h1server
 

@@ -100,6 +100,10 @@ func TestLikeNetHTTP(t *testing.T) {
 	mux.HandleFunc("/", echo)
 	mux.HandleFunc("/noread", func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") })
 	mux.HandleFunc("/sniff", func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "<html><body>x</body></html>") })
+	mux.HandleFunc("/nosniff", func(w http.ResponseWriter, r *http.Request) {
+		w.Header()["Content-Type"] = nil // no type, and none sniffed
+		fmt.Fprint(w, "<html><body>x</body></html>")
+	})
 	mux.HandleFunc("/nocontent", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	mux.HandleFunc("/late", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Early", "1")
@@ -154,6 +158,7 @@ func TestLikeNetHTTP(t *testing.T) {
 		{"chunked body left unread", "POST /noread HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET /x HTTP/1.1\r\nHost: h\r\n\r\n"},
 		{"sniffed type", "GET /sniff HTTP/1.1\r\nHost: h\r\n\r\n"},
 		{"no content", "GET /nocontent HTTP/1.1\r\nHost: h\r\n\r\n"},
+		{"sniffing suppressed", "GET /nosniff HTTP/1.1\r\nHost: h\r\n\r\n"},
 		{"fields set late", "GET /late HTTP/1.1\r\nHost: h\r\n\r\n"},
 		{"bad fields", "GET /badfields HTTP/1.1\r\nHost: h\r\n\r\n"},
 		{"handler closes", "GET /close HTTP/1.1\r\nHost: h\r\n\r\nGET /x HTTP/1.1\r\nHost: h\r\n\r\n"},
