@@ -574,7 +574,13 @@ func (p *jsonParser) strError(i int) error {
 // marshal encodes v compactly: keys in order, non-ASCII raw, no HTML
 // escaping. It accepts the decoded types plus int, int64, []string,
 // []*object and json.RawMessage (copied verbatim; it must be compact JSON).
-func marshal(v any) []byte { return appendJSON(nil, v) }
+// The value is written into room on the stack and copied out at its size:
+// growing a buffer from nothing cost an allocation and a copy per doubling,
+// and left up to half of it unused in what the caller keeps.
+func marshal(v any) []byte {
+	var scratch [1024]byte
+	return bytes.Clone(appendJSON(scratch[:0], v))
+}
 
 func appendJSON(b []byte, v any) []byte {
 	switch t := v.(type) {
