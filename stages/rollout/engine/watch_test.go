@@ -50,6 +50,16 @@ func TestWatch(t *testing.T) {
 		_, err := c.do(ctx, http.MethodPost, path, []byte(`{}`), nil)
 		return err
 	}
+	// watched starts a server and a client, and a Watch on a context the
+	// test ends with cancel.
+	watched := func(t *testing.T) (s *server, c *Client, ctx context.Context, cancel context.CancelFunc) {
+		s = start(t)
+		c = h1Client(t, s.url)
+		parent, cancel := context.WithCancel(context.Background())
+		ctx, stop := Watch(parent)
+		t.Cleanup(func() { stop(); cancel() })
+		return s, c, ctx, cancel
+	}
 	waitClosed := func(t *testing.T, s *server) {
 		t.Helper()
 		select {
@@ -60,10 +70,7 @@ func TestWatch(t *testing.T) {
 	}
 
 	t.Run("calls one after another share a connection", func(t *testing.T) {
-		s := start(t)
-		c := h1Client(t, s.url)
-		ctx, stop := Watch(context.Background())
-		defer stop()
+		s, c, ctx, _ := watched(t)
 		for range 5 {
 			require.NoError(t, call(ctx, c, "/fast"))
 		}
@@ -71,11 +78,7 @@ func TestWatch(t *testing.T) {
 	})
 
 	t.Run("the context ending aborts the call in flight", func(t *testing.T) {
-		s := start(t)
-		c := h1Client(t, s.url)
-		parent, cancel := context.WithCancel(context.Background())
-		ctx, stop := Watch(parent)
-		defer stop()
+		s, c, ctx, cancel := watched(t)
 		require.NoError(t, call(ctx, c, "/fast"))
 		errc := make(chan error, 1)
 		go func() { errc <- call(ctx, c, "/slow") }()
@@ -90,11 +93,7 @@ func TestWatch(t *testing.T) {
 	})
 
 	t.Run("a call after the context ended sends nothing", func(t *testing.T) {
-		s := start(t)
-		c := h1Client(t, s.url)
-		parent, cancel := context.WithCancel(context.Background())
-		ctx, stop := Watch(parent)
-		defer stop()
+		s, c, ctx, cancel := watched(t)
 		require.NoError(t, call(ctx, c, "/fast")) // leaves an idle connection
 		cancel()
 		err := call(ctx, c, "/fast")
@@ -104,11 +103,7 @@ func TestWatch(t *testing.T) {
 	})
 
 	t.Run("concurrent calls under one watch are all aborted", func(t *testing.T) {
-		s := start(t)
-		c := h1Client(t, s.url)
-		parent, cancel := context.WithCancel(context.Background())
-		ctx, stop := Watch(parent)
-		defer stop()
+		s, c, ctx, cancel := watched(t)
 		const n = 3
 		var wg sync.WaitGroup
 		errs := make([]error, n)
@@ -129,10 +124,7 @@ func TestWatch(t *testing.T) {
 	})
 
 	t.Run("a context under the watch that ends on its own aborts its call", func(t *testing.T) {
-		s := start(t)
-		c := h1Client(t, s.url)
-		ctx, stop := Watch(context.Background())
-		defer stop()
+		s, c, ctx, _ := watched(t)
 		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		defer cancel()
 		err := call(short, c, "/slow")
