@@ -215,6 +215,7 @@ func (r *genReply) entry(b []byte, i int) int {
 // of a reply. It returns -1, having recorded nothing, for anything else,
 // and entry then reads it; what it accepts entry would read alike.
 func (r *genReply) entryC(b []byte, i int) int {
+	start := i
 	id, i, ok := cLabel(b, i, `{"token_id":`, scanUint)
 	if !ok || id > math.MaxInt32 {
 		return -1
@@ -223,49 +224,69 @@ func (r *genReply) entryC(b []byte, i int) int {
 	if !bytes.HasPrefix(b[i:], []byte(`,"logprob":`)) {
 		return -1
 	}
-	le := cNumberEnd(b, ls)
-	lp, ok := parseFinite32(b[ls:le])
-	if !ok {
-		return -1
+	lp, n, ok := decimal32Prefix(b[ls:])
+	le := ls + n
+	if !ok { // a number decimal32 leaves to strconv
+		le = cNumberEnd(b, ls)
+		if lp, ok = parseFinite32(b[ls:le]); !ok {
+			return -1
+		}
 	}
 	if i = cRank(b, le); i < 0 || !bytes.HasPrefix(b[i:], []byte(`,"top_logprobs":[`)) {
 		return -1
 	}
+	// The sampled token's own top entry is the entry's opening fields
+	// again, closed: where a top entry is those very bytes it is not read
+	// a second time.
+	own := b[start:i]
 	i += len(`,"top_logprobs":[`)
-	for k := 0; ; k++ {
-		if k > 0 || (i < len(b) && b[i] != ']') {
-			// One top entry, its values only skimmed (as entry skims them).
-			var ok bool
-			if _, i, ok = cLabel(b, i, `{"token_id":`, scanUint); !ok || !bytes.HasPrefix(b[i:], []byte(`,"logprob":`)) {
+	if i < len(b) && b[i] == ']' {
+		i++
+	} else {
+		for {
+			if e := i + len(own); e < len(b) && b[e] == '}' && bytes.Equal(b[i:e], own) {
+				i = e + 1
+			} else if i = cTopEntry(b, i); i < 0 {
 				return -1
 			}
-			j := cNumberEnd(b, i+len(`,"logprob":`))
-			if j == i+len(`,"logprob":`) {
+			if i >= len(b) {
 				return -1
 			}
-			if i = cRank(b, j); i < 0 || i >= len(b) || b[i] != '}' {
+			if b[i] == ']' {
+				i++
+				break
+			}
+			if b[i] != ',' {
 				return -1
 			}
 			i++
 		}
-		if i >= len(b) {
-			return -1
-		}
-		if b[i] == ']' {
-			break
-		}
-		if b[i] != ',' {
-			return -1
-		}
-		i++
 	}
-	if i+1 >= len(b) || b[i+1] != '}' {
+	if i >= len(b) || b[i] != '}' {
 		return -1
 	}
 	r.lps = append(r.lps, lp)
 	r.entryIDs = append(r.entryIDs, int32(id))
 	r.intIDs = true
-	return i + 2
+	return i + 1
+}
+
+// cTopEntry skims one top_logprobs entry laid out as shape (C) writes it,
+// its values only skimmed (as entry skims them), returning the index after
+// it or -1.
+func cTopEntry(b []byte, i int) int {
+	_, i, ok := cLabel(b, i, `{"token_id":`, scanUint)
+	if !ok || !bytes.HasPrefix(b[i:], []byte(`,"logprob":`)) {
+		return -1
+	}
+	j := cNumberEnd(b, i+len(`,"logprob":`))
+	if j == i+len(`,"logprob":`) {
+		return -1
+	}
+	if i = cRank(b, j); i < 0 || i >= len(b) || b[i] != '}' {
+		return -1
+	}
+	return i + 1
 }
 
 // cLabel matches lit at b[i] and reads the value after it with scan.

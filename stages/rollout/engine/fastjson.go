@@ -342,6 +342,13 @@ func scanUsage(raw []byte) (u usageCounts, ok bool) {
 // within decimalSlack of that point is refused. Magnitudes outside
 // float32's normal range are refused too: there the boundary moves.
 func decimal32(b []byte) (float32, bool) {
+	f, n, ok := decimal32Prefix(b)
+	return f, ok && n == len(b)
+}
+
+// decimal32Prefix is decimal32 for the number that begins b: it returns
+// the number's length too, and leaves what follows to the caller.
+func decimal32Prefix(b []byte) (_ float32, n int, ok bool) {
 	i, neg := 0, false
 	if i < len(b) && b[i] == '-' {
 		neg = true
@@ -362,7 +369,7 @@ func decimal32(b []byte) (float32, bool) {
 		}
 	}
 	if i == start || (b[start] == '0' && i-start > 1) {
-		return 0, false // no digits, or a leading zero JSON forbids
+		return 0, 0, false // no digits, or a leading zero JSON forbids
 	}
 	if i < len(b) && b[i] == '.' {
 		i++
@@ -383,7 +390,7 @@ func decimal32(b []byte) (float32, bool) {
 			i++
 		}
 		if i == frac {
-			return 0, false
+			return 0, 0, false
 		}
 	}
 	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
@@ -399,21 +406,18 @@ func decimal32(b []byte) (float32, bool) {
 			i++
 		}
 		if i == digits {
-			return 0, false
+			return 0, 0, false
 		}
 		if eneg {
 			e = -e
 		}
 		exp += e
 	}
-	if i != len(b) {
-		return 0, false
-	}
 	if m == 0 {
 		if neg {
-			return float32(math.Copysign(0, -1)), true
+			return float32(math.Copysign(0, -1)), i, true
 		}
-		return 0, true
+		return 0, i, true
 	}
 	f := float64(m)
 	switch {
@@ -427,18 +431,18 @@ func decimal32(b []byte) (float32, bool) {
 	case exp < -22 && exp >= -44:
 		f /= 1e22 * pow10[-exp-22]
 	default:
-		return 0, false
+		return 0, 0, false
 	}
 	if f < 0x1p-126 || f > 0x1p127 {
-		return 0, false
+		return 0, 0, false
 	}
 	if low := int64(math.Float64bits(f) & (1<<29 - 1)); low > 1<<28-decimalSlack && low < 1<<28+decimalSlack {
-		return 0, false
+		return 0, 0, false
 	}
 	if neg {
 		f = -f
 	}
-	return float32(f), true
+	return float32(f), i, true
 }
 
 // decimalSlack is how near a float32 rounding boundary (in float64 units

@@ -101,6 +101,12 @@ func TestFastGenerate(t *testing.T) {
 		{"too many", `[{"token_id":101,"logprob":-0.1},{"token_id":102,"logprob":-0.25},{"logprob":-1}]`, false, false},
 		{"negative id", `[{"token_id":-101,"logprob":-0.1},{"token_id":102,"logprob":-0.25}]`, false, false},
 		{"not a list", `{"token_id":101}`, false, false},
+		{"shape C", `[{"token_id":101,"logprob":-0.1,"rank":1,"top_logprobs":[{"token_id":101,"logprob":-0.1,"rank":1}]},` +
+			`{"token_id":102,"logprob":-0.25,"rank":2,"top_logprobs":[{"token_id":102,"logprob":-0.25,"rank":2},{"token_id":7,"logprob":-0.5,"rank":1}]}]`, true, true},
+		{"shape C, top entries not the sampled one", `[{"token_id":101,"logprob":-0.1,"rank":null,"top_logprobs":[{"token_id":9,"logprob":-0.01,"rank":1}]},` +
+			`{"token_id":102,"logprob":-0.25,"rank":1,"top_logprobs":[]}]`, true, true},
+		{"shape C, sampled top entry unclosed", `[{"token_id":101,"logprob":-0.1,"rank":1,"top_logprobs":[{"token_id":101,"logprob":-0.1,"rank":1]},` +
+			`{"token_id":102,"logprob":-0.25,"rank":2,"top_logprobs":[]}]`, false, false},
 	}
 	for _, c := range entries {
 		t.Run(c.name, func(t *testing.T) {
@@ -143,6 +149,37 @@ func TestFastGenerate(t *testing.T) {
 			_, ok := fastGenerate([]byte(c.body))
 			assert.Equal(t, c.ok, ok)
 		})
+	}
+}
+
+// entryC reads shape (C) entries itself (entry is the fallback): the
+// sampled token's own top entry by its bytes, others skimmed.
+func TestEntryC(t *testing.T) {
+	for _, c := range []struct {
+		entry string
+		ok    bool
+	}{
+		{`{"token_id":101,"logprob":-0.1,"rank":1,"top_logprobs":[{"token_id":101,"logprob":-0.1,"rank":1}]}`, true},
+		{`{"token_id":101,"logprob":-0.1,"rank":1,"top_logprobs":[{"token_id":101,"logprob":-0.1,"rank":1},{"token_id":5,"logprob":-3,"rank":2}]}`, true},
+		{`{"token_id":101,"logprob":-0.1,"rank":3,"top_logprobs":[{"token_id":5,"logprob":-0.01,"rank":1},{"token_id":101,"logprob":-0.1,"rank":3}]}`, true},
+		{`{"token_id":101,"logprob":-0.1,"rank":null,"top_logprobs":[]}`, true},
+		{`{"token_id":101,"logprob":-1.2345678901234567e-05,"rank":1,"top_logprobs":[{"token_id":101,"logprob":-1.2345678901234567e-05,"rank":1}]}`, true},
+		{`{"token_id":101,"logprob":-0.1,"rank":1,"top_logprobs":[{"token_id":101,"logprob":-0.1,"rank":1}`, false},
+		{`{"token_id":101,"logprob":-0.1,"rank":1,"top_logprobs":[{"token_id":101,"logprob":-0.1,"rank":1}]`, false},
+		{`{"token_id":101,"logprob":-0.1,"rank":1,"top_logprobs":[{"token_id":101,"logprob":-0.1,"rank":1},]}`, false},
+		{`{"token_id":101,"logprob":-0.1,"rank":1,"top_logprobs":[{"token_id":101,"logprob":,"rank":1}]}`, false},
+		{`{"token_id":101,"logprob":-0.1,"rank":1,"top_logprobs":[{"token_id":101,"logprob":-0.1,"rank":1X]}`, false},
+		{`{"token_id":101,"logprob":-0.1,"rank":1,"top_logprobs":[{"token_id":101,"logprob":-0.1,"rank":12}]}`, true},
+	} {
+		var r genReply
+		end := r.entryC([]byte(c.entry+",next"), 0)
+		if c.ok {
+			assert.Equal(t, len(c.entry), end, "%s", c.entry)
+			assert.Equal(t, []int32{101}, r.entryIDs)
+		} else {
+			assert.Equal(t, -1, end, "%s", c.entry)
+			assert.Empty(t, r.lps)
+		}
 	}
 }
 
