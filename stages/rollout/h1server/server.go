@@ -22,8 +22,11 @@
 // Every response is buffered and sent whole with its length (the adapter
 // generates a turn before it answers; http.Flusher is a no-op). Not
 // HTTP/2, not hijacking, not trailers, not informational (1xx) responses
-// from a handler (WriteHeader ignores them). Where the hang-up watcher is not
-// available (systems other than Linux) Serve is net/http's server.
+// from a handler (WriteHeader ignores them). A request's context is its
+// connection's: it ends when the client hangs up or the connection
+// closes, not when the handler returns (a handler that needs that derives
+// its own). Where the hang-up watcher is not available (systems other than
+// Linux) Serve is net/http's server.
 package h1server
 
 import (
