@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -401,4 +402,51 @@ func TestReadHeaderTimeout(t *testing.T) {
 	resp, err := http.ReadResponse(bufio.NewReader(idle), nil)
 	require.NoError(t, err, "an idle connection should wait for its request")
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// A Unix socket listener is served as a TCP one, hang-ups included (the
+// sandbox's way out to the adapter is a Unix socket).
+func TestUnixSocket(t *testing.T) {
+	ended := make(chan error, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/wait" {
+			<-r.Context().Done()
+			ended <- r.Context().Err()
+			return
+		}
+		echo(w, r)
+	})
+	path := filepath.Join(t.TempDir(), "adapter.sock")
+	ln, err := net.Listen("unix", path)
+	require.NoError(t, err)
+	s := &h1server.Server{Handler: h}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	defer func() {
+		s.Close()
+		assert.ErrorIs(t, <-served, http.ErrServerClosed)
+	}()
+
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", path)
+	}}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Post("http://adapter/x", "text/plain", strings.NewReader("over a unix socket"))
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, "over a unix socket", string(b))
+
+	nc, err := net.Dial("unix", path)
+	require.NoError(t, err)
+	_, err = io.WriteString(nc, "GET /wait HTTP/1.1\r\nHost: h\r\n\r\n")
+	require.NoError(t, err)
+	time.Sleep(50 * time.Millisecond)
+	nc.Close()
+	select {
+	case err := <-ended:
+		assert.ErrorIs(t, err, context.Canceled)
+	case <-time.After(2 * time.Second):
+		t.Fatal("the handler's context did not end when the client hung up")
+	}
 }
