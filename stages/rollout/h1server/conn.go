@@ -257,7 +257,11 @@ func (c *conn) run(w *response, req *http.Request) (ok bool) {
 			ok = false
 		}
 	}()
-	c.s.Handler.ServeHTTP(w, req)
+	h := c.s.Handler
+	if h == nil {
+		h = http.DefaultServeMux // as net/http's server
+	}
+	h.ServeHTTP(w, req)
 	return true
 }
 

@@ -43,7 +43,7 @@ import (
 // Server serves Handler on the listeners given to Serve. Set its fields
 // before the first Serve and do not change them after.
 type Server struct {
-	Handler http.Handler
+	Handler http.Handler // nil: http.DefaultServeMux, as net/http's server
 
 	// ReadHeaderTimeout bounds the reading of a request's head, from its
 	// first byte; 0 means no limit. An idle kept-alive connection waits
