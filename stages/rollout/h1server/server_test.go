@@ -31,13 +31,19 @@ func serve(t *testing.T, s *h1server.Server) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
+	serveOn(t, s, ln)
+	return ln.Addr().String()
+}
+
+// serveOn serves s on ln until the test ends, then closes it and checks
+// that Serve said so.
+func serveOn(t *testing.T, s *h1server.Server, ln net.Listener) {
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(ln) }()
 	t.Cleanup(func() {
 		s.Close()
 		assert.ErrorIs(t, <-served, http.ErrServerClosed)
 	})
-	return ln.Addr().String()
 }
 
 // lockedLog collects what a server logs.
@@ -232,12 +238,7 @@ func serveCounting(t *testing.T, s *h1server.Server) (string, *countingListener)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	cl := &countingListener{Listener: ln}
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(cl) }()
-	t.Cleanup(func() {
-		s.Close()
-		assert.ErrorIs(t, <-served, http.ErrServerClosed)
-	})
+	serveOn(t, s, cl)
 	return "http://" + ln.Addr().String(), cl
 }
 
@@ -419,13 +420,7 @@ func TestUnixSocket(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "adapter.sock")
 	ln, err := net.Listen("unix", path)
 	require.NoError(t, err)
-	s := &h1server.Server{Handler: h}
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ln) }()
-	defer func() {
-		s.Close()
-		assert.ErrorIs(t, <-served, http.ErrServerClosed)
-	}()
+	serveOn(t, &h1server.Server{Handler: h}, ln)
 
 	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, "unix", path)
