@@ -84,17 +84,20 @@ func (h *hangups) add(nc net.Conn, onHangUp func()) (uint64, error) {
 }
 
 // remove stops watching the connection id, before nc closes (if nc is
-// closed already, its registration went with it).
+// closed already, its registration went with it). It holds mu throughout,
+// so that close cannot release the epoll descriptor — whose number a new
+// descriptor could then take — while it is used here.
 func (h *hangups) remove(id uint64, nc net.Conn) {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	delete(h.hungUp, id)
-	closed := h.closed
-	h.mu.Unlock()
-	if closed {
+	if h.closed {
 		return
 	}
-	if rc, err := nc.(syscall.Conn).SyscallConn(); err == nil {
-		_ = rc.Control(func(fd uintptr) { _ = syscall.EpollCtl(h.epfd, syscall.EPOLL_CTL_DEL, int(fd), nil) })
+	if sc, ok := nc.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			_ = rc.Control(func(fd uintptr) { _ = syscall.EpollCtl(h.epfd, syscall.EPOLL_CTL_DEL, int(fd), nil) })
+		}
 	}
 }
 

@@ -122,9 +122,8 @@ func (s *Server) start(ln net.Listener) (*http.Server, error) {
 		return nil, http.ErrServerClosed
 	}
 	if s.done == nil {
-		s.done = make(chan struct{})
-		s.listeners = map[net.Listener]struct{}{}
-		s.conns = map[*conn]struct{}{}
+		// Set up on the first Serve; a failure leaves nothing set up, so a
+		// later Serve tries again.
 		h, err := newHangups()
 		switch {
 		case errors.Is(err, errUnsupported):
@@ -134,6 +133,9 @@ func (s *Server) start(ln net.Listener) (*http.Server, error) {
 			return nil, err
 		}
 		s.hangups = h
+		s.done = make(chan struct{})
+		s.listeners = map[net.Listener]struct{}{}
+		s.conns = map[*conn]struct{}{}
 	}
 	if s.std != nil {
 		return s.std, nil
