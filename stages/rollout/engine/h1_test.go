@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -89,7 +90,12 @@ func TestH1Transport(t *testing.T) {
 	})
 
 	t.Run("server closes idle connections", func(t *testing.T) {
-		srv, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, `{}`) })
+		srv, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/slow" {
+				time.Sleep(50 * time.Millisecond) // the requests overlap: one connection each
+			}
+			fmt.Fprint(w, `{}`)
+		})
 		srv.Config.SetKeepAlivesEnabled(true)
 		c := h1Client(t, srv.URL)
 		for i := range 3 {
@@ -99,6 +105,28 @@ func TestH1Transport(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		assert.Equal(t, int64(3), conns.Load(), "a connection the server closed is not reused")
+
+		// Several idle connections closed at once: the request passes over
+		// all of them, sent on none, to one new connection.
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := c.do(ctx, http.MethodGet, "/slow", nil, nil)
+				assert.NoError(t, err)
+			}()
+		}
+		wg.Wait()
+		idle := len(c.h1.idle)
+		require.GreaterOrEqual(t, idle, 2, "concurrent requests left idle connections")
+		before := conns.Load()
+		srv.CloseClientConnections()
+		time.Sleep(20 * time.Millisecond)
+		_, err := c.do(ctx, http.MethodPost, "/tokenize", []byte(`{}`), nil)
+		require.NoError(t, err)
+		assert.Equal(t, before+1, conns.Load(), "one new connection")
+		assert.Equal(t, 1, len(c.h1.idle), "the closed connections were dropped")
 	})
 
 	t.Run("connection close", func(t *testing.T) {

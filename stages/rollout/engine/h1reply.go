@@ -50,6 +50,9 @@ func readOneHead(br *bufio.Reader) (replyHead, error) {
 	}
 	// HTTP-version SP 3DIGIT [SP reason-phrase]
 	proto, rest, _ := bytes.Cut(line, []byte(" "))
+	// Reading the fields may move the line's bytes in br's buffer: what
+	// is needed of it later is kept here.
+	http10 := string(proto) == "HTTP/1.0"
 	switch string(proto) {
 	case "HTTP/1.1":
 	case "HTTP/1.0":
@@ -107,7 +110,7 @@ func readOneHead(br *bufio.Reader) (replyHead, error) {
 	switch {
 	case h.status < 200 || h.status == 204 || h.status == 304:
 		h.length = 0
-	case haveTE && string(proto) == "HTTP/1.0":
+	case haveTE && http10:
 		// RFC 9112 §6.1: the framing of such a reply is faulty.
 		return h, fmt.Errorf("HTTP/1.0 reply with Transfer-Encoding %q", te)
 	case haveTE:
@@ -189,8 +192,9 @@ func asciiFold(b []byte, lower string) bool {
 
 // readReply reads one reply whole: its status, its body (drawn from bufs
 // when its length is known) and whether the connection can carry the next
-// request.
-func readReply(br *bufio.Reader, bufs *bufPool) (status int, body []byte, keep bool, err error) {
+// request. src is what br reads: the part of a body of known length that
+// br does not hold yet is read from it straight into the body.
+func readReply(br *bufio.Reader, src io.Reader, bufs *bufPool) (status int, body []byte, keep bool, err error) {
 	h, err := readReplyHead(br)
 	if err != nil {
 		return 0, nil, false, err
@@ -202,7 +206,16 @@ func readReply(br *bufio.Reader, bufs *bufPool) (status int, body []byte, keep b
 		body, err = readChunked(br, maxResponse)
 	case h.length >= 0:
 		body = bufs.get(int(h.length))[:h.length]
-		_, err = io.ReadFull(br, body)
+		k := 0
+		if br.Buffered() > 0 {
+			k, _ = br.Read(body) // what br holds, copied without a read
+		}
+		if k < len(body) {
+			_, err = io.ReadFull(src, body[k:])
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+		}
 	default: // the body ends with the connection
 		body, err = io.ReadAll(io.LimitReader(br, maxResponse+1))
 		if err == nil && len(body) > maxResponse {

@@ -2,10 +2,12 @@ package engine
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"testing/iotest"
 )
 
 // TestReadReply: replies as a server may frame them, each followed on the
@@ -63,53 +65,61 @@ func TestReadReply(t *testing.T) {
 	}
 	var bufs bufPool
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			stream := c.reply
-			if !c.alone {
-				stream += next
-			}
-			br := bufio.NewReaderSize(strings.NewReader(stream), 32<<10)
-			status, body, keep, err := readReply(br, &bufs)
-			if c.err != "" {
-				if err == nil || !strings.Contains(err.Error(), c.err) {
-					t.Fatalf("got status %d body %q err %v, want an error containing %q", status, body, err, c.err)
+		// Read whole at once, and a byte per read: then the buffered
+		// reader holds none of a body, which is read from the source.
+		for _, trickle := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/trickle=%v", c.name, trickle), func(t *testing.T) {
+				stream := c.reply
+				if !c.alone {
+					stream += next
 				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("refused: %v", err)
-			}
-			if c.oracle {
-				obr := bufio.NewReader(strings.NewReader(stream))
-				resp, err := http.ReadResponse(obr, nil)
+				var src io.Reader = strings.NewReader(stream)
+				if trickle {
+					src = iotest.OneByteReader(src)
+				}
+				br := bufio.NewReaderSize(src, 32<<10)
+				status, body, keep, err := readReply(br, src, &bufs)
+				if c.err != "" {
+					if err == nil || !strings.Contains(err.Error(), c.err) {
+						t.Fatalf("got status %d body %q err %v, want an error containing %q", status, body, err, c.err)
+					}
+					return
+				}
 				if err != nil {
-					t.Fatalf("net/http refuses it: %v", err)
+					t.Fatalf("refused: %v", err)
 				}
-				want, err := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				if err != nil {
-					t.Fatalf("net/http body: %v", err)
+				if c.oracle {
+					obr := bufio.NewReader(strings.NewReader(stream))
+					resp, err := http.ReadResponse(obr, nil)
+					if err != nil {
+						t.Fatalf("net/http refuses it: %v", err)
+					}
+					want, err := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if err != nil {
+						t.Fatalf("net/http body: %v", err)
+					}
+					wantKeep := !resp.Close && resp.ProtoAtLeast(1, 1)
+					if status != resp.StatusCode || string(body) != string(want) || keep != wantKeep {
+						t.Fatalf("read status %d body %q keep %v; net/http: %d %q %v", status, body, keep, resp.StatusCode, want, wantKeep)
+					}
+				} else if status != 200 || string(body) != "{}" || !keep {
+					t.Fatalf("read status %d body %q keep %v, want 200 \"{}\" true", status, body, keep)
 				}
-				wantKeep := !resp.Close && resp.ProtoAtLeast(1, 1)
-				if status != resp.StatusCode || string(body) != string(want) || keep != wantKeep {
-					t.Fatalf("read status %d body %q keep %v; net/http: %d %q %v", status, body, keep, resp.StatusCode, want, wantKeep)
+				if c.alone {
+					if keep {
+						t.Fatal("a body that ends with the connection keeps it")
+					}
+					return
 				}
-			} else if status != 200 || string(body) != "{}" || !keep {
-				t.Fatalf("read status %d body %q keep %v, want 200 \"{}\" true", status, body, keep)
-			}
-			if c.alone {
 				if keep {
-					t.Fatal("a body that ends with the connection keeps it")
+					s, b, _, err := readReply(br, src, &bufs)
+					if err != nil || s != 200 || string(b) != "next" {
+						t.Fatalf("the next reply reads as %d %q %v: the body was not read to its end", s, b, err)
+					}
 				}
-				return
-			}
-			if keep {
-				s, b, _, err := readReply(br, &bufs)
-				if err != nil || s != 200 || string(b) != "next" {
-					t.Fatalf("the next reply reads as %d %q %v: the body was not read to its end", s, b, err)
-				}
-			}
-		})
+			})
+		}
 	}
 }
 
@@ -122,7 +132,8 @@ func FuzzReadReply(f *testing.F) {
 	f.Add("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n")
 	f.Fuzz(func(t *testing.T, reply string) {
 		var bufs bufPool
-		status, body, keep, err := readReply(bufio.NewReaderSize(strings.NewReader(reply), 4096), &bufs)
+		src := strings.NewReader(reply)
+		status, body, keep, err := readReply(bufio.NewReaderSize(src, 4096), src, &bufs)
 		if err != nil || status < 200 {
 			return
 		}
