@@ -91,9 +91,17 @@ func scanIDsFrom(dst []int32, b []byte, i, from int) ([]int32, int, bool) {
 	if i >= len(b) || b[i] != '[' {
 		return nil, i, false
 	}
-	// Each id takes at least two bytes ("n,"), which bounds the count.
+	// The commas up to the list's first ']' bound the count (an id list
+	// holds none before its end). Not the commas of all that follows: a
+	// generate reply's token_ids come before its logprob entries, and the
+	// array, kept as a turn's output ids, would be several times their
+	// size.
 	ids := dst[:0]
-	if most := bytes.Count(b[from:], []byte{','}) + 1; cap(ids) >= most {
+	end := bytes.IndexByte(b[from:], ']')
+	if end < 0 {
+		return nil, i, false
+	}
+	if most := bytes.Count(b[from:from+end], []byte{','}) + 1; cap(ids) >= most {
 		ids = ids[:most]
 	} else {
 		ids = make([]int32, most)

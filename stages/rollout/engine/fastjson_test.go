@@ -119,6 +119,9 @@ func TestFastGenerate(t *testing.T) {
 				return
 			}
 			assert.Equal(t, ids, r.ids)
+			// The ids are kept as the turn's output: their array holds
+			// them and not room for every comma of the reply after them.
+			assert.Equal(t, len(ids), cap(r.ids), "capacity of the output ids")
 			if r.intIDs != c.intIDs || len(r.lps) != 2 || r.lps[0] != float32(-0.1) || r.lps[1] != float32(-0.25) {
 				t.Fatalf("got %v intIDs=%v", r.lps, r.intIDs)
 			}
