@@ -338,15 +338,49 @@ func (s *Server) reusePrompt(ctx context.Context, sess *session, msgs []json.Raw
 		// engine client are read-only, so it can be shared, not copied).
 		if n := len(t.PromptIDs); n+len(t.OutputIDs) == end+1 &&
 			equalIDs(full[:n], t.PromptIDs) && equalIDs(full[n:end+1], t.OutputIDs) {
+			sess.rebase(t.PromptIDs, full)
 			return full, true, nil
 		}
-		out := make([]int32, 0, len(t.PromptIDs)+len(t.OutputIDs)+len(full)-end-1)
-		out = append(out, t.PromptIDs...)
-		out = append(out, t.OutputIDs...)
-		out = append(out, full[end+1:]...)
-		return out, true, nil
+		return sess.extendPrompt(t.PromptIDs, t.OutputIDs, full[end+1:]), true, nil
 	}
 	return full, false, nil // step 8
+}
+
+// extendPrompt returns prompt+output+suffix, a reused prompt (spec §3 step
+// 7). Each reused prompt of a session begins with the one before, so they
+// share one array: when prompt is the last one built, viewed whole, the
+// rest goes into the array's room past it — room no recorded prompt covers,
+// each being cut to its length and capacity. Else, or without room, a new
+// array with half again the room takes over (rebase).
+func (sess *session) extendPrompt(prompt, output, suffix []int32) []int32 {
+	n := len(prompt) + len(output) + len(suffix)
+	g := sess.grown
+	if len(prompt) == 0 || len(g) != len(prompt) || &g[0] != &prompt[0] || cap(g) < n {
+		g = make([]int32, len(prompt), n+n/2)
+		copy(g, prompt)
+		sess.rebase(prompt, g)
+	}
+	g = append(g, output...)
+	g = append(g, suffix...)
+	sess.grown = g
+	return g[:n:n]
+}
+
+// rebase moves the recorded prompts that are views of old's array, from
+// its start and no longer than old, to the same places in to, which must
+// begin with old's ids. Recorded ids are never written, so such a view
+// holds old's first ids and to holds them too; the old array is then free
+// (unless the engine client's memo still holds it), and a session's prompts
+// cost about one array of its longest rather than one per reallocation.
+func (sess *session) rebase(old, to []int32) {
+	if len(old) == 0 || len(to) == 0 || &old[0] == &to[0] {
+		return
+	}
+	for i := range sess.turns {
+		if p := sess.turns[i].PromptIDs; len(p) > 0 && len(p) <= len(old) && &p[0] == &old[0] {
+			sess.turns[i].PromptIDs = to[:len(p):len(p)]
+		}
+	}
 }
 
 // maxCachedTail bounds the tails blankTail remembers (ids per tail).

@@ -4,9 +4,13 @@ import (
 	"encoding/json"
 	"slices"
 	"testing"
+	"unsafe"
 
-	"github.com/kilnrl/kiln/stages/rollout/parse"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/stages/rollout/parse"
 )
 
 // Deep-equal messages hash alike whatever their key order; any other
@@ -91,5 +95,53 @@ func TestEqualIDs(t *testing.T) {
 		if got, want := equalIDs(c[0], c[1]), slices.Equal(c[0], c[1]); got != want {
 			t.Errorf("equalIDs(%v, %v) = %v, want %v", c[0], c[1], got, want)
 		}
+	}
+}
+
+// extendPrompt appends in place to the last prompt it built when that
+// prompt is extended again, never writes what a recorded prompt covers, and
+// moves the recorded prompts into a new array when it makes one.
+func TestExtendPrompt(t *testing.T) {
+	same := func(a, b []int32) bool { return unsafe.SliceData(a) == unsafe.SliceData(b) }
+	sess := &session{}
+	render := []int32{1, 2, 3} // a turn's prompt that is a render, not built here
+	sess.turns = []records.Turn{{PromptIDs: render}}
+
+	p1 := sess.extendPrompt(render, []int32{4}, []int32{5, 6})
+	assert.Equal(t, []int32{1, 2, 3, 4, 5, 6}, p1)
+	assert.Equal(t, len(p1), cap(p1), "a prompt is cut to its length: no one appends to it")
+	assert.True(t, same(sess.turns[0].PromptIDs, p1), "the recorded prompt moved to the new array")
+	assert.Equal(t, render, sess.turns[0].PromptIDs)
+	sess.turns = append(sess.turns, records.Turn{PromptIDs: p1})
+
+	p2 := sess.extendPrompt(p1, []int32{7}, []int32{8})
+	assert.Equal(t, []int32{1, 2, 3, 4, 5, 6, 7, 8}, p2)
+	assert.True(t, same(p1, p2), "the next prompt is appended in place")
+	assert.Equal(t, []int32{1, 2, 3, 4, 5, 6}, p1)
+	sess.turns = append(sess.turns, records.Turn{PromptIDs: p2})
+
+	// A sibling branch from turn 0: a new array; the longer prompts keep
+	// theirs, the shorter one moves.
+	sib := sess.extendPrompt(sess.turns[0].PromptIDs, []int32{9}, nil)
+	assert.Equal(t, []int32{1, 2, 3, 9}, sib)
+	assert.False(t, same(sib, p2))
+	assert.Equal(t, []int32{1, 2, 3, 4, 5, 6, 7, 8}, sess.turns[2].PromptIDs)
+	assert.True(t, same(sess.turns[1].PromptIDs, p2) && same(sess.turns[2].PromptIDs, p2))
+	assert.True(t, same(sess.turns[0].PromptIDs, sib))
+
+	// Growing past the array's room, many times over: every prompt keeps
+	// its ids.
+	want := [][]int32{sess.turns[0].PromptIDs, sess.turns[1].PromptIDs, sess.turns[2].PromptIDs}
+	last := p2
+	for i := range 200 {
+		next := sess.extendPrompt(last, []int32{int32(100 + i)}, []int32{int32(1000 + i), int32(2000 + i)})
+		require.Equal(t, last, next[:len(last)], "step %d", i)
+		require.Equal(t, []int32{int32(100 + i), int32(1000 + i), int32(2000 + i)}, next[len(last):], "step %d", i)
+		sess.turns = append(sess.turns, records.Turn{PromptIDs: next})
+		want = append(want, slices.Clone(next))
+		last = next
+	}
+	for i, tr := range sess.turns {
+		require.Equal(t, want[i], tr.PromptIDs, "turn %d", i)
 	}
 }

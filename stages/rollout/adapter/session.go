@@ -36,6 +36,9 @@ type session struct {
 	prefixes []prefix
 	memo     hashMemo
 	calls    engine.Memo // what the engine client remembers of this session's calls
+	// grown is the array of the last prompt extendPrompt built, viewed up
+	// to that prompt's end.
+	grown []int32
 }
 
 func (s *Server) newSession(id string, o SessionOptions) *session {
