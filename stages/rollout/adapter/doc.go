@@ -68,19 +68,20 @@
 // ReuseAttempts restores the reference's search.
 //
 // Memory per session: the recorded turns, kept without a copy of the
-// history per turn. A turn's prompt ids that are a render of the growing
-// conversation share one array with the earlier turns' (engine.Memo; the
-// recorded ids are read-only); a reused prompt built from the last one's
-// ids (step 4) is appended in place to the array that one was built in;
-// and whenever a new array takes over, the recorded prompts that are views
-// of the old one move to it, so a session's prompts cost about one array
-// of its longest. Each distinct prompt message is stored once: a turn keeps
-// a list of shared messages and Finish joins it into the turn's
-// prompt_messages array (messageStore). Besides, the session holds one
-// render's reply bytes (engine.Memo) and its last request's message slices
-// (for the same-slice checks). The load benchmark's 100-turn sessions
-// (prompts up to ~40k tokens) hold ~1.4 MB each, where a copy of the ids
-// and messages per turn took ~12 MB.
+// history per turn. A client resends its whole history every turn, so a
+// session's lists — its prompts' ids, its prefixes' message hashes, its
+// turns' message lists — each begin with the one before, and each kind is
+// kept in one array (chain): a turn's prompt ids that are a render of the
+// growing conversation are the engine client's memo array (engine.Memo;
+// the recorded ids are read-only), a reused prompt built from the last
+// one's ids (step 4) is appended in place to that one's array, and
+// whenever a new array takes over, the lists that are views of the old one
+// move to it. Each distinct prompt message is stored once, and Finish joins
+// a turn's list into its prompt_messages array (messageStore). Besides,
+// the session holds one render's reply bytes (engine.Memo) and its last
+// request's message slices (for the same-slice checks). The load
+// benchmark's 100-turn sessions (prompts up to ~40k tokens) hold ~0.85 MB
+// each, where a copy of the ids and messages per turn took ~12 MB.
 //
 // With Qwen3-family templates, whose last assistant message renders a
 // <think> block that is dropped once more messages follow, reuse needs the

@@ -11,9 +11,11 @@ import (
 // history every turn, so turn k's messages are mostly turn k-1's: a message
 // equal to the one at its index in the last recorded turn shares that
 // turn's bytes, and only the others are copied (compactly: the store never
-// holds on to a request body). A session of n turns keeps each distinct
-// message once plus n lists of slice headers, where one joined array per
-// turn was O(n²) bytes; Finish joins each turn's list into its
+// holds on to a request body). When the last turn's messages are all
+// resent, the turn's list is that turn's extended, in one array (chain), so
+// a session of n turns keeps each distinct message once and about one list
+// of slice headers, where one joined array per turn was O(n²) bytes (and n
+// lists of headers O(n²) headers); Finish joins each turn's list into its
 // records.Turn.PromptMessages, the turns kind's JSON array.
 type messageStore struct {
 	turns [][]json.RawMessage // per recorded turn; stored bytes, never written
@@ -21,7 +23,8 @@ type messageStore struct {
 	// a message that is the very same slice again (a decode History hands
 	// back an unchanged history as the same bytes, which nothing writes) is
 	// equal without a compare.
-	last []json.RawMessage
+	last  []json.RawMessage
+	lists chain[json.RawMessage]
 }
 
 // record stores the messages of the turn just recorded.
@@ -30,13 +33,38 @@ func (m *messageStore) record(msgs []json.RawMessage) {
 	if n := len(m.turns); n > 0 {
 		prev = m.turns[n-1]
 	}
-	out := make([]json.RawMessage, len(msgs))
-	for i, raw := range msgs {
-		if i < len(prev) && ((i < len(m.last) && sameSlice(raw, m.last[i])) || bytes.Equal(raw, prev[i])) {
-			out[i] = prev[i]
-			continue
+	same := func(i int) bool {
+		return i < len(prev) && ((i < len(m.last) && sameSlice(msgs[i], m.last[i])) || bytes.Equal(msgs[i], prev[i]))
+	}
+	k := 0
+	for k < len(prev) && k < len(msgs) && same(k) {
+		k++
+	}
+	var out []json.RawMessage
+	if k == len(prev) && k > 0 {
+		var moved bool
+		out, moved = m.lists.extend(prev, msgs[k:])
+		if moved {
+			rebase(prev, out, func(yield func(*[]json.RawMessage) bool) {
+				for i := range m.turns {
+					if !yield(&m.turns[i]) {
+						return
+					}
+				}
+			})
 		}
-		out[i] = bytes.Clone(raw)
+		for i := k; i < len(out); i++ {
+			out[i] = bytes.Clone(out[i]) // the list's own room: no one else's yet
+		}
+	} else {
+		out = make([]json.RawMessage, len(msgs))
+		for i, raw := range msgs {
+			if same(i) {
+				out[i] = prev[i]
+				continue
+			}
+			out[i] = bytes.Clone(raw)
+		}
 	}
 	m.turns = append(m.turns, out)
 	m.last = append(m.last[:0], msgs...) // the headers: the caller may reuse its list

@@ -15,7 +15,7 @@ import (
 // grows, the same slices handed back, equal bytes in new memory, an edit
 // anywhere, messages dropped or inserted, other bytes re-sliced into the
 // memory a message had — and a growing history keeps each distinct
-// message once.
+// message once, its turns' lists in one array.
 func TestMessageStore(t *testing.T) {
 	for seed := range 300 {
 		rng := rand.New(rand.NewPCG(uint64(seed), 3))
@@ -85,6 +85,13 @@ func TestMessageStore(t *testing.T) {
 	}
 	if len(arrays) != 50 {
 		t.Fatalf("50 turns of a growing 50-message history stored %d message copies, want 50", len(arrays))
+	}
+	lists := map[*json.RawMessage]bool{}
+	for _, msgs := range store.turns {
+		lists[unsafe.SliceData(msgs)] = true
+	}
+	if len(lists) != 1 {
+		t.Fatalf("the 50 turns' message lists are in %d arrays, want one (each list begins with the last)", len(lists))
 	}
 	for _, m := range store.turns[len(store.turns)-1] {
 		for _, given := range hist {

@@ -171,8 +171,7 @@ func (m *hashMemo) sum(raw []byte) rawSum {
 	return rawSum{maphash.Bytes(m.seeds[0], raw), maphash.Bytes(m.seeds[1], raw)}
 }
 
-// messages returns the hashes of msgs, with room for one more (the turn's
-// assistant message).
+// messages returns the hashes of msgs.
 //
 // A message that is the very slice it was last time (the decode History
 // hands a session's unchanged history back as the same translated bytes,
@@ -180,7 +179,7 @@ func (m *hashMemo) sum(raw []byte) rawSum {
 // slices, so their memory cannot be reused for other bytes meanwhile.
 // Message bytes given to the adapter's memo are never written afterwards.
 func (m *hashMemo) messages(msgs []json.RawMessage) []digest {
-	out := make([]digest, len(msgs), len(msgs)+1)
+	out := make([]digest, len(msgs))
 	sums := make([]rawSum, len(msgs))
 	for i, raw := range msgs {
 		if i < len(m.raws) && sameSlice(raw, m.raws[i]) {
@@ -338,7 +337,7 @@ func (s *Server) reusePrompt(ctx context.Context, sess *session, msgs []json.Raw
 		// engine client are read-only, so it can be shared, not copied).
 		if n := len(t.PromptIDs); n+len(t.OutputIDs) == end+1 &&
 			equalIDs(full[:n], t.PromptIDs) && equalIDs(full[n:end+1], t.OutputIDs) {
-			sess.rebase(t.PromptIDs, full)
+			sess.rebasePrompts(t.PromptIDs, full)
 			return full, true, nil
 		}
 		return sess.extendPrompt(t.PromptIDs, t.OutputIDs, full[end+1:]), true, nil
@@ -346,41 +345,50 @@ func (s *Server) reusePrompt(ctx context.Context, sess *session, msgs []json.Raw
 	return full, false, nil // step 8
 }
 
-// extendPrompt returns prompt+output+suffix, a reused prompt (spec §3 step
-// 7). Each reused prompt of a session begins with the one before, so they
-// share one array: when prompt is the last one built, viewed whole, the
-// rest goes into the array's room past it — room no recorded prompt covers,
-// each being cut to its length and capacity. Else, or without room, a new
-// array with half again the room takes over (rebase).
-func (sess *session) extendPrompt(prompt, output, suffix []int32) []int32 {
-	n := len(prompt) + len(output) + len(suffix)
-	g := sess.grown
-	if len(prompt) == 0 || len(g) != len(prompt) || &g[0] != &prompt[0] || cap(g) < n {
-		g = make([]int32, len(prompt), n+n/2)
-		copy(g, prompt)
-		sess.rebase(prompt, g)
-	}
-	g = append(g, output...)
-	g = append(g, suffix...)
-	sess.grown = g
-	return g[:n:n]
-}
-
-// rebase moves the recorded prompts that are views of old's array, from
-// its start and no longer than old, to the same places in to, which must
-// begin with old's ids. Recorded ids are never written, so such a view
-// holds old's first ids and to holds them too; the old array is then free
-// (unless the engine client's memo still holds it), and a session's prompts
-// cost about one array of its longest rather than one per reallocation.
-func (sess *session) rebase(old, to []int32) {
-	if len(old) == 0 || len(to) == 0 || &old[0] == &to[0] {
-		return
-	}
-	for i := range sess.turns {
-		if p := sess.turns[i].PromptIDs; len(p) > 0 && len(p) <= len(old) && &p[0] == &old[0] {
-			sess.turns[i].PromptIDs = to[:len(p):len(p)]
+// storeHashes returns the hashes of a recorded turn's prefix (spec §3
+// "State"): its request messages' and its assistant message's. A request
+// that resends the last turn's history begins with the last prefix's
+// hashes, so the lists share one array (chain).
+func (sess *session) storeHashes(msgs []digest, assistant digest) []digest {
+	var prev []digest
+	if n := len(sess.prefixes); n > 0 {
+		if p := sess.prefixes[n-1].msgs; len(p) <= len(msgs) && slices.Equal(p, msgs[:len(p)]) {
+			prev = p
 		}
 	}
+	list, moved := sess.hashes.extend(prev, msgs[len(prev):], []digest{assistant})
+	if moved {
+		rebase(prev, list, func(yield func(*[]digest) bool) {
+			for i := range sess.prefixes {
+				if !yield(&sess.prefixes[i].msgs) {
+					return
+				}
+			}
+		})
+	}
+	return list
+}
+
+// extendPrompt returns prompt+output+suffix, a reused prompt (spec §3 step
+// 7): each begins with the last, so they share one array (chain).
+func (sess *session) extendPrompt(prompt, output, suffix []int32) []int32 {
+	ids, moved := sess.prompts.extend(prompt, output, suffix)
+	if moved {
+		sess.rebasePrompts(prompt, ids)
+	}
+	return ids
+}
+
+// rebasePrompts moves the recorded prompts that are views of old's array
+// to to, which begins with old's ids (chain).
+func (sess *session) rebasePrompts(old, to []int32) {
+	rebase(old, to, func(yield func(*[]int32) bool) {
+		for i := range sess.turns {
+			if !yield(&sess.turns[i].PromptIDs) {
+				return
+			}
+		}
+	})
 }
 
 // maxCachedTail bounds the tails blankTail remembers (ids per tail).

@@ -2,6 +2,7 @@ package adapter
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 	"testing"
 	"unsafe"
@@ -79,7 +80,6 @@ func TestHashMemo(t *testing.T) {
 			want[j] = canonicalHash(r)
 		}
 		assert.Equal(t, want, got, "turn %d messages", i)
-		assert.Equal(t, len(tc.msgs)+1, cap(got), "room for the assistant message")
 		assert.Equal(t, hashTools(tc.tools), m.tools(tc.tools), "turn %d tools", i)
 		assert.Equal(t, parse.NewToolSet(parseTools(tc.tools)), m.toolSet(), "turn %d parsed tools", i)
 	}
@@ -143,5 +143,38 @@ func TestExtendPrompt(t *testing.T) {
 	}
 	for i, tr := range sess.turns {
 		require.Equal(t, want[i], tr.PromptIDs, "turn %d", i)
+	}
+}
+
+// A session's prefixes keep their message hashes in one array while each
+// request resends the last one's history; an edited history gets a list
+// of its own, and no stored list ever changes.
+func TestStoreHashes(t *testing.T) {
+	d := func(k int) digest { return canonicalHash(fmt.Appendf(nil, `{"k":%d}`, k)) }
+	sess := &session{}
+	var want [][]digest
+	record := func(msgs []digest, assistant digest) {
+		got := sess.storeHashes(msgs, assistant)
+		require.Equal(t, append(slices.Clone(msgs), assistant), got)
+		require.Equal(t, len(got), cap(got))
+		sess.prefixes = append(sess.prefixes, prefix{msgs: got})
+		want = append(want, slices.Clone(got))
+	}
+	var hist []digest
+	for turn := range 40 {
+		hist = append(hist, d(2*turn)) // the new user message
+		record(hist, d(2*turn+1))
+		hist = append(hist, d(2*turn+1)) // the reply, echoed
+	}
+	arrays := map[*digest]bool{}
+	for _, p := range sess.prefixes {
+		arrays[unsafe.SliceData(p.msgs)] = true
+	}
+	assert.Len(t, arrays, 1, "a growing history's prefixes share one array")
+
+	record([]digest{d(-1), d(1)}, d(-2))                 // an edited history
+	record(append(slices.Clone(hist[:3]), d(-3)), d(-4)) // a branch after turn 1
+	for i, p := range sess.prefixes {
+		require.Equal(t, want[i], p.msgs, "prefix %d", i)
 	}
 }

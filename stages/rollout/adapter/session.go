@@ -36,9 +36,10 @@ type session struct {
 	prefixes []prefix
 	memo     hashMemo
 	calls    engine.Memo // what the engine client remembers of this session's calls
-	// grown is the array of the last prompt extendPrompt built, viewed up
-	// to that prompt's end.
-	grown []int32
+	// The recorded prompts and the prefixes' message hashes, each list
+	// beginning with the one before (chain).
+	prompts chain[int32]
+	hashes  chain[digest]
 }
 
 func (s *Server) newSession(id string, o SessionOptions) *session {

@@ -87,7 +87,7 @@ func (s *Server) serveTurn(w http.ResponseWriter, r *http.Request, req *protocol
 	t.Turn = int32(len(sess.turns))
 	sess.turns = append(sess.turns, *t)
 	sess.msgs.record(req.Messages)
-	hashes = append(hashes, canonicalHash([]byte(*t.ResponseMessage)))
+	hashes = sess.storeHashes(hashes, canonicalHash([]byte(*t.ResponseMessage)))
 	sess.prefixes = append(sess.prefixes, prefix{msgs: hashes, tools: tools,
 		key: prefixKey(hashes, tools), turn: len(sess.turns) - 1})
 }
