@@ -36,7 +36,7 @@ func (c *chain[T]) extend(prev []T, parts ...[]T) (list []T, moved bool) {
 	return g[:n:n], moved
 }
 
-// rebase points every list *views[i] that is a view of old's array, from
+// rebase points each list views yields that is a view of old's array, from
 // its start and no longer than old, at the same places in to, which must
 // begin with old's elements: such a view holds old's first elements (what
 // was handed out is never written), and so does to.
