@@ -50,3 +50,14 @@ func rebase[T any](old, to []T, views func(yield func(*[]T) bool)) {
 		}
 	}
 }
+
+// viewsOf yields, for rebase, the list field of each element of s.
+func viewsOf[E, T any](s []E, field func(*E) *[]T) func(yield func(*[]T) bool) {
+	return func(yield func(*[]T) bool) {
+		for i := range s {
+			if !yield(field(&s[i])) {
+				return
+			}
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 // takes over, as the adapter does: every list held keeps its elements, and
 // a run of extensions of the last list stays in one array.
 func TestChain(t *testing.T) {
+	self := func(l *[]int) *[]int { return l }
 	for seed := range 200 {
 		rng := rand.New(rand.NewPCG(uint64(seed), 9))
 		var c chain[int]
@@ -39,13 +40,7 @@ func TestChain(t *testing.T) {
 				t.Fatalf("seed %d step %d: extend gave %v (cap %d), want %v", seed, step, list, cap(list), expect)
 			}
 			if moved {
-				rebase(prev, list, func(yield func(*[]int) bool) {
-					for i := range held {
-						if !yield(&held[i]) {
-							return
-						}
-					}
-				})
+				rebase(prev, list, viewsOf(held, self))
 			}
 			held, want = append(held, list), append(want, expect)
 			for i := range held {
@@ -63,13 +58,7 @@ func TestChain(t *testing.T) {
 	for i := range 1000 {
 		list, moved := c.extend(last, []int{i})
 		if moved {
-			rebase(last, list, func(yield func(*[]int) bool) {
-				for i := range held {
-					if !yield(&held[i]) {
-						return
-					}
-				}
-			})
+			rebase(last, list, viewsOf(held, self))
 		}
 		held, last = append(held, list), list
 	}

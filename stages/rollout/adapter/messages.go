@@ -45,13 +45,7 @@ func (m *messageStore) record(msgs []json.RawMessage) {
 		var moved bool
 		out, moved = m.lists.extend(prev, msgs[k:])
 		if moved {
-			rebase(prev, out, func(yield func(*[]json.RawMessage) bool) {
-				for i := range m.turns {
-					if !yield(&m.turns[i]) {
-						return
-					}
-				}
-			})
+			rebase(prev, out, viewsOf(m.turns, func(l *[]json.RawMessage) *[]json.RawMessage { return l }))
 		}
 		for i := k; i < len(out); i++ {
 			out[i] = bytes.Clone(out[i]) // the list's own room: no one else's yet

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/stages/rollout/engine"
 	"github.com/kilnrl/kiln/stages/rollout/jsonskim"
 	"github.com/kilnrl/kiln/stages/rollout/parse"
@@ -358,13 +359,7 @@ func (sess *session) storeHashes(msgs []digest, assistant digest) []digest {
 	}
 	list, moved := sess.hashes.extend(prev, msgs[len(prev):], []digest{assistant})
 	if moved {
-		rebase(prev, list, func(yield func(*[]digest) bool) {
-			for i := range sess.prefixes {
-				if !yield(&sess.prefixes[i].msgs) {
-					return
-				}
-			}
-		})
+		rebase(prev, list, viewsOf(sess.prefixes, func(p *prefix) *[]digest { return &p.msgs }))
 	}
 	return list
 }
@@ -382,13 +377,7 @@ func (sess *session) extendPrompt(prompt, output, suffix []int32) []int32 {
 // rebasePrompts moves the recorded prompts that are views of old's array
 // to to, which begins with old's ids (chain).
 func (sess *session) rebasePrompts(old, to []int32) {
-	rebase(old, to, func(yield func(*[]int32) bool) {
-		for i := range sess.turns {
-			if !yield(&sess.turns[i].PromptIDs) {
-				return
-			}
-		}
-	})
+	rebase(old, to, viewsOf(sess.turns, func(t *records.Turn) *[]int32 { return &t.PromptIDs }))
 }
 
 // maxCachedTail bounds the tails blankTail remembers (ids per tail).
