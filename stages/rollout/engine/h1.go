@@ -180,7 +180,7 @@ func (p *h1Pool) exchange(ctx context.Context, c *h1Conn, r *h1Request) (status 
 	if err := c.sock.WriteBuffers(bufs); err != nil {
 		return 0, nil, err
 	}
-	status, body, keep, err = readReply(c.br, c.sock, p.bufs)
+	status, body, keep, err = readReply(c.br, p.bufs)
 	return status, body, err
 }
 

@@ -192,9 +192,8 @@ func asciiFold(b []byte, lower string) bool {
 
 // readReply reads one reply whole: its status, its body (drawn from bufs
 // when its length is known) and whether the connection can carry the next
-// request. src is what br reads: the part of a body of known length that
-// br does not hold yet is read from it straight into the body.
-func readReply(br *bufio.Reader, src io.Reader, bufs *bufPool) (status int, body []byte, keep bool, err error) {
+// request.
+func readReply(br *bufio.Reader, bufs *bufPool) (status int, body []byte, keep bool, err error) {
 	h, err := readReplyHead(br)
 	if err != nil {
 		return 0, nil, false, err
@@ -206,16 +205,7 @@ func readReply(br *bufio.Reader, src io.Reader, bufs *bufPool) (status int, body
 		body, err = readChunked(br, maxResponse)
 	case h.length >= 0:
 		body = bufs.get(int(h.length))[:h.length]
-		k := 0
-		if br.Buffered() > 0 {
-			k, _ = br.Read(body) // what br holds, copied without a read
-		}
-		if k < len(body) {
-			_, err = io.ReadFull(src, body[k:])
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
-			}
-		}
+		_, err = io.ReadFull(br, body)
 	default: // the body ends with the connection
 		body, err = io.ReadAll(io.LimitReader(br, maxResponse+1))
 		if err == nil && len(body) > maxResponse {
