@@ -52,6 +52,17 @@ tokenizer files only), for the special token ids prefix reuse needs. An
 http:// engine is reached directly over kept-alive connections (HTTP_PROXY
 is not consulted); a server started with --api-key needs --engine-api-key.
 
+Long generations: a streamed turn is generated whole before its reply is
+sent, and clients give up on a silent model call — Claude Code after
+API_TIMEOUT_MS (600 s by default) without a response head, then it asks
+again from scratch. A streamed turn still unanswered after --keepalive is
+answered at once with the stream's head and keep-alives (Anthropic's ping
+event; an SSE comment on Chat Completions) until the reply follows in the
+same stream; a turn failing after that ends the stream with the protocol's
+error event. Responses streams get none: Codex waits for the head without a
+limit, but once it has it, gives up after stream_idle_timeout_ms (300 s by
+default) without an event, and a comment is not one.
+
 CPU: most of a turn's CPU is its five HTTP exchanges (the client's and four
 engine calls) and the garbage collector. On a host with memory to spare,
 GOGC=400 in the environment cuts the collector's share from ~20 µs a turn
@@ -79,6 +90,7 @@ Example:
 			&cli.StringFlag{Name: "chat-template-kwargs", Usage: `JSON object passed to the chat template, e.g. '{"enable_thinking": true}'`},
 			&cli.IntFlag{Name: "max-turns-per-session", Usage: "answer 429 once a session has asked this many turns (0: unlimited)"},
 			&cli.IntFlag{Name: "fork-merge-max-response-tokens", Usage: "trajectory assembly threshold T (see kiln-rollout assemble)"},
+			&cli.DurationFlag{Name: "keepalive", Value: adapter.DefaultKeepAlive, Usage: "a streamed turn unanswered this long gets its stream's head and a keep-alive this often until the reply (Anthropic ping events, Chat Completions comments; 0: never)"},
 		},
 		Action: func(c *cli.Context) error { return runAdapter(c, env) },
 	}
@@ -105,6 +117,7 @@ func runAdapter(c *cli.Context, env *stage.Env) error {
 		temperature: optional(c, "temperature", c.Float64), topP: optional(c, "top-p", c.Float64), topK: optional(c, "top-k", c.Int),
 		chatTemplateKwargs: c.String("chat-template-kwargs"), maxTurnsPerSession: c.Int("max-turns-per-session"),
 		reasoningParser: c.String("reasoning-parser"), toolParser: c.String("tool-parser"),
+		keepAlive: c.Duration("keepalive"),
 	})
 	if err != nil {
 		return stage.UsageError{Err: err}
@@ -145,6 +158,7 @@ type adapterFlags struct {
 	topK                                         *int
 	chatTemplateKwargs                           string
 	reasoningParser, toolParser                  string
+	keepAlive                                    time.Duration
 }
 
 // optional is the value of flag name when it was given, else nil.
@@ -192,6 +206,14 @@ func adapterOptions(f adapterFlags) (adapter.Options, error) {
 			return o, fmt.Errorf("--chat-template-kwargs %q: want a JSON object, e.g. '{\"enable_thinking\": true}'", f.chatTemplateKwargs)
 		}
 		o.ChatTemplateKwargs = json.RawMessage(kw)
+	}
+	switch {
+	case f.keepAlive < 0:
+		return o, fmt.Errorf("--keepalive %s: want a positive interval, or 0 for none", f.keepAlive)
+	case f.keepAlive == 0:
+		o.KeepAlive = -1
+	default:
+		o.KeepAlive = f.keepAlive
 	}
 	o.MaxTurnTokens, o.MaxTurnsPerSession = f.maxTurnTokens, f.maxTurnsPerSession
 	o.Sampling = engine.SamplingParams{MaxTokens: f.maxTokens, Temperature: f.temperature, TopP: f.topP, TopK: f.topK}

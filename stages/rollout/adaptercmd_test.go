@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -106,11 +107,13 @@ func TestAdapterOptions(t *testing.T) {
 	require.NoError(t, err)
 	assert.Nil(t, o.Sampling.Temperature)
 	assert.Nil(t, o.ChatTemplateKwargs)
+	assert.Negative(t, o.KeepAlive, "--keepalive 0: none")
 
 	good := base
 	good.maxTurnTokens, good.maxTokens, good.maxTurnsPerSession = 8192, 2048, 50
 	good.temperature, good.topP, good.topK = f64(0.7), f64(0.95), i(20)
 	good.chatTemplateKwargs = ` {"enable_thinking": true} `
+	good.keepAlive = 20 * time.Second
 	o, err = adapterOptions(good)
 	require.NoError(t, err)
 	assert.Equal(t, 8192, o.MaxTurnTokens)
@@ -120,6 +123,7 @@ func TestAdapterOptions(t *testing.T) {
 	assert.Equal(t, 0.95, *o.Sampling.TopP)
 	assert.Equal(t, 20, *o.Sampling.TopK)
 	assert.JSONEq(t, `{"enable_thinking": true}`, string(o.ChatTemplateKwargs))
+	assert.Equal(t, 20*time.Second, o.KeepAlive)
 
 	for _, tc := range []struct {
 		edit func(*adapterFlags)
@@ -135,6 +139,7 @@ func TestAdapterOptions(t *testing.T) {
 		{func(f *adapterFlags) { f.chatTemplateKwargs = `null` }, `--chat-template-kwargs "null"`},
 		{func(f *adapterFlags) { f.reasoningParser = "deepseek" }, `--reasoning-parser "deepseek"`},
 		{func(f *adapterFlags) { f.toolParser = "llama" }, `--tool-parser "llama"`},
+		{func(f *adapterFlags) { f.keepAlive = -time.Second }, `--keepalive -1s`},
 	} {
 		f := base
 		tc.edit(&f)

@@ -62,6 +62,14 @@ type Options struct {
 	// rendered per turn (spec §3 step 5). 0 means 1, which bounds a turn to
 	// 2 /tokenize calls; a large value is the reference's unbounded search.
 	ReuseAttempts int
+	// KeepAlive is how long a streamed turn may go unanswered before the
+	// adapter sends the stream's head and the protocol's keep-alive frame,
+	// repeated as often until the reply follows in the same stream
+	// (protocol.KeepAlive: Anthropic and Chat Completions; Responses has
+	// none). A turn that fails after that ends the stream with the
+	// protocol's error event instead of an error status. 0 means
+	// DefaultKeepAlive; negative, never.
+	KeepAlive time.Duration
 	// NoTopPReplay turns off return_sampling_mask for top_p < 1 (spec
 	// §1.4 B, §2.4 rule 7): for engines that cannot return the nucleus.
 	NoTopPReplay bool

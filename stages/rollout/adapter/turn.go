@@ -24,6 +24,14 @@ func (s *Server) serveTurn(w http.ResponseWriter, r *http.Request, req *protocol
 		return
 	}
 	defer sess.inflight.Done()
+	ka := s.keepAlive(w, req)
+	fail := func(err error) {
+		if ka.end() {
+			_, _ = w.Write(protocol.StreamError(req.Protocol, asProtocolError(err)))
+			return
+		}
+		writeError(w, req.Protocol, asProtocolError(err))
+	}
 
 	// The turn ends with the client (spec §1.7) or with the session's
 	// shutdown (spec §2.2).
@@ -39,7 +47,7 @@ func (s *Server) serveTurn(w http.ResponseWriter, r *http.Request, req *protocol
 	select {
 	case sess.turnSem <- struct{}{}:
 	case <-ctx.Done():
-		writeError(w, req.Protocol, asProtocolError(errClientGone))
+		fail(errClientGone)
 		return
 	}
 	defer func() { <-sess.turnSem }()
@@ -49,27 +57,27 @@ func (s *Server) serveTurn(w http.ResponseWriter, r *http.Request, req *protocol
 	tools := sess.memo.tools(req.Tools)
 	t, rep, err := s.runTurn(ctx, sess, req, hashes, tools)
 	if err != nil {
-		writeError(w, req.Protocol, asProtocolError(err))
+		fail(err)
 		return
 	}
 
 	// Step 10: write the reply whole; record only when it was delivered.
 	var buf bytes.Buffer
 	if err := protocol.WriteReply(&buf, req, rep, protocol.ReplyOptions{IDs: s.opts.IDs, Created: started.Unix()}); err != nil {
-		writeError(w, req.Protocol, asProtocolError(fmt.Errorf("adapter: encoding reply: %w", err)))
+		fail(fmt.Errorf("adapter: encoding reply: %w", err))
 		return
 	}
-	if req.Stream {
-		for k, v := range protocol.SSEHeaders {
-			w.Header().Set(k, v)
+	if !ka.end() {
+		if req.Stream {
+			setSSEHeaders(w)
+		} else {
+			w.Header().Set("Content-Type", protocol.ContentType(req))
 		}
-	} else {
-		w.Header().Set("Content-Type", protocol.ContentType(req))
+		// The reply is whole, stream or not: with its length the server
+		// sends it as it is, without chunk framing and a terminating write.
+		w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
+		w.WriteHeader(http.StatusOK)
 	}
-	// The reply is whole, stream or not: with its length the server sends
-	// it as it is, without chunk framing and a terminating write.
-	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
-	w.WriteHeader(http.StatusOK)
 	if _, err := w.Write(buf.Bytes()); err != nil {
 		return
 	}

@@ -47,6 +47,9 @@ type cli struct {
 	setup     func(t *testing.T, home, adapterURL, session string) []string
 	args      []string
 	eventsKey string // a string its stdout shows when a tool ran
+	// timeout makes the CLI set up in home give up on a model call after d
+	// of silence (its own setting for that), returning environment to add.
+	timeout func(t *testing.T, home string, d time.Duration) []string
 }
 
 var claudeCode = cli{
@@ -76,6 +79,11 @@ var claudeCode = cli{
 		)
 	},
 	eventsKey: `"tool_result"`,
+	// The request timeout runs until the response head (600 s by default),
+	// then the SDK retries from scratch, up to ten times.
+	timeout: func(t *testing.T, home string, d time.Duration) []string {
+		return []string{fmt.Sprintf("API_TIMEOUT_MS=%d", d.Milliseconds())}
+	},
 }
 
 var codex = cli{
@@ -114,6 +122,19 @@ enabled = false
 		)
 	},
 	eventsKey: `"command_execution"`,
+	// The stream idle timeout (300 s by default) runs between SSE events
+	// once the response head has come; no retries, so that one fails the run.
+	timeout: func(t *testing.T, home string, d time.Duration) []string {
+		path := filepath.Join(home, ".codex", "config.toml")
+		cfg, err := os.ReadFile(path)
+		require.NoError(t, err)
+		provider := "[model_providers.kiln]\n"
+		require.Contains(t, string(cfg), provider)
+		cfg = []byte(strings.Replace(string(cfg), provider, provider+fmt.Sprintf(
+			"stream_idle_timeout_ms = %d\nstream_max_retries = 0\nrequest_max_retries = 0\n", d.Milliseconds()), 1))
+		require.NoError(t, os.WriteFile(path, cfg, 0o644))
+		return nil
+	},
 	// Codex gets the reasoning back through kiln's reasoning item handle
 	// (protocol.reasoningHandle), which it echoes verbatim, so the Qwen3
 	// template renders turn 1 as sampled and turn 2 reuses its ids.
@@ -164,6 +185,38 @@ func testCLI(t *testing.T, c cli) {
 			}
 		}
 		turn1Prompt = len(turns[0].PromptIDs)
+	})
+
+	// A generation longer than the CLI's timeout for a silent model call
+	// (scaled down: 6 s against 2.5 s) still completes the run, each turn
+	// once: the adapter keeps Claude Code's stream alive with ping events
+	// (its request timeout ends at the response head), and sends Codex
+	// nothing until the reply (its idle timeout starts at the head and only
+	// an event resets it).
+	t.Run("slow generation", func(t *testing.T) {
+		const latency, clientTimeout = 6 * time.Second, 2500 * time.Millisecond
+		h := newHarness(t, taskScript(toolCallText(c.tool, c.param, editCommand, true), finalText, true), true,
+			slowness{latency: latency, keepAlive: time.Second})
+		repo := tempRepo(t)
+		session := "sess-" + c.name + "-slow"
+		home := t.TempDir()
+		env := c.setup(t, home, h.url, session)
+		env = append(env, c.timeout(t, home, clientTimeout)...)
+		res := runCLI(t, bin, repo, env, c.args)
+		h.logWire(t)
+		t.Logf("stdout:\n%s", trunc(res.Stdout, 4000))
+		t.Logf("stderr:\n%s", trunc(res.Stderr, 2000))
+		turns, err := h.srv.Finish(session)
+		require.NoError(t, err)
+		require.False(t, res.TimedOut, "CLI timed out")
+		assert.Equal(t, 0, res.ExitCode, "CLI exit code")
+		data, err := os.ReadFile(filepath.Join(repo, "file.txt"))
+		require.NoError(t, err)
+		assert.Equal(t, "new value\n", string(data), "file.txt after the run")
+		ok, failed := h.turnRequests(c.turnPath)
+		assert.Equal(t, 0, failed, "failed turn requests")
+		assert.Equal(t, ok, len(turns), "recorded turns vs answered %s requests", c.turnPath)
+		assert.Len(t, turns, 2, "each turn asked once")
 	})
 
 	t.Run("overflow", func(t *testing.T) {

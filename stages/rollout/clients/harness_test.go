@@ -111,10 +111,20 @@ type harness struct {
 
 // newHarness starts the engine and the adapter. reasoning selects the
 // adapter's qwen3 reasoning parser (the RL run's setting).
-func newHarness(t *testing.T, script enginetest.Script, reasoning bool) *harness {
+// slowness makes a harness's engine take latency over every generation
+// and its adapter send keep-alives every keepAlive (0: the default).
+type slowness struct {
+	latency, keepAlive time.Duration
+}
+
+func newHarness(t *testing.T, script enginetest.Script, reasoning bool, slow ...slowness) *harness {
 	t.Helper()
 	h := &harness{}
-	h.eng = enginetest.New(enginetest.Options{Script: script, MaxModelLen: 1 << 20,
+	var sl slowness
+	if len(slow) > 0 {
+		sl = slow[0]
+	}
+	h.eng = enginetest.New(enginetest.Options{Script: script, MaxModelLen: 1 << 20, Latency: sl.latency,
 		Template: enginetest.ChatTemplate{ToolCallStyle: enginetest.Qwen3CoderXML}})
 	es := httptest.NewServer(h.eng)
 	t.Cleanup(es.Close)
@@ -131,7 +141,8 @@ func newHarness(t *testing.T, script enginetest.Script, reasoning bool) *harness
 	if reasoning {
 		rp = "qwen3"
 	}
-	h.srv = adapter.New(adapter.Options{Engine: cl, Special: special, ToolParser: "qwen3_coder", ReasoningParser: rp})
+	h.srv = adapter.New(adapter.Options{Engine: cl, Special: special, ToolParser: "qwen3_coder", ReasoningParser: rp,
+		KeepAlive: sl.keepAlive})
 	// Served as kiln-rollout adapter serves it.
 	url, stop, err := h1server.ServeLoopback(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)

@@ -9,16 +9,27 @@ import (
 
 // response is the http.ResponseWriter of one request: the status and
 // header as they stood at WriteHeader (later changes are ignored, as
-// net/http ignores them) and the whole body, sent by conn.write.
+// net/http ignores them) and the body. A response the handler never
+// flushes is sent whole, with its length, by conn.write; one it flushes is
+// sent as net/http sends it: the head at the first Flush (chunked on
+// HTTP/1.1 unless the handler set a length; on HTTP/1.0 the connection's
+// close ends it), then what was written since at each Flush, and the rest
+// when the handler returns.
 type response struct {
 	c      *conn
 	req    *http.Request
 	header http.Header
 	status int
 	head   []byte // the handler's header fields, written at WriteHeader
-	body   []byte
-	close  bool // send Connection: close and close after
-	sniff  bool // the handler set no Content-Type
+	body   []byte // written and not yet sent
+	close  bool   // send Connection: close and close after
+	sniff  bool   // the handler set no Content-Type
+
+	sent    bool  // the head was sent by a Flush; body is what follows
+	chunked bool  // what follows the head is framed in chunks
+	err     error // a send failed: nothing more is sent
+	bufs    [5][]byte
+	size    [20]byte
 }
 
 func (w *response) Header() http.Header { return w.header }
@@ -54,22 +65,92 @@ func (w *response) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// Flush is http.Flusher's: the response is sent whole when the handler
-// returns, so there is nothing to send earlier.
-func (w *response) Flush() {}
+// Flush is http.Flusher's: it sends the head, if not sent yet, and what
+// was written since the last Flush. Like every ResponseWriter method it
+// must not run concurrently with another.
+func (w *response) Flush() {
+	if w.err != nil {
+		return
+	}
+	if !w.sent {
+		if w.status == 0 {
+			w.WriteHeader(http.StatusOK)
+		}
+		w.sent = true
+		w.close = w.close || w.req.Close // the head says so now
+		w.err = w.send(w.c.appendHead(w, true), false)
+		return
+	}
+	w.err = w.send(nil, false)
+}
+
+// send writes head and the body written since the last send, framed as
+// the response's body is framed, with the terminating chunk when last.
+// It writes nothing when there is nothing to write.
+func (w *response) send(head []byte, last bool) error {
+	bufs := w.bufs[:0]
+	if len(head) > 0 {
+		bufs = append(bufs, head)
+	}
+	p := w.sendable()
+	switch {
+	case !w.chunked:
+		if len(p) > 0 {
+			bufs = append(bufs, p)
+		}
+	case len(p) > 0:
+		size := append(strconv.AppendInt(w.size[:0], int64(len(p)), 16), "\r\n"...)
+		bufs = append(bufs, size, p, crlf)
+	}
+	if w.chunked && last {
+		bufs = append(bufs, lastChunk)
+	}
+	w.body = w.body[:0]
+	if len(bufs) == 0 {
+		return nil
+	}
+	err := w.c.sock.WriteBuffers(bufs)
+	clear(w.bufs[:]) // keep no pointers into the buffers sent
+	return err
+}
+
+var crlf, lastChunk = []byte("\r\n"), []byte("0\r\n\r\n")
+
+// sendable is the part of the written body the response may carry: none
+// for HEAD or a status without a body.
+func (w *response) sendable() []byte {
+	if w.req.Method == http.MethodHead || !bodyAllowed(w.status) {
+		return nil
+	}
+	return w.body
+}
 
 // bodyAllowed reports whether a response with this status has a body.
 func bodyAllowed(status int) bool {
 	return !(status >= 100 && status <= 199 || status == http.StatusNoContent || status == http.StatusNotModified)
 }
 
-// write sends w whole: status line, the handler's fields, Date,
-// Content-Type (sniffed when the handler set none), Content-Length,
-// Connection, then the body (none for HEAD).
+// write sends what the handler left to send: the whole response, or the
+// rest of a flushed one.
 func (c *conn) write(w *response) error {
+	if w.sent {
+		if w.err != nil {
+			return w.err
+		}
+		return w.send(nil, true)
+	}
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
 	}
+	return c.sock.WriteBuffers([][]byte{c.appendHead(w, false), w.sendable()})
+}
+
+// appendHead returns the response head (in c.head's memory): status line,
+// the handler's fields, Date, Content-Type (sniffed from what was written
+// when the handler set none), the framing of the body (its length when
+// whole; when flushed the handler's length, chunks on HTTP/1.1, the
+// connection's close on HTTP/1.0) and Connection.
+func (c *conn) appendHead(w *response, flushed bool) []byte {
 	http10 := !w.req.ProtoAtLeast(1, 1)
 	b := c.head[:0]
 	if http10 {
@@ -98,11 +179,16 @@ func (c *conn) write(w *response) error {
 			b = append(b, "\r\n"...)
 		}
 		switch cl := w.header.Get("Content-Length"); {
-		case head && len(w.body) == 0 && cl != "":
-			b = append(b, "Content-Length: "...) // the length a GET would have
+		case (head || flushed) && cl != "" && (!head || len(w.body) == 0):
+			b = append(b, "Content-Length: "...) // the handler's (for HEAD: the length a GET would have)
 			b = append(b, cl...)
 			b = append(b, "\r\n"...)
-		case head && len(w.body) == 0:
+		case head && (flushed || len(w.body) == 0):
+		case flushed && http10:
+			w.close = true // the body ends with the connection
+		case flushed:
+			w.chunked = true
+			b = append(b, "Transfer-Encoding: chunked\r\n"...)
 		default:
 			b = append(b, "Content-Length: "...)
 			b = strconv.AppendInt(b, int64(len(w.body)), 10)
@@ -117,11 +203,7 @@ func (c *conn) write(w *response) error {
 	}
 	b = append(b, "\r\n"...)
 	c.head = b
-	body := w.body
-	if head || !bodyAllowed(w.status) {
-		body = nil
-	}
-	return c.sock.WriteBuffers([][]byte{b, body})
+	return b
 }
 
 // appendFields writes h's fields as net/http writes them: fields the

@@ -19,8 +19,10 @@
 //
 // What it serves: HTTP/1.1 and 1.0 without TLS, keep-alive and pipelined
 // requests, bodies with a length or chunked, Expect: 100-continue, HEAD.
-// Every response is buffered and sent whole with its length (the adapter
-// generates a turn before it answers; http.Flusher is a no-op). Not
+// A response is buffered and sent whole with its length (the adapter
+// generates a turn before it answers) unless the handler flushes it
+// (http.Flusher; the adapter's keep-alives on a long generation): then it
+// is sent as net/http sends it, chunked on HTTP/1.1. Not
 // HTTP/2, not hijacking, not trailers, not informational (1xx) responses
 // from a handler (WriteHeader ignores them). A request's context is its
 // connection's: it ends when the client hangs up or the connection

@@ -133,6 +133,43 @@ func TestLikeNetHTTP(t *testing.T) {
 			fmt.Fprint(w, "0123456789")
 		}
 	})
+	// Flushed responses: the head at the first Flush, then pieces.
+	stream := func(w http.ResponseWriter, r *http.Request, parts ...string) {
+		f := w.(http.Flusher)
+		for _, p := range parts {
+			if p == "|" {
+				f.Flush()
+				continue
+			}
+			fmt.Fprint(w, p)
+		}
+	}
+	mux.HandleFunc("/stream", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		stream(w, r, "event: a\n\n", "|", "event: b\n", "data: {}\n\n", "|", "|", "event: c\n\n")
+	})
+	mux.HandleFunc("/stream/empty", func(w http.ResponseWriter, r *http.Request) { stream(w, r, "|", "|") })
+	mux.HandleFunc("/stream/sniffed", func(w http.ResponseWriter, r *http.Request) { stream(w, r, "<html>", "|", "</html>") })
+	mux.HandleFunc("/stream/length", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "6")
+		stream(w, r, "abc", "|", "def")
+	})
+	mux.HandleFunc("/stream/close", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		stream(w, r, "abc", "|", "def")
+	})
+	mux.HandleFunc("/stream/status", func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusAccepted)
+		stream(w, r, "|", "late")
+	})
+	mux.HandleFunc("/stream/nocontent", func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+		stream(w, r, "|")
+	})
+	mux.HandleFunc("/stream/echo", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		stream(w, r, string(b), "|", "!")
+	})
 	const maxHeader = 2048
 	ours := serve(t, &h1server.Server{Handler: mux, MaxHeaderBytes: maxHeader})
 	std := httptest.NewUnstartedServer(mux)
@@ -171,6 +208,19 @@ func TestLikeNetHTTP(t *testing.T) {
 		{"handler closes", "GET /close HTTP/1.1\r\nHost: h\r\n\r\nGET /x HTTP/1.1\r\nHost: h\r\n\r\n"},
 		{"head with length", "HEAD /headlength HTTP/1.1\r\nHost: h\r\n\r\n"},
 		{"not found", "GET /x/../../etc HTTP/1.1\r\nHost: h\r\n\r\n"},
+		{"flushed", "GET /stream HTTP/1.1\r\nHost: h\r\n\r\nGET /x HTTP/1.1\r\nHost: h\r\n\r\n"},
+		{"flushed http/1.0", "GET /stream HTTP/1.0\r\n\r\n"},
+		{"flushed http/1.0 keep-alive", "GET /stream HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /x HTTP/1.0\r\n\r\n"},
+		{"flushed head", "HEAD /stream HTTP/1.1\r\nHost: h\r\n\r\nGET /x HTTP/1.1\r\nHost: h\r\n\r\n"},
+		{"flushed nothing", "GET /stream/empty HTTP/1.1\r\nHost: h\r\n\r\nGET /x HTTP/1.1\r\nHost: h\r\n\r\n"},
+		{"flushed sniffed", "GET /stream/sniffed HTTP/1.1\r\nHost: h\r\n\r\n"},
+		{"flushed with length", "GET /stream/length HTTP/1.1\r\nHost: h\r\n\r\nGET /x HTTP/1.1\r\nHost: h\r\n\r\n"},
+		{"flushed with length http/1.0", "GET /stream/length HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /x HTTP/1.0\r\n\r\n"},
+		{"flushed handler closes", "GET /stream/close HTTP/1.1\r\nHost: h\r\n\r\nGET /x HTTP/1.1\r\nHost: h\r\n\r\n"},
+		{"flushed status", "GET /stream/status HTTP/1.1\r\nHost: h\r\n\r\n"},
+		{"flushed no content", "GET /stream/nocontent HTTP/1.1\r\nHost: h\r\n\r\n"},
+		{"flushed after reading", "POST /stream/echo HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabcGET /x HTTP/1.1\r\nHost: h\r\n\r\n"},
+		{"flushed connection close", "GET /stream HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"},
 		{"unsupported encoding", "POST /x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n"},
 	}
 	for _, c := range cases {
@@ -202,6 +252,8 @@ func normalize(resp string, head bool) string {
 				continue
 			case "content-length":
 				n, _ = strconv.Atoi(strings.TrimSpace(val))
+			case "transfer-encoding":
+				n = chunkedLen(rest)
 			}
 			fields = append(fields, f)
 		}
@@ -217,6 +269,26 @@ func normalize(resp string, head bool) string {
 		resp = rest[n:]
 	}
 	return b.String()
+}
+
+// chunkedLen is the length of the chunked body at the start of b (its
+// framing included), or -1 when b does not hold a whole one.
+func chunkedLen(b string) int {
+	n := 0
+	for {
+		line, _, ok := strings.Cut(b[n:], "\r\n")
+		size, err := strconv.ParseInt(line, 16, 32)
+		if !ok || err != nil {
+			return -1
+		}
+		n += len(line) + 2 + int(size) + 2
+		if n > len(b) {
+			return -1
+		}
+		if size == 0 {
+			return n
+		}
+	}
 }
 
 // countingListener counts the connections it accepts.
@@ -440,4 +512,50 @@ func hangUpEnds(t *testing.T, network, addr, path string, entered <-chan struct{
 	case <-time.After(2 * time.Second):
 		t.Fatal("the handler's context did not end when the client hung up")
 	}
+}
+
+// A Flush sends at once: the client reads each flushed piece while the
+// handler is still running, and the response then ends and the
+// connection serves the next request.
+func TestFlushSends(t *testing.T) {
+	next := make(chan struct{})
+	url, ln := serveCounting(t, &h1server.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/stream" {
+			fmt.Fprint(w, "plain")
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range 3 {
+			fmt.Fprintf(w, "event: %d\n\n", i)
+			w.(http.Flusher).Flush()
+			<-next // the client has read event i
+		}
+		fmt.Fprint(w, "event: end\n\n")
+	})})
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Get(url + "/stream")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"chunked"}, resp.TransferEncoding)
+	rd := bufio.NewReader(resp.Body)
+	for i := range 3 {
+		line, err := rd.ReadString('\n')
+		require.NoError(t, err)
+		assert.Equal(t, fmt.Sprintf("event: %d\n", i), line)
+		_, err = rd.ReadString('\n')
+		require.NoError(t, err)
+		next <- struct{}{}
+	}
+	rest, err := io.ReadAll(rd)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, "event: end\n\n", string(rest))
+
+	resp, err = client.Get(url + "/after")
+	require.NoError(t, err)
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	assert.Equal(t, "plain", string(b))
+	assert.EqualValues(t, 1, ln.n.Load(), "both requests on one connection")
 }
