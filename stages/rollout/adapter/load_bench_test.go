@@ -69,13 +69,16 @@ import (
 //	go test ./stages/rollout/adapter -run '^$' -bench AdapterLoad -benchtime 1x
 //
 // The fourth case, 16 sessions × 100 turns (prompts grow to ~40k tokens),
-// shows how the cost of a turn grows with its session. With -short only
-// sessions=8 × 5 turns runs, saturated and at 200 turns/s (for CI at
-// -benchtime=1x).
+// shows how the cost of a turn grows with its session; the fifth asks for
+// SSE replies, as Claude Code does (the other cases' replies are JSON), and
+// echoes the message assembled from the events. With -short only
+// sessions=8 × 5 turns runs, saturated, at 200 turns/s and streamed (for
+// CI at -benchtime=1x).
 func BenchmarkAdapterLoad(b *testing.B) {
-	cases := []loadConfig{{sessions: 64, turns: 20}, {sessions: 256, turns: 20}, {sessions: 64, turns: 20, rate: 100}, {sessions: 16, turns: 100}}
+	cases := []loadConfig{{sessions: 64, turns: 20}, {sessions: 256, turns: 20}, {sessions: 64, turns: 20, rate: 100}, {sessions: 16, turns: 100},
+		{sessions: 64, turns: 20, stream: true}}
 	if testing.Short() {
-		cases = []loadConfig{{sessions: 8, turns: 5}, {sessions: 8, turns: 5, rate: 200}}
+		cases = []loadConfig{{sessions: 8, turns: 5}, {sessions: 8, turns: 5, rate: 200}, {sessions: 8, turns: 5, stream: true}}
 	}
 	for _, c := range cases {
 		name := fmt.Sprintf("sessions=%d", c.sessions)
@@ -84,6 +87,9 @@ func BenchmarkAdapterLoad(b *testing.B) {
 		}
 		if c.rate > 0 {
 			name += fmt.Sprintf("/rate=%g", c.rate)
+		}
+		if c.stream {
+			name += "/stream"
 		}
 		b.Run(name, func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
@@ -98,6 +104,9 @@ type loadConfig struct {
 	// rate, when > 0, caps the turns started per second over all sessions
 	// (a shared ticker), to measure latency below saturation.
 	rate float64
+	// stream asks for SSE replies, as Claude Code does, and echoes the
+	// message assembled from the events; else JSON replies.
+	stream bool
 }
 
 // loadScript makes every turn a reasoning block plus one qwen3_coder tool
@@ -643,7 +652,7 @@ func driveLoad(b *testing.B, cfg loadConfig, p *adapterProc, sess []*loadSession
 	// oneTurn sends the history, checks the reply, echoes it and appends a
 	// tool_result for the next turn.
 	oneTurn := func(s *loadSession, k int) error {
-		body, _ := json.Marshal(map[string]any{"model": "claude-sonnet", "max_tokens": 512,
+		body, _ := json.Marshal(map[string]any{"model": "claude-sonnet", "max_tokens": 512, "stream": cfg.stream,
 			"tools": json.RawMessage(tools), "messages": s.hist})
 		req, err := http.NewRequest(http.MethodPost, p.URL+"/v1/messages", bytes.NewReader(body))
 		if err != nil {
@@ -681,7 +690,11 @@ func driveLoad(b *testing.B, cfg loadConfig, p *adapterProc, sess []*loadSession
 		var m struct {
 			Content []json.RawMessage `json:"content"`
 		}
-		if err := json.Unmarshal(out, &m); err != nil {
+		if cfg.stream {
+			if m.Content, err = streamedContent(out); err != nil {
+				return fmt.Errorf("session %s turn %d: %w", s.id, k, err)
+			}
+		} else if err := json.Unmarshal(out, &m); err != nil {
 			return err
 		}
 		toolID := ""
@@ -747,4 +760,68 @@ func driveLoad(b *testing.B, cfg loadConfig, p *adapterProc, sess []*loadSession
 	}
 	slices.Sort(run.lat)
 	return run
+}
+
+// streamedContent assembles a streamed Anthropic reply's content blocks
+// from its events, as a client does: each block as content_block_start
+// gave it, its text, thinking or tool input (JSON) from its deltas.
+func streamedContent(sse []byte) ([]json.RawMessage, error) {
+	type block struct {
+		start map[string]any
+		text  strings.Builder
+		field string
+	}
+	var blocks []*block
+	for _, line := range strings.Split(string(sse), "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok {
+			continue
+		}
+		var ev struct {
+			Type         string          `json:"type"`
+			Index        int             `json:"index"`
+			ContentBlock map[string]any  `json:"content_block"`
+			Delta        json.RawMessage `json:"delta"`
+		}
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			return nil, err
+		}
+		switch ev.Type {
+		case "content_block_start":
+			if ev.Index != len(blocks) {
+				return nil, fmt.Errorf("block %d started out of order", ev.Index)
+			}
+			blocks = append(blocks, &block{start: ev.ContentBlock})
+		case "content_block_delta":
+			if ev.Index >= len(blocks) {
+				return nil, fmt.Errorf("delta for block %d before its start", ev.Index)
+			}
+			var d map[string]string
+			if err := json.Unmarshal(ev.Delta, &d); err != nil {
+				return nil, err
+			}
+			bl := blocks[ev.Index]
+			for _, f := range []string{"text", "thinking", "partial_json"} {
+				if v, ok := d[f]; ok {
+					bl.field = f
+					bl.text.WriteString(v)
+				}
+			}
+		}
+	}
+	out := make([]json.RawMessage, len(blocks))
+	for i, bl := range blocks {
+		switch bl.field {
+		case "partial_json":
+			var input any
+			if err := json.Unmarshal([]byte(bl.text.String()), &input); err != nil {
+				return nil, fmt.Errorf("block %d: tool input: %w", i, err)
+			}
+			bl.start["input"] = input
+		case "text", "thinking":
+			bl.start[bl.field] = bl.text.String()
+		}
+		out[i], _ = json.Marshal(bl.start)
+	}
+	return out, nil
 }
