@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/stages/rollout/adapter"
 )
 
@@ -143,34 +144,45 @@ enabled = false
 func TestClaudeCode(t *testing.T) { testCLI(t, claudeCode) }
 func TestCodex(t *testing.T)      { testCLI(t, codex) }
 
+// runEdit runs the CLI on the edit task against h (moreEnv, when not nil,
+// adds to the CLI's environment and may change its configuration in
+// home) and checks what every such run must show: the CLI exits 0, the
+// file was edited by the CLI's own tool execution, and the adapter
+// recorded every turn it answered. It returns the recorded turns.
+func runEdit(t *testing.T, c cli, bin string, h *harness, session string, moreEnv func(home string) []string) []records.Turn {
+	t.Helper()
+	repo := tempRepo(t)
+	home := t.TempDir()
+	env := c.setup(t, home, h.url, session)
+	if moreEnv != nil {
+		env = append(env, moreEnv(home)...)
+	}
+	res := runCLI(t, bin, repo, env, c.args)
+	h.logWire(t)
+	t.Logf("stdout:\n%s", trunc(res.Stdout, 6000))
+	t.Logf("stderr:\n%s", trunc(res.Stderr, 3000))
+	turns, err := h.srv.Finish(session)
+	require.NoError(t, err)
+	t.Logf("adapter recorded %d turn(s) for session %s", len(turns), session)
+
+	require.False(t, res.TimedOut, "CLI timed out")
+	assert.Equal(t, 0, res.ExitCode, "CLI exit code")
+	data, err := os.ReadFile(filepath.Join(repo, "file.txt"))
+	require.NoError(t, err)
+	assert.Equal(t, "new value\n", string(data), "file.txt after the run")
+	assert.Contains(t, res.Stdout, c.eventsKey, "the CLI's output shows its tool ran")
+	ok, failed := h.turnRequests(c.turnPath)
+	assert.Equal(t, 0, failed, "failed turn requests")
+	assert.Equal(t, ok, len(turns), "recorded turns vs answered %s requests", c.turnPath)
+	return turns
+}
+
 func testCLI(t *testing.T, c cli) {
 	bin := findCLI(t, c.name)
 	var turn1Prompt int
 	t.Run("edit", func(t *testing.T) {
 		h := newHarness(t, taskScript(toolCallText(c.tool, c.param, editCommand, true), finalText, true), true)
-		repo := tempRepo(t)
-		session := "sess-" + c.name + "-edit"
-		env := c.setup(t, t.TempDir(), h.url, session)
-		res := runCLI(t, bin, repo, env, c.args)
-		h.logWire(t)
-		t.Logf("stdout:\n%s", trunc(res.Stdout, 6000))
-		t.Logf("stderr:\n%s", trunc(res.Stderr, 3000))
-		turns, err := h.srv.Finish(session)
-		require.NoError(t, err)
-		t.Logf("adapter recorded %d turn(s) for session %s", len(turns), session)
-
-		// 1. The CLI exits 0.
-		require.False(t, res.TimedOut, "CLI timed out")
-		assert.Equal(t, 0, res.ExitCode, "CLI exit code")
-		// 2. The file was edited by the CLI's own tool execution.
-		data, err := os.ReadFile(filepath.Join(repo, "file.txt"))
-		require.NoError(t, err)
-		assert.Equal(t, "new value\n", string(data), "file.txt after the run")
-		assert.Contains(t, res.Stdout, c.eventsKey, "the CLI's output shows its tool ran")
-		// 3. The adapter recorded every turn it answered.
-		ok, failed := h.turnRequests(c.turnPath)
-		assert.Equal(t, 0, failed, "failed turn requests")
-		assert.Equal(t, ok, len(turns), "recorded turns vs answered %s requests", c.turnPath)
+		turns := runEdit(t, c, bin, h, "sess-"+c.name+"-edit", nil)
 		require.GreaterOrEqual(t, len(turns), 2)
 		assert.Contains(t, turns[1].PromptMessages, `"role":"tool"`, "turn 2 carries the tool result")
 		for i, tr := range turns {
@@ -197,25 +209,9 @@ func testCLI(t *testing.T, c cli) {
 		const latency, clientTimeout = 6 * time.Second, 2500 * time.Millisecond
 		h := newHarness(t, taskScript(toolCallText(c.tool, c.param, editCommand, true), finalText, true), true,
 			slowness{latency: latency, keepAlive: time.Second})
-		repo := tempRepo(t)
-		session := "sess-" + c.name + "-slow"
-		home := t.TempDir()
-		env := c.setup(t, home, h.url, session)
-		env = append(env, c.timeout(t, home, clientTimeout)...)
-		res := runCLI(t, bin, repo, env, c.args)
-		h.logWire(t)
-		t.Logf("stdout:\n%s", trunc(res.Stdout, 4000))
-		t.Logf("stderr:\n%s", trunc(res.Stderr, 2000))
-		turns, err := h.srv.Finish(session)
-		require.NoError(t, err)
-		require.False(t, res.TimedOut, "CLI timed out")
-		assert.Equal(t, 0, res.ExitCode, "CLI exit code")
-		data, err := os.ReadFile(filepath.Join(repo, "file.txt"))
-		require.NoError(t, err)
-		assert.Equal(t, "new value\n", string(data), "file.txt after the run")
-		ok, failed := h.turnRequests(c.turnPath)
-		assert.Equal(t, 0, failed, "failed turn requests")
-		assert.Equal(t, ok, len(turns), "recorded turns vs answered %s requests", c.turnPath)
+		turns := runEdit(t, c, bin, h, "sess-"+c.name+"-slow", func(home string) []string {
+			return c.timeout(t, home, clientTimeout)
+		})
 		assert.Len(t, turns, 2, "each turn asked once")
 	})
 
