@@ -157,12 +157,7 @@ func runEdit(t *testing.T, c cli, bin string, h *harness, session string, moreEn
 	if moreEnv != nil {
 		env = append(env, moreEnv(home)...)
 	}
-	res := runCLI(t, bin, repo, env, c.args)
-	h.logWire(t)
-	t.Logf("stdout:\n%s", trunc(res.Stdout, 6000))
-	t.Logf("stderr:\n%s", trunc(res.Stderr, 3000))
-	turns, err := h.srv.Finish(session)
-	require.NoError(t, err)
+	res, turns := runAndFinish(t, c, bin, h, repo, session, env)
 	t.Logf("adapter recorded %d turn(s) for session %s", len(turns), session)
 
 	require.False(t, res.TimedOut, "CLI timed out")
@@ -175,6 +170,19 @@ func runEdit(t *testing.T, c cli, bin string, h *harness, session string, moreEn
 	assert.Equal(t, 0, failed, "failed turn requests")
 	assert.Equal(t, ok, len(turns), "recorded turns vs answered %s requests", c.turnPath)
 	return turns
+}
+
+// runAndFinish runs the CLI in repo with env, logs what it and the
+// adapter said, and finishes the session: its recorded turns.
+func runAndFinish(t *testing.T, c cli, bin string, h *harness, repo, session string, env []string) (runResult, []records.Turn) {
+	t.Helper()
+	res := runCLI(t, bin, repo, env, c.args)
+	h.logWire(t)
+	t.Logf("stdout:\n%s", trunc(res.Stdout, 6000))
+	t.Logf("stderr:\n%s", trunc(res.Stderr, 3000))
+	turns, err := h.srv.Finish(session)
+	require.NoError(t, err)
+	return res, turns
 }
 
 func testCLI(t *testing.T, c cli) {
@@ -229,12 +237,7 @@ func testCLI(t *testing.T, c cli) {
 		limit := turn1Prompt + len(call) + 1 + overflowSlack
 		require.NoError(t, h.srv.Open(session, adapter.SessionOptions{MaxContextTokens: limit}))
 		env := c.setup(t, t.TempDir(), h.url, session)
-		res := runCLI(t, bin, repo, env, c.args)
-		h.logWire(t)
-		t.Logf("stdout:\n%s", trunc(res.Stdout, 6000))
-		t.Logf("stderr:\n%s", trunc(res.Stderr, 3000))
-		turns, err := h.srv.Finish(session)
-		require.NoError(t, err)
+		res, turns := runAndFinish(t, c, bin, h, repo, session, env)
 		ok, failed := h.turnRequests(c.turnPath)
 		t.Logf("context limit %d ids; turn requests: %d answered, %d refused; %d turn(s) recorded", limit, ok, failed, len(turns))
 		for i, tr := range turns {
