@@ -9,9 +9,10 @@ import (
 	"github.com/kilnrl/kiln/stages/rollout/protocol"
 )
 
-// DefaultKeepAlive is Options.KeepAlive's default: well inside the
-// shortest client and proxy timeouts seen (a minute of silence), and long
-// enough that almost every turn answers before it with a plain response.
+// DefaultKeepAlive is Options.KeepAlive's default: well inside the usual
+// silence limits between a client and the adapter (a proxy's read timeout
+// is often a minute: nginx's default), and long enough that almost every
+// turn answers before it, with a plain response.
 const DefaultKeepAlive = 15 * time.Second
 
 // keepAlive holds a streamed turn's answer while it is generated. Once the
@@ -20,9 +21,9 @@ const DefaultKeepAlive = 15 * time.Second
 // frame again every KeepAlive after, until end. A turn that answers sooner
 // sends nothing of it: its reply, or its error status, goes as before.
 //
-// The frames are written from a timer's goroutine while the turn's runs
-// the engine calls, so the writer is used under mu only, and end waits for
-// a frame being written.
+// The frames are written from a timer's goroutine while the turn's own
+// goroutine runs the engine calls, so the writer is used under mu only
+// until end, which waits for a frame being written.
 type keepAlive struct {
 	mu      sync.Mutex
 	w       http.ResponseWriter
