@@ -55,13 +55,13 @@ is not consulted); a server started with --api-key needs --engine-api-key.
 Long generations: a streamed turn is generated whole before its reply is
 sent, and clients give up on a silent model call — Claude Code after
 API_TIMEOUT_MS (600 s by default) without a response head, then it asks
-again from scratch. A streamed turn still unanswered after --keepalive is
-answered at once with the stream's head and keep-alives (Anthropic's ping
-event; an SSE comment on Chat Completions) until the reply follows in the
-same stream; a turn failing after that ends the stream with the protocol's
-error event. Responses streams get none: Codex waits for the head without a
-limit, but once it has it, gives up after stream_idle_timeout_ms (300 s by
-default) without an event, and a comment is not one.
+again from scratch; Codex after stream_idle_timeout_ms (300 s) without an
+event once it has the head. A streamed turn still unanswered after
+--keepalive is answered at once with the stream's head and keep-alives
+(Anthropic's ping event; an SSE comment on Chat Completions; on Responses
+the reply's response.created, then response.in_progress events) until the
+reply follows in the same stream; a turn failing after that ends the
+stream with the protocol's error event.
 
 CPU: most of a turn's CPU is its five HTTP exchanges (the client's and four
 engine calls) and the garbage collector. On a host with memory to spare,
@@ -90,7 +90,7 @@ Example:
 			&cli.StringFlag{Name: "chat-template-kwargs", Usage: `JSON object passed to the chat template, e.g. '{"enable_thinking": true}'`},
 			&cli.IntFlag{Name: "max-turns-per-session", Usage: "answer 429 once a session has asked this many turns (0: unlimited)"},
 			&cli.IntFlag{Name: "fork-merge-max-response-tokens", Usage: "trajectory assembly threshold T (see kiln-rollout assemble)"},
-			&cli.DurationFlag{Name: "keepalive", Value: adapter.DefaultKeepAlive, Usage: "a streamed turn unanswered this long gets its stream's head and a keep-alive this often until the reply (Anthropic ping events, Chat Completions comments; 0: never)"},
+			&cli.DurationFlag{Name: "keepalive", Value: adapter.DefaultKeepAlive, Usage: "a streamed turn unanswered this long gets its stream's head and a keep-alive this often until the reply (Anthropic ping events, Chat Completions comments, Responses in_progress events; 0: never)"},
 		},
 		Action: func(c *cli.Context) error { return runAdapter(c, env) },
 	}

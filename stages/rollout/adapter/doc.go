@@ -35,14 +35,14 @@
 //
 // Long turns (§4.7's design note): a streamed turn still unanswered after
 // Options.KeepAlive (15 s) is answered with the stream's head at once and
-// the protocol's keep-alive frame (protocol.KeepAlive: Anthropic's ping
-// event, a Chat Completions comment) as often, until the reply follows in
-// the same stream — so that a client whose timeout runs until the response
-// head (Claude Code's API_TIMEOUT_MS) does not give up on a long
-// generation and ask again. Past that point a failure is the protocol's
-// error event ending the stream (protocol.StreamError), not a status.
-// Responses streams get no keep-alive (Codex's idle timeout starts at the
-// head and only an event resets it).
+// the protocol's keep-alive frame as often (protocol.Prelude: Anthropic's
+// ping event, a Chat Completions comment, Responses' response.created then
+// response.in_progress events), until the reply follows in the same stream
+// — so that a client that bounds a silent model call (Claude Code's
+// API_TIMEOUT_MS until the response head, Codex's stream idle timeout
+// between events) does not give up on a long generation and ask again.
+// Past that point a failure is the protocol's error event ending the
+// stream (Prelude.Error), not a status.
 //
 // Prefix reuse (§3), with engine-side rendering. kiln has no local
 // tokenizer or template: every render is a POST /tokenize of the chat form.

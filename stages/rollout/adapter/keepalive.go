@@ -1,7 +1,6 @@
 package adapter
 
 import (
-	"io"
 	"net/http"
 	"sync"
 	"time"
@@ -17,41 +16,42 @@ const DefaultKeepAlive = 15 * time.Second
 
 // keepAlive holds a streamed turn's answer while it is generated. Once the
 // turn has gone Options.KeepAlive without an answer it sends the stream's
-// head and the protocol's keep-alive frame (protocol.KeepAlive), and the
-// frame again every KeepAlive after, until end. A turn that answers sooner
-// sends nothing of it: its reply, or its error status, goes as before.
+// head and the protocol's keep-alive frame (protocol.Prelude), and a frame
+// again every KeepAlive after, until end; the answer then follows in the
+// same stream (reply, or fail). A turn that answers sooner sends nothing
+// of it: its reply, or its error status, goes as before.
 //
 // The frames are written from a timer's goroutine while the turn's own
-// goroutine runs the engine calls, so the writer is used under mu only
-// until end, which waits for a frame being written.
+// goroutine runs the engine calls, so the writer and the prelude are used
+// under mu only until end, which waits for a frame being written.
 type keepAlive struct {
 	mu      sync.Mutex
 	w       http.ResponseWriter
 	flusher http.Flusher
-	frame   string
+	req     *protocol.Request
+	opt     protocol.ReplyOptions
+	prelude *protocol.Prelude // made by the first beat, with the head
 	every   time.Duration
 	timer   *time.Timer
-	started bool // the head and at least one frame were sent
 	ended   bool
 }
 
 // keepAlive starts the keep-alive of req's answer, or returns nil where
-// there is none: a JSON reply, a protocol without a frame, a writer that
-// cannot flush, or Options.KeepAlive < 0.
-func (s *Server) keepAlive(w http.ResponseWriter, req *protocol.Request) *keepAlive {
+// there is none: a JSON reply, a writer that cannot flush, or
+// Options.KeepAlive < 0. opt are the reply's options.
+func (s *Server) keepAlive(w http.ResponseWriter, req *protocol.Request, opt protocol.ReplyOptions) *keepAlive {
 	if !req.Stream || s.opts.KeepAlive < 0 {
 		return nil
 	}
-	frame := protocol.KeepAlive(req.Protocol)
 	f, ok := w.(http.Flusher)
-	if frame == "" || !ok {
+	if !ok {
 		return nil
 	}
 	every := s.opts.KeepAlive
 	if every == 0 {
 		every = DefaultKeepAlive
 	}
-	k := &keepAlive{w: w, flusher: f, frame: frame, every: every}
+	k := &keepAlive{w: w, flusher: f, req: req, opt: opt, every: every}
 	k.mu.Lock() // beat may run before the timer is stored
 	k.timer = time.AfterFunc(every, k.beat)
 	k.mu.Unlock()
@@ -64,31 +64,31 @@ func (k *keepAlive) beat() {
 	if k.ended {
 		return
 	}
-	if !k.started {
-		k.started = true
+	if k.prelude == nil {
+		k.prelude = protocol.NewPrelude(k.req, k.opt)
 		setSSEHeaders(k.w)
 		k.w.WriteHeader(http.StatusOK)
 	}
 	// A failed write is the client gone, which ends the turn's context:
 	// the turn ends on its own.
-	if _, err := io.WriteString(k.w, k.frame); err == nil {
+	if _, err := k.w.Write(k.prelude.Frame()); err == nil {
 		k.flusher.Flush()
 	}
 	k.timer.Reset(k.every)
 }
 
-// end stops the keep-alive, after a frame being written, and reports
-// whether the stream has started: then the answer, reply or error, must
-// follow in it. Safe on nil (no keep-alive).
-func (k *keepAlive) end() (started bool) {
+// end stops the keep-alive, after a frame being written, and returns the
+// prelude when the stream has started: then the answer must follow in it
+// (Prelude.Reply or Prelude.Error). Safe on nil (no keep-alive).
+func (k *keepAlive) end() *protocol.Prelude {
 	if k == nil {
-		return false
+		return nil
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.ended = true
 	k.timer.Stop()
-	return k.started
+	return k.prelude
 }
 
 func setSSEHeaders(w http.ResponseWriter) {

@@ -16,7 +16,7 @@ func BenchmarkKeepAliveUnused(b *testing.B) {
 	w := httptest.NewRecorder()
 	b.ReportAllocs()
 	for b.Loop() {
-		if s.keepAlive(w, req).end() {
+		if s.keepAlive(w, req, protocol.ReplyOptions{}).end() != nil {
 			b.Fatal("a keep-alive started within the default interval")
 		}
 	}

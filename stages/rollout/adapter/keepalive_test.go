@@ -8,6 +8,8 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,9 +23,10 @@ import (
 )
 
 // A streamed turn slower than Options.KeepAlive is answered at once with
-// the stream's head and the protocol's keep-alive frames, then the very
-// reply a fast turn gets; faster turns, JSON turns and Responses streams
-// (no frame: protocol.KeepAlive) are answered as before, with a length.
+// the stream's head and the protocol's keep-alive frames (protocol.Prelude),
+// then the very reply a fast turn gets (on Responses: the same events, the
+// first sent early, numbered on after the keep-alives); faster turns and
+// JSON turns are answered as before, whole, with a length.
 func TestKeepAlive(t *testing.T) {
 	const latency, every = 500 * time.Millisecond, 60 * time.Millisecond
 	clock := func() time.Time { return time.Unix(1_700_000_000, 0) }
@@ -47,24 +50,50 @@ func TestKeepAlive(t *testing.T) {
 				fast := run(0, 0) // answered well within DefaultKeepAlive
 				slow := run(latency, every)
 				assert.NotEmpty(t, fast.header.Get("Content-Length"), "a fast turn is answered whole")
-
-				frame := protocol.KeepAlive(protocol.Protocol(pr.name))
-				if !stream || frame == "" {
+				if !stream {
 					assert.Equal(t, string(fast.body), string(slow.body))
 					assert.NotEmpty(t, slow.header.Get("Content-Length"), "no keep-alive: answered whole")
 					return
 				}
 				assert.Empty(t, slow.header.Get("Content-Length"), "the head went before the reply's length was known")
 				assert.Equal(t, protocol.ContentTypeSSE, slow.header.Get("Content-Type"))
-				rest := slow.body
-				n := 0
-				for bytes.HasPrefix(rest, []byte(frame)) {
-					rest, n = rest[len(frame):], n+1
-				}
+				rest, n := withoutKeepAlives(string(slow.body))
 				assert.GreaterOrEqual(t, n, 2, "keep-alive frames before the reply (one every %s for %s)", every, latency)
-				assert.Equal(t, string(fast.body), string(rest), "after the frames, the reply a fast turn gets")
+				want, _ := withoutKeepAlives(string(fast.body))
+				assert.Equal(t, want, rest, "less the keep-alives, the reply a fast turn gets")
+				if pr.name == "responses" {
+					assert.True(t, strings.HasPrefix(string(slow.body), "event: response.created\n"), "the reply's first event goes first")
+					assertNumbered(t, string(slow.body))
+				}
 			})
 		}
+	}
+}
+
+// keepAliveEvent matches the frames a prelude repeats.
+var keepAliveEvent = regexp.MustCompile(`^(event: ping\n|: keep-alive\n|event: response\.in_progress\n)`)
+
+// withoutKeepAlives drops a stream's keep-alive frames and its events'
+// sequence numbers (which count the frames), and counts the frames.
+func withoutKeepAlives(body string) (string, int) {
+	var b strings.Builder
+	n := 0
+	for _, ev := range strings.SplitAfter(body, "\n\n") {
+		if keepAliveEvent.MatchString(ev) {
+			n++
+			continue
+		}
+		b.WriteString(ev)
+	}
+	return regexp.MustCompile(`"sequence_number":\d+`).ReplaceAllString(b.String(), ""), n
+}
+
+// assertNumbered checks that a Responses stream's sequence numbers run
+// from 0 without a gap.
+func assertNumbered(t *testing.T, body string) {
+	t.Helper()
+	for i, m := range regexp.MustCompile(`"sequence_number":(\d+)`).FindAllStringSubmatch(body, -1) {
+		require.Equal(t, strconv.Itoa(i), m[1], "sequence number of event %d", i)
 	}
 }
 
@@ -80,14 +109,18 @@ func TestKeepAliveThenError(t *testing.T) {
 	}{
 		{protocol.Anthropic, "/v1/messages", `event: error` + "\n" + `data: {"type":"error","error":{"type":"api_error","message":"vllm upstream 500: boom"}}` + "\n\n"},
 		{protocol.Chat, "/v1/chat/completions", `data: {"error":{"message":"vllm upstream 500: boom","type":"api_error","param":null,"code":null}}` + "\n\n"},
+		{protocol.Responses, "/v1/responses", `event: error` + "\n" + `data: {"type":"error","code":null,"message":"vllm upstream 500: boom","param":null,}` + "\n\n"},
 	} {
 		t.Run(string(c.proto), func(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t, enginetest.Options{Script: constant("hi"), Latency: latency},
 				adapter.Options{KeepAlive: 50 * time.Millisecond})
 			f.eng.InjectFault(enginetest.FaultServerError)
-			req, err := http.NewRequest(http.MethodPost, f.url+c.path,
-				strings.NewReader(`{"stream":true,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`))
+			body := `{"stream":true,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`
+			if c.proto == protocol.Responses {
+				body = `{"stream":true,"input":"hi"}`
+			}
+			req, err := http.NewRequest(http.MethodPost, f.url+c.path, strings.NewReader(body))
 			require.NoError(t, err)
 			req.Header.Set("Authorization", "Bearer s")
 			start := time.Now()
@@ -96,18 +129,22 @@ func TestKeepAliveThenError(t *testing.T) {
 			defer res.Body.Close()
 			require.Equal(t, http.StatusOK, res.StatusCode)
 			rd := bufio.NewReader(res.Body)
-			frame := protocol.KeepAlive(c.proto)
-			first := make([]byte, len(frame))
-			_, err = io.ReadFull(rd, first)
+			first, err := rd.ReadString('\n')
 			require.NoError(t, err)
 			assert.Less(t, time.Since(start), latency, "the first frame comes before the generation ends")
-			assert.Equal(t, frame, string(first))
 			rest, err := io.ReadAll(rd)
 			require.NoError(t, err)
-			for bytes.HasPrefix(rest, []byte(frame)) {
-				rest = rest[len(frame):]
+			all := first + string(rest)
+			stripped, n := withoutKeepAlives(all)
+			assert.GreaterOrEqual(t, n, 1)
+			if c.proto == protocol.Responses {
+				assertNumbered(t, all)
+				created, end, ok := strings.Cut(stripped, "\n\n")
+				require.True(t, ok)
+				assert.True(t, strings.HasPrefix(created, "event: response.created\n"), created)
+				stripped = end
 			}
-			assert.Equal(t, c.wantEnd, string(rest))
+			assert.Equal(t, c.wantEnd, stripped)
 			turns, err := f.ad.Finish("s")
 			require.NoError(t, err)
 			assert.Empty(t, turns, "a failed turn records nothing")

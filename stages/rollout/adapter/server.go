@@ -65,9 +65,8 @@ type Options struct {
 	// KeepAlive is how long a streamed turn may go unanswered before the
 	// adapter sends the stream's head and the protocol's keep-alive frame,
 	// repeated as often until the reply follows in the same stream
-	// (protocol.KeepAlive: Anthropic and Chat Completions; Responses has
-	// none). A turn that fails after that ends the stream with the
-	// protocol's error event instead of an error status. 0 means
+	// (protocol.Prelude). A turn that fails after that ends the stream
+	// with the protocol's error event instead of an error status. 0 means
 	// DefaultKeepAlive; negative, never.
 	KeepAlive time.Duration
 	// NoTopPReplay turns off return_sampling_mask for top_p < 1 (spec

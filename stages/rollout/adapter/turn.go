@@ -24,10 +24,10 @@ func (s *Server) serveTurn(w http.ResponseWriter, r *http.Request, req *protocol
 		return
 	}
 	defer sess.inflight.Done()
-	ka := s.keepAlive(w, req)
+	ka := s.keepAlive(w, req, protocol.ReplyOptions{IDs: s.opts.IDs, Created: s.opts.Clock().Unix()})
 	fail := func(err error) {
-		if ka.end() {
-			_, _ = w.Write(protocol.StreamError(req.Protocol, asProtocolError(err)))
+		if pre := ka.end(); pre != nil {
+			_, _ = w.Write(pre.Error(asProtocolError(err)))
 			return
 		}
 		writeError(w, req.Protocol, asProtocolError(err))
@@ -61,13 +61,20 @@ func (s *Server) serveTurn(w http.ResponseWriter, r *http.Request, req *protocol
 		return
 	}
 
-	// Step 10: write the reply whole; record only when it was delivered.
+	// Step 10: write the reply whole (after the keep-alive frames, when
+	// the stream has begun); record only when it was delivered.
 	var buf bytes.Buffer
-	if err := protocol.WriteReply(&buf, req, rep, protocol.ReplyOptions{IDs: s.opts.IDs, Created: started.Unix()}); err != nil {
+	pre := ka.end()
+	if pre != nil {
+		err = pre.Reply(&buf, rep)
+	} else {
+		err = protocol.WriteReply(&buf, req, rep, protocol.ReplyOptions{IDs: s.opts.IDs, Created: started.Unix()})
+	}
+	if err != nil {
 		fail(fmt.Errorf("adapter: encoding reply: %w", err))
 		return
 	}
-	if !ka.end() {
+	if pre == nil {
 		if req.Stream {
 			setSSEHeaders(w)
 		} else {

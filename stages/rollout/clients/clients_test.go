@@ -48,6 +48,8 @@ type cli struct {
 	setup     func(t *testing.T, home, adapterURL, session string) []string
 	args      []string
 	eventsKey string // a string its stdout shows when a tool ran
+	// keepAlive begins the adapter's keep-alive frame in its protocol.
+	keepAlive string
 	// timeout makes the CLI set up in home give up on a model call after d
 	// of silence (its own setting for that), returning environment to add.
 	timeout func(t *testing.T, home string, d time.Duration) []string
@@ -80,6 +82,7 @@ var claudeCode = cli{
 		)
 	},
 	eventsKey: `"tool_result"`,
+	keepAlive: "event: ping\n",
 	// The request timeout runs until the response head (600 s by default),
 	// then the SDK retries from scratch, up to ten times.
 	timeout: func(t *testing.T, home string, d time.Duration) []string {
@@ -123,6 +126,7 @@ enabled = false
 		)
 	},
 	eventsKey: `"command_execution"`,
+	keepAlive: "event: response.in_progress\n",
 	// The stream idle timeout (300 s by default) runs between SSE events
 	// once the response head has come; no retries, so that one fails the run.
 	timeout: func(t *testing.T, home string, d time.Duration) []string {
@@ -208,11 +212,12 @@ func testCLI(t *testing.T, c cli) {
 	})
 
 	// A generation longer than the CLI's timeout for a silent model call
-	// (scaled down: 6 s against 2.5 s) still completes the run, each turn
-	// once: the adapter keeps Claude Code's stream alive with ping events
-	// (its request timeout ends at the response head), and sends Codex
-	// nothing until the reply (its idle timeout starts at the head and only
-	// an event resets it).
+	// (scaled down: 6 s against 2.5 s, keep-alives every second) still
+	// completes the run, each turn once: the adapter keeps Claude Code's
+	// stream alive with ping events (its request timeout ends at the
+	// response head) and Codex's with response.in_progress events (its idle
+	// timeout starts at the head and only an event resets it: SSE comments
+	// were seen to fail this).
 	t.Run("slow generation", func(t *testing.T) {
 		const latency, clientTimeout = 6 * time.Second, 2500 * time.Millisecond
 		h := newHarness(t, taskScript(toolCallText(c.tool, c.param, editCommand, true), finalText, true), true,
@@ -221,6 +226,11 @@ func testCLI(t *testing.T, c cli) {
 			return c.timeout(t, home, clientTimeout)
 		})
 		assert.Len(t, turns, 2, "each turn asked once")
+		for _, r := range h.requests() {
+			if r.Path == c.turnPath {
+				assert.Contains(t, string(r.Resp), c.keepAlive, "the turn was kept alive")
+			}
+		}
 	})
 
 	t.Run("overflow", func(t *testing.T) {

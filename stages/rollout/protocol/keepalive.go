@@ -1,40 +1,89 @@
 package protocol
 
+import (
+	"bytes"
+	"io"
+)
+
 // A streamed reply is generated whole before any of it is sent (§4.7), so
 // a long generation is a silence on the connection, and clients bound
 // silences: Claude Code gives up on a request whose response head has not
 // come within API_TIMEOUT_MS (600 s by default) and sends it again, which
-// starts the generation over, up to ten times. The adapter may therefore
-// answer a slow streamed turn early and keep the stream alive until the
-// reply is ready (§4.7's design note); these are the frames it sends.
+// starts the generation over, up to ten times; OpenAI's Python SDK reads
+// with a 600 s timeout between bytes; Codex, once it has a response head,
+// gives up after stream_idle_timeout_ms (300 s by default) without an SSE
+// event. The adapter may therefore start a slow streamed reply early and
+// keep it alive until the reply is ready (§4.7's design note). A Prelude
+// is that start.
 
-// KeepAlive is the frame a streamed reply in protocol p repeats while its
-// turn is generated, or "" where none is sent: Anthropic's own ping
-// event (the API sends it, so every client of it ignores it), an SSE
-// comment for Chat Completions (which OpenAI's SDKs skip), and nothing for
-// Responses: Codex, its main client, waits for a response head without a
-// limit but, once it has one, gives up after stream_idle_timeout_ms (300 s
-// by default) without an event, and a comment is not one — keep-alives
-// would shorten the wait they are meant to lengthen.
-func KeepAlive(p Protocol) string {
-	switch p {
-	case Anthropic:
-		return "event: ping\ndata: {\"type\":\"ping\"}\n\n"
-	case Chat:
-		return ": keep-alive\n\n"
-	}
-	return ""
+// Prelude is the part of a streamed reply sent before the reply exists:
+// keep-alive frames, then the reply (Reply) or an error event (Error).
+// Frames: Anthropic's own ping event (the API sends it, so its clients
+// ignore it); an SSE comment on Chat Completions (which OpenAI's SDKs
+// skip); on Responses, the response.created event the reply would begin
+// with, then response.in_progress events — events, since a comment does
+// not reset Codex's idle timeout — and the reply's events continue their
+// sequence numbers under the same response id. Not safe for concurrent
+// use.
+type Prelude struct {
+	req     *Request
+	opt     ReplyOptions
+	created int64
+	id      string // Responses: minted by the first frame
+	seq     int    // Responses: events sent
 }
 
-// StreamError is e as the event that ends a stream of protocol p whose
-// head was already sent (the status can no longer say it): Anthropic's
-// error event, Chat Completions' error data line, Responses' error event.
-func StreamError(p Protocol, e *Error) []byte {
+// NewPrelude returns the prelude of req's streamed reply, with opt as the
+// reply will have them; nil when req is not streamed.
+func NewPrelude(req *Request, opt ReplyOptions) *Prelude {
+	if !req.Stream {
+		return nil
+	}
+	return &Prelude{req: req, opt: opt, created: opt.created()}
+}
+
+// Frame is the next keep-alive frame.
+func (p *Prelude) Frame() []byte {
+	switch p.req.Protocol {
+	case Anthropic:
+		return []byte("event: ping\ndata: {\"type\":\"ping\"}\n\n")
+	case Responses:
+		var b bytes.Buffer
+		f := &frames{w: &b}
+		if p.seq == 0 {
+			p.id = "resp_" + p.opt.ids().Hex(24)
+			f.event("response.created", obj("type", "response.created", "sequence_number", 0,
+				"response", responseStart(p.req, p.id, p.created)))
+			p.seq++
+		}
+		f.event("response.in_progress", obj("type", "response.in_progress", "sequence_number", p.seq,
+			"response", responseStart(p.req, p.id, p.created)))
+		p.seq++
+		return b.Bytes()
+	}
+	return []byte(": keep-alive\n\n")
+}
+
+// Reply writes the rest of the stream: the reply's events after the
+// frames sent.
+func (p *Prelude) Reply(w io.Writer, rep *Reply) error {
+	if p.req.Protocol == Responses && p.seq > 0 {
+		return streamResponses(w, p.req, rep, p.opt.ids(), p.id, p.created, p.seq)
+	}
+	opt := p.opt
+	opt.Created = p.created
+	return WriteReply(w, p.req, rep, opt)
+}
+
+// Error is e as the event that ends the stream (its status can no longer
+// be sent): Anthropic's error event, Chat Completions' error data line,
+// Responses' error event, numbered after the frames sent.
+func (p *Prelude) Error(e *Error) []byte {
 	var b []byte
-	switch p {
+	switch p.req.Protocol {
 	case Anthropic:
 		b = append(b, "event: error\ndata: "...)
-		b = append(b, e.Body(p)...)
+		b = append(b, e.Body(Anthropic)...)
 	case Responses:
 		var code, param any // null when empty
 		if e.Code != "" {
@@ -43,12 +92,12 @@ func StreamError(p Protocol, e *Error) []byte {
 		if e.Param != "" {
 			param = e.Param
 		}
-		o := obj("type", "error", "code", code, "message", e.Message, "param", param, "sequence_number", 0)
 		b = append(b, "event: error\ndata: "...)
-		b = appendJSON(b, o)
+		b = appendJSON(b, obj("type", "error", "code", code, "message", e.Message, "param", param, "sequence_number", p.seq))
+		p.seq++
 	default:
 		b = append(b, "data: "...)
-		b = append(b, e.Body(p)...)
+		b = append(b, e.Body(p.req.Protocol)...)
 	}
 	return append(b, "\n\n"...)
 }

@@ -104,6 +104,16 @@ func responseObject(req *Request, rep *Reply, id string, created int64, output [
 	)
 }
 
+// responseStart is the response object of response.created and
+// response.in_progress: no output, status in_progress, no usage yet.
+func responseStart(req *Request, id string, created int64) *object {
+	start := responseObject(req, &Reply{}, id, created, []any{})
+	start.set("status", "in_progress")
+	start.set("incomplete_details", nil)
+	start.set("usage", nil)
+	return start
+}
+
 // WriteResponses writes the non-streaming response object (§5.4).
 func WriteResponses(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) error {
 	ids := opt.ids()
@@ -120,11 +130,15 @@ func WriteResponses(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) err
 // response.completed or response.incomplete; there is no [DONE] line.
 func StreamResponses(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) error {
 	ids := opt.ids()
-	id := "resp_" + ids.Hex(24)
-	created := opt.created()
+	return streamResponses(w, req, rep, ids, "resp_"+ids.Hex(24), opt.created(), 0)
+}
+
+// streamResponses writes the stream of response id from event number seq
+// on: from 0 the whole stream; past 0 a Prelude sent response.created and
+// its keep-alives already.
+func streamResponses(w io.Writer, req *Request, rep *Reply, ids IDSource, id string, created int64, seq int) error {
 	items := responsesItems(req, rep, ids)
 	f := &frames{w: w}
-	seq := 0
 	emit := func(typ string, kv ...any) {
 		o := obj("type", typ, "sequence_number", seq)
 		for i := 0; i+1 < len(kv); i += 2 {
@@ -139,11 +153,9 @@ func StreamResponses(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) er
 		output = append(output, it.final)
 	}
 	final.set("output", output)
-	start := responseObject(req, rep, id, created, []any{})
-	start.set("status", "in_progress")
-	start.set("incomplete_details", nil)
-	start.set("usage", nil)
-	emit("response.created", "response", start)
+	if seq == 0 {
+		emit("response.created", "response", responseStart(req, id, created))
+	}
 	for i, it := range items {
 		emit("response.output_item.added", "output_index", i, "item", it.added)
 		switch it.kind {
