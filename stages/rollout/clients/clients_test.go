@@ -13,6 +13,7 @@ import (
 
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/stages/rollout/adapter"
+	"github.com/kilnrl/kiln/stages/rollout/enginetest"
 )
 
 // The scripted turn 1 of both CLIs: some text, then one shell tool call in
@@ -231,6 +232,29 @@ func testCLI(t *testing.T, c cli) {
 				assert.Contains(t, string(r.Resp), c.keepAlive, "the turn was kept alive")
 			}
 		}
+	})
+
+	// An engine failure after the keep-alives began ends the stream with the
+	// protocol's error event; each CLI asks again and completes the run
+	// (Claude Code retries on the error event, Codex reconnects when the
+	// stream ends without response.completed), and the failed attempt is
+	// not recorded.
+	t.Run("failure after keep-alive", func(t *testing.T) {
+		h := newHarness(t, taskScript(toolCallText(c.tool, c.param, editCommand, true), finalText, true), true,
+			slowness{latency: 2500 * time.Millisecond, keepAlive: 500 * time.Millisecond})
+		h.eng.InjectFault(enginetest.FaultServerError)
+		repo := tempRepo(t)
+		session := "sess-" + c.name + "-fault"
+		res, turns := runAndFinish(t, c, bin, h, repo, session, c.setup(t, t.TempDir(), h.url, session))
+		require.False(t, res.TimedOut, "CLI timed out")
+		assert.Equal(t, 0, res.ExitCode, "CLI exit code")
+		data, err := os.ReadFile(filepath.Join(repo, "file.txt"))
+		require.NoError(t, err)
+		assert.Equal(t, "new value\n", string(data), "file.txt after the run")
+		ok, failed := h.turnRequests(c.turnPath)
+		assert.Equal(t, 1, failed, "the turn request that got the engine's failure")
+		assert.Equal(t, ok, len(turns), "recorded turns vs answered %s requests", c.turnPath)
+		assert.Len(t, turns, 2)
 	})
 
 	t.Run("overflow", func(t *testing.T) {
