@@ -78,14 +78,16 @@ func openAIBody(status int, typ, code, param, message string) []byte {
 			typ = "invalid_request_error"
 		}
 	}
-	var c, p any
-	if code != "" {
-		c = code
+	return marshal(obj("error", obj("message", message, "type", typ, "param", orNull(param), "code", orNull(code))))
+}
+
+// orNull is s as a JSON value, null when empty (OpenAI's error code and
+// param).
+func orNull(s string) any {
+	if s == "" {
+		return nil
 	}
-	if param != "" {
-		p = param
-	}
-	return marshal(obj("error", obj("message", message, "type", typ, "param", p, "code", c)))
+	return s
 }
 
 // ContextOverflow is the error for a prompt of promptTokens that leaves no

@@ -85,15 +85,8 @@ func (p *Prelude) Error(e *Error) []byte {
 		b = append(b, "event: error\ndata: "...)
 		b = append(b, e.Body(Anthropic)...)
 	case Responses:
-		var code, param any // null when empty
-		if e.Code != "" {
-			code = e.Code
-		}
-		if e.Param != "" {
-			param = e.Param
-		}
 		b = append(b, "event: error\ndata: "...)
-		b = appendJSON(b, obj("type", "error", "code", code, "message", e.Message, "param", param, "sequence_number", p.seq))
+		b = appendJSON(b, obj("type", "error", "code", orNull(e.Code), "message", e.Message, "param", orNull(e.Param), "sequence_number", p.seq))
 		p.seq++
 	default:
 		b = append(b, "data: "...)
