@@ -64,7 +64,7 @@ awk '
 	v = $1; name = $2; sub(/^BenchmarkAdapterLoad\//, "", name); sub(/-[0-9]+$/, "", name)
 	for (i = 4; i < NF; i += 2) {
 		unit = $(i + 1)
-		if (unit !~ /^(adapter-cpu|relay@rate-cpu|relay-cpu|kiln-cpu|gc-cpu)-µs\/turn$|^heap-B\/session@/) continue
+		if (unit !~ /^(adapter-cpu|relay@rate-cpu|relay-cpu|kiln-cpu|gc-cpu|harness-cpu)-µs\/turn$|^heap-B\/session@|^turns\/s$/) continue
 		key = name SUBSEP unit
 		if (!(key in seen)) { seen[key] = 1; order[++n] = key }
 		vals[key, v, ++cnt[key, v]] = $i
@@ -81,8 +81,10 @@ END {
 	printf "%-22s %-26s %-26s %-26s %s\n", "case", "figure", "old: median (range)", "new: median (range)", "new/old"
 	for (k = 1; k <= n; k++) {
 		split(order[k], p, SUBSEP)
-		mo = med(order[k], "old"); o = sprintf("%.0f (%.0f–%.0f)", mo, lo, hi)
-		mn = med(order[k], "new"); w = sprintf("%.0f (%.0f–%.0f)", mn, lo, hi)
-		printf "%-22s %-26s %-26s %-26s %.2f\n", p[1], p[2], o, w, (mo > 0 ? mn / mo : 0)
+		# A figure only one version reports is shown as "-" for the other.
+		mo = med(order[k], "old"); o = cnt[order[k], "old"] ? sprintf("%.0f (%.0f–%.0f)", mo, lo, hi) : "-"
+		mn = med(order[k], "new"); w = cnt[order[k], "new"] ? sprintf("%.0f (%.0f–%.0f)", mn, lo, hi) : "-"
+		r = (mo > 0 && cnt[order[k], "new"]) ? sprintf("%.2f", mn / mo) : "-"
+		printf "%-22s %-26s %-26s %-26s %s\n", p[1], p[2], o, w, r
 	}
 }' "$work/runs.txt"

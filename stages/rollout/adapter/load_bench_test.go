@@ -9,10 +9,10 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/debug"
 	"runtime/metrics"
 	"runtime/pprof"
 	"slices"
@@ -47,11 +47,15 @@ import (
 // /tokenize calls, engine bytes and new engine TCP connections; client-seen
 // latency p50/p99 and the achieved rate (turns/s, closed loop: every session
 // sends its next turn as soon as the last one is answered, so latency
-// includes queueing at that rate); at a capped rate, the latency the adapter
-// added (added-p50/p99: each turn's latency less the engine handler's time
-// on the exchanges made while it was in flight, over the turns no other turn
-// overlapped — added-turns-told is their share — with the relay's added
-// latency beside it as the floor); the adapter's live heap per session at
+// includes queueing at that rate); harness-cpu, this process's own CPU
+// meanwhile (the load client and the scripted engine, which share the
+// machine's cores with the adapter: where it is much larger than the
+// adapter's, the rate is the harness's, and the adapter waits between
+// requests more than it would against a GPU server); at a capped rate,
+// the latency the adapter added (added-p50/p99: each turn's latency less
+// the engine handler's time on the exchanges made while it was in flight,
+// over the turns no other turn overlapped — added-turns-told is their
+// share — with the relay's added latency beside it as the floor); the adapter's live heap per session at
 // half and at all turns, and the bytes the recorded turns themselves hold
 // (records.Turn ids, logprobs, messages). KILN_LOAD_CPUPROFILE=FILE writes
 // the adapter process's CPU profile, KILN_LOAD_MEMPROFILE=FILE its
@@ -151,16 +155,32 @@ func (t *engineTotals) add(st map[string]enginetest.EndpointStats) {
 	}
 }
 
-// countingServer serves h on loopback and counts accepted connections.
-func countingServer(h http.Handler, conns *atomic.Int64) *httptest.Server {
-	s := httptest.NewUnstartedServer(h)
-	s.Config.ConnState = func(_ net.Conn, st http.ConnState) {
-		if st == http.StateNew {
-			conns.Add(1)
-		}
+// loopbackServer serves h on loopback with kiln's HTTP/1.1 server (the
+// engine and the relay's filler engine: what stands for the GPU server
+// should cost the shared machine as little as it can) and counts accepted
+// connections in conns, when given.
+func loopbackServer(b *testing.B, h http.Handler, conns *atomic.Int64) (addr string) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
 	}
-	s.Start()
-	return s
+	srv := &h1server.Server{Handler: h}
+	go srv.Serve(countingListener{ln, conns})
+	b.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
+type countingListener struct {
+	net.Listener
+	conns *atomic.Int64
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil && l.conns != nil {
+		l.conns.Add(1)
+	}
+	return c, err
 }
 
 // loadChildEnv names the environment of the adapter process the load
@@ -398,6 +418,10 @@ func liveHeap() uint64 {
 
 func runLoad(b *testing.B, cfg loadConfig) {
 	b.StopTimer()
+	// The harness (this process: the load client and the scripted engine)
+	// collects garbage less often, leaving more of the shared cores to the
+	// processes measured. Their own settings are untouched.
+	defer debug.SetGCPercent(debug.SetGCPercent(400))
 	dir := b.TempDir()
 	if err := enginetest.WriteTokenizerFiles(dir); err != nil {
 		b.Fatal(err)
@@ -405,9 +429,8 @@ func runLoad(b *testing.B, cfg loadConfig) {
 	eng := enginetest.New(loadEngineOptions())
 	var engConns atomic.Int64
 	var log exchangeLog
-	esrv := countingServer(log.wrap(eng), &engConns)
-	defer esrv.Close()
-	ad := startAdapterProc(b, esrv.URL, dir)
+	engAddr := loopbackServer(b, log.wrap(eng), &engConns)
+	ad := startAdapterProc(b, "http://"+engAddr, dir)
 	defer ad.stop()
 	eng.Reset()
 	engConns.Store(0)
@@ -517,6 +540,7 @@ func runLoad(b *testing.B, cfg loadConfig) {
 		}
 	}
 	b.ReportMetric(float64(nTurns)/run.wall.Seconds(), "turns/s")
+	b.ReportMetric(float64(run.harness.Microseconds())/float64(nTurns), "harness-cpu-µs/turn")
 	b.ReportMetric(heapAt[0], fmt.Sprintf("heap-B/session@%dturns", cfg.turns/2))
 	b.ReportMetric(heapAt[1], fmt.Sprintf("heap-B/session@%dturns", cfg.turns))
 	b.ReportMetric(float64(sum.RecordedBytes)/float64(cfg.sessions), "recorded-B/session")
@@ -542,9 +566,8 @@ func runRelay(b *testing.B, cfg loadConfig, log *exchangeLog, sess []*loadSessio
 		b.Fatal(err)
 	}
 	var seen exchangeLog
-	fsrv := httptest.NewServer(seen.wrap(fillerEngine(bytes.Repeat([]byte{'1'}, relayFillerSize))))
-	defer fsrv.Close()
-	rp := startAdapterProc(b, "", "", relayPlanEnv+"="+planFile, relayEngineEnv+"="+fsrv.Listener.Addr().String())
+	faddr := loopbackServer(b, seen.wrap(fillerEngine(bytes.Repeat([]byte{'1'}, relayFillerSize))), nil)
+	rp := startAdapterProc(b, "", "", relayPlanEnv+"="+planFile, relayEngineEnv+"="+faddr)
 	defer rp.stop()
 	for _, s := range sess {
 		s.restart()
@@ -584,9 +607,12 @@ func (s *loadSession) restart() {
 // loadRun is what one drive of the load measured.
 type loadRun struct {
 	cpu, wall time.Duration
-	gc        time.Duration // of cpu, the garbage collector's (runtime estimate)
-	lat       []time.Duration
-	spans     []span
+	// harness is this process's CPU meanwhile: the load client and the
+	// scripted engine, which share the machine with the measured process.
+	harness time.Duration
+	gc      time.Duration // of cpu, the garbage collector's (runtime estimate)
+	lat     []time.Duration
+	spans   []span
 }
 
 func (r loadRun) pct(p float64) float64 { return pct(r.lat, p) }
@@ -652,8 +678,19 @@ func driveLoad(b *testing.B, cfg loadConfig, p *adapterProc, sess []*loadSession
 	// oneTurn sends the history, checks the reply, echoes it and appends a
 	// tool_result for the next turn.
 	oneTurn := func(s *loadSession, k int) error {
-		body, _ := json.Marshal(map[string]any{"model": "claude-sonnet", "max_tokens": 512, "stream": cfg.stream,
-			"tools": json.RawMessage(tools), "messages": s.hist})
+		// What json.Marshal writes for the request (keys sorted), without
+		// compacting the history again each turn: its messages are
+		// json.Marshal's output already.
+		body := []byte(`{"max_tokens":512,"messages":[`)
+		for i, m := range s.hist {
+			if i > 0 {
+				body = append(body, ',')
+			}
+			body = append(body, m...)
+		}
+		body = append(body, `],"model":"claude-sonnet","stream":`...)
+		body = strconv.AppendBool(body, cfg.stream)
+		body = append(append(append(body, `,"tools":`...), tools...), '}')
 		req, err := http.NewRequest(http.MethodPost, p.URL+"/v1/messages", bytes.NewReader(body))
 		if err != nil {
 			return err
@@ -725,7 +762,7 @@ func driveLoad(b *testing.B, cfg loadConfig, p *adapterProc, sess []*loadSession
 			pace = tk.C
 			defer tk.Stop()
 		}
-		g0, c0, w0 := p.num(b, "gccpu"), p.num(b, "cpu"), time.Now()
+		g0, c0, h0, w0 := p.num(b, "gccpu"), p.num(b, "cpu"), processCPU(), time.Now()
 		b.StartTimer()
 		var wg sync.WaitGroup
 		for _, s := range sess {
@@ -743,6 +780,7 @@ func driveLoad(b *testing.B, cfg loadConfig, p *adapterProc, sess []*loadSession
 		wg.Wait()
 		b.StopTimer()
 		run.wall += time.Since(w0)
+		run.harness += processCPU() - h0
 		run.cpu += time.Duration(p.num(b, "cpu") - c0)
 		run.gc += time.Duration(p.num(b, "gccpu") - g0)
 		for _, s := range sess {

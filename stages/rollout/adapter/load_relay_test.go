@@ -49,25 +49,38 @@ type exchangeLog struct {
 }
 
 // wrap counts each request's and reply's body bytes on the way to h, and
-// times the handler.
+// times the handler. The request body is counted as h reads it (what h
+// leaves unread is read after it), not copied.
 func (l *exchangeLog) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		body, err := io.ReadAll(r.Body)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		body := &countingReader{r: r.Body}
+		r.Body = body
 		cw := &countingWriter{ResponseWriter: w}
 		h.ServeHTTP(cw, r)
+		if _, err := io.Copy(io.Discard, body); err != nil {
+			return
+		}
 		end := time.Now()
-		x := exchange{Path: r.URL.Path, Req: len(body), Reply: cw.n, Hold: end.Sub(start), Start: start, End: end}
+		x := exchange{Path: r.URL.Path, Req: body.n, Reply: cw.n, Hold: end.Sub(start), Start: start, End: end}
 		l.mu.Lock()
 		l.all = append(l.all, x)
 		l.mu.Unlock()
 	})
 }
+
+type countingReader struct {
+	r io.ReadCloser
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
+}
+
+func (c *countingReader) Close() error { return c.r.Close() }
 
 type countingWriter struct {
 	http.ResponseWriter

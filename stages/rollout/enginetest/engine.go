@@ -254,7 +254,7 @@ func (w *countingWriter) Write(p []byte) (int, error) {
 
 // ServeHTTP implements http.Handler.
 func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
+	body, _ := readBody(r)
 	e.mu.Lock()
 	seq := e.seq
 	e.seq++
@@ -362,8 +362,26 @@ func writeRaw(w http.ResponseWriter, status int, body []byte) {
 	_, _ = w.Write(body)
 }
 
+// readBody reads r's body whole, in one allocation when its length is known.
+func readBody(r *http.Request) ([]byte, error) {
+	if r.ContentLength <= 0 || r.ContentLength > 1<<30 {
+		return io.ReadAll(r.Body)
+	}
+	body := make([]byte, r.ContentLength)
+	n, err := io.ReadFull(r.Body, body)
+	return body[:n], err
+}
+
 // decodeBody decodes a JSON object body into raw fields.
 func decodeBody(body []byte) (map[string]json.RawMessage, *apiError) {
+	if m, ok := splitObject(body); ok {
+		return m, nil
+	}
+	return decodeBodySlow(body)
+}
+
+// decodeBodySlow is decodeBody by encoding/json.
+func decodeBodySlow(body []byte) (map[string]json.RawMessage, *apiError) {
 	var m map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&m); err != nil || m == nil {

@@ -40,6 +40,14 @@ func (o *object) set(k string, v any) {
 // parseOrdered decodes JSON into nil, bool, json.Number, string, []any and
 // *object values.
 func parseOrdered(data []byte) (any, error) {
+	if v, ok := fastOrdered(data); ok {
+		return v, nil
+	}
+	return decodeOrdered(data)
+}
+
+// decodeOrdered is parseOrdered by encoding/json's tokenizer.
+func decodeOrdered(data []byte) (any, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	v, err := parseValue(dec)
