@@ -23,12 +23,12 @@ const fastMaxDepth = 9000
 // values by key (the last of duplicate keys wins). Like json.Decoder, it
 // reads the first value only and ignores what follows it.
 func splitObject(b []byte) (map[string]json.RawMessage, bool) {
-	i := space(b, 0)
+	i := jsonskim.Space(b, 0)
 	if i >= len(b) || b[i] != '{' {
 		return nil, false
 	}
 	m := map[string]json.RawMessage{}
-	if i = space(b, i+1); i < len(b) && b[i] == '}' {
+	if i = jsonskim.Space(b, i+1); i < len(b) && b[i] == '}' {
 		return m, true
 	}
 	for {
@@ -40,23 +40,23 @@ func splitObject(b []byte) (map[string]json.RawMessage, bool) {
 			return nil, false
 		}
 		key := string(b[i+1 : end-1])
-		if i = space(b, end); i >= len(b) || b[i] != ':' {
+		if i = jsonskim.Space(b, end); i >= len(b) || b[i] != ':' {
 			return nil, false
 		}
-		i = space(b, i+1)
+		i = jsonskim.Space(b, i+1)
 		vend := skipValue(b, i, 1)
 		if vend < 0 {
 			return nil, false
 		}
 		m[key] = b[i:vend:vend]
-		if i = space(b, vend); i >= len(b) {
+		if i = jsonskim.Space(b, vend); i >= len(b) {
 			return nil, false
 		}
 		switch b[i] {
 		case '}':
 			return m, true
 		case ',':
-			i = space(b, i+1)
+			i = jsonskim.Space(b, i+1)
 		default:
 			return nil, false
 		}
@@ -74,13 +74,13 @@ func unmarshalInts(raw []byte, dst *[]int) error {
 
 // parseInts reads a JSON array of integers of at most 18 digits each.
 func parseInts(b []byte) ([]int, bool) {
-	i := space(b, 0)
+	i := jsonskim.Space(b, 0)
 	if i >= len(b) || b[i] != '[' {
 		return nil, false
 	}
 	ids := make([]int, 0, bytes.Count(b, []byte{','})+1)
-	if i = space(b, i+1); i < len(b) && b[i] == ']' {
-		return ids, space(b, i+1) == len(b)
+	if i = jsonskim.Space(b, i+1); i < len(b) && b[i] == ']' {
+		return ids, jsonskim.Space(b, i+1) == len(b)
 	}
 	for {
 		neg := i < len(b) && b[i] == '-'
@@ -101,14 +101,14 @@ func parseInts(b []byte) ([]int, bool) {
 			n = -n
 		}
 		ids = append(ids, n)
-		if i = space(b, i); i >= len(b) {
+		if i = jsonskim.Space(b, i); i >= len(b) {
 			return nil, false
 		}
 		switch b[i] {
 		case ']':
-			return ids, space(b, i+1) == len(b)
+			return ids, jsonskim.Space(b, i+1) == len(b)
 		case ',':
-			i = space(b, i+1)
+			i = jsonskim.Space(b, i+1)
 		default: // a fraction, an exponent or not a number
 			return nil, false
 		}
@@ -117,9 +117,9 @@ func parseInts(b []byte) ([]int, bool) {
 
 // fastOrdered is parseOrdered's fast path.
 func fastOrdered(b []byte) (any, bool) {
-	i := space(b, 0)
+	i := jsonskim.Space(b, 0)
 	v, end := orderedValue(b, i, 1)
-	if end < 0 || space(b, end) != len(b) {
+	if end < 0 || jsonskim.Space(b, end) != len(b) {
 		return nil, false
 	}
 	return v, true
@@ -137,7 +137,7 @@ func orderedValue(b []byte, i, depth int) (any, int) {
 			return nil, -1
 		}
 		o := &object{}
-		if i = space(b, i+1); i < len(b) && b[i] == '}' {
+		if i = jsonskim.Space(b, i+1); i < len(b) && b[i] == '}' {
 			return o, i + 1
 		}
 		for {
@@ -148,22 +148,22 @@ func orderedValue(b []byte, i, depth int) (any, int) {
 			if end < 0 {
 				return nil, -1
 			}
-			if i = space(b, end); i >= len(b) || b[i] != ':' {
+			if i = jsonskim.Space(b, end); i >= len(b) || b[i] != ':' {
 				return nil, -1
 			}
-			v, vend := orderedValue(b, space(b, i+1), depth+1)
+			v, vend := orderedValue(b, jsonskim.Space(b, i+1), depth+1)
 			if vend < 0 {
 				return nil, -1
 			}
 			o.set(k, v)
-			if i = space(b, vend); i >= len(b) {
+			if i = jsonskim.Space(b, vend); i >= len(b) {
 				return nil, -1
 			}
 			switch b[i] {
 			case '}':
 				return o, i + 1
 			case ',':
-				i = space(b, i+1)
+				i = jsonskim.Space(b, i+1)
 			default:
 				return nil, -1
 			}
@@ -173,7 +173,7 @@ func orderedValue(b []byte, i, depth int) (any, int) {
 			return nil, -1
 		}
 		a := []any{}
-		if i = space(b, i+1); i < len(b) && b[i] == ']' {
+		if i = jsonskim.Space(b, i+1); i < len(b) && b[i] == ']' {
 			return a, i + 1
 		}
 		for {
@@ -182,14 +182,14 @@ func orderedValue(b []byte, i, depth int) (any, int) {
 				return nil, -1
 			}
 			a = append(a, v)
-			if i = space(b, end); i >= len(b) {
+			if i = jsonskim.Space(b, end); i >= len(b) {
 				return nil, -1
 			}
 			switch b[i] {
 			case ']':
 				return a, i + 1
 			case ',':
-				i = space(b, i+1)
+				i = jsonskim.Space(b, i+1)
 			default:
 				return nil, -1
 			}
@@ -251,7 +251,7 @@ func skipValue(b []byte, i, depth int) int {
 		if c == '[' {
 			closer = ']'
 		}
-		if i = space(b, i+1); i < len(b) && b[i] == closer {
+		if i = jsonskim.Space(b, i+1); i < len(b) && b[i] == closer {
 			return i + 1
 		}
 		for {
@@ -262,22 +262,22 @@ func skipValue(b []byte, i, depth int) int {
 				if i, _ = skipString(b, i); i < 0 {
 					return -1
 				}
-				if i = space(b, i); i >= len(b) || b[i] != ':' {
+				if i = jsonskim.Space(b, i); i >= len(b) || b[i] != ':' {
 					return -1
 				}
-				i = space(b, i+1)
+				i = jsonskim.Space(b, i+1)
 			}
 			if i = skipValue(b, i, depth+1); i < 0 {
 				return -1
 			}
-			if i = space(b, i); i >= len(b) {
+			if i = jsonskim.Space(b, i); i >= len(b) {
 				return -1
 			}
 			switch b[i] {
 			case closer:
 				return i + 1
 			case ',':
-				i = space(b, i+1)
+				i = jsonskim.Space(b, i+1)
 			default:
 				return -1
 			}
@@ -399,13 +399,6 @@ func skipNumber(b []byte, i int) int {
 		if digits() == 0 {
 			return -1
 		}
-	}
-	return i
-}
-
-func space(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
 	}
 	return i
 }
