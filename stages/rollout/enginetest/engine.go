@@ -123,7 +123,7 @@ type Engine struct {
 	stats    map[string]EndpointStats
 	turns    map[string]int
 	faults   []Fault
-	history  map[string][][]int // per session: prompt+output sequences
+	history  map[string][][]int // per session: prompt+output sequences (kept for EnablePromptTokensDetails only)
 	healthy  bool
 	inflight int
 	aborted  int
