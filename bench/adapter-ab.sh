@@ -42,13 +42,13 @@ build() { # build REV|"" OUT
 		git -C "$root" worktree add --detach "$work/tree" "$1" >/dev/null
 		dir=$work/tree
 	fi
-	(cd "$dir/stages/rollout/adapter" && go test -c -o "$2" .)
+	(cd "$dir/internal/agent/adapter" && go test -c -o "$2" .)
 }
 echo "building $old and ${new:-the working tree} in $work" >&2
 build "$old" "$work/old.test"
 build "$new" "$work/new.test"
 
-adapterdir=$root/stages/rollout/adapter
+adapterdir=$root/internal/agent/adapter
 for r in $(seq "$rounds"); do
 	for v in old new; do
 		echo "round $r/$rounds: $v" >&2

@@ -25,7 +25,7 @@ NPM_PACKAGES=(
 	fzstd@0.1.1
 )
 
-# The real coding CLIs of the client tests (stages/rollout/clients), exact
+# The real coding CLIs of the client tests (internal/agent/clients), exact
 # versions. Each ships its native binary as a platform optional dependency
 # (@anthropic-ai/claude-code-linux-x64, @openai/codex-linux-x64, ...), which
 # npm installs along with it; install_npm_clis checks that it came.

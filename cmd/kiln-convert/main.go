@@ -9,7 +9,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/kilnrl/kiln/stages/convert"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 func main() {
@@ -21,11 +21,11 @@ func main() {
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(192 << 20)
 	}
-	env := &stage.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stage.NewLogger(os.Stderr, false)}
-	app := stage.CommonApp(&cli.App{
+	env := &stagecmd.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false)}
+	app := stagecmd.CommonApp(&cli.App{
 		Name:     "kiln-convert",
 		Usage:    "convert coding-RL datasets into versioned tasks",
 		Commands: convert.Commands(env),
 	}, os.Stdout, os.Stderr)
-	os.Exit(stage.Main(app, os.Args, os.Stderr))
+	os.Exit(stagecmd.Main(app, os.Args, os.Stderr))
 }

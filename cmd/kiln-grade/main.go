@@ -8,17 +8,17 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/kilnrl/kiln/stages/grade"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 func main() {
-	env := &stage.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stage.NewLogger(os.Stderr, false)}
-	app := stage.CommonApp(&cli.App{
+	env := &stagecmd.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false)}
+	app := stagecmd.CommonApp(&cli.App{
 		Name:        "kiln-grade",
 		Usage:       "grade patches with the tasks' official tests in fresh sandboxes",
 		Description: grade.Help,
 		Flags:       grade.Flags(),
 		Action:      func(c *cli.Context) error { return grade.Action(c, env) },
 	}, os.Stdout, os.Stderr)
-	os.Exit(stage.Main(app, os.Args, os.Stderr))
+	os.Exit(stagecmd.Main(app, os.Args, os.Stderr))
 }

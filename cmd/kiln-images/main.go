@@ -9,15 +9,15 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/kilnrl/kiln/stages/images"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 func main() {
-	env := &stage.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stage.NewLogger(os.Stderr, false)}
-	app := stage.CommonApp(&cli.App{
+	env := &stagecmd.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false)}
+	app := stagecmd.CommonApp(&cli.App{
 		Name:     "kiln-images",
 		Usage:    "import task images into rootfs bundles named by digest",
 		Commands: images.Commands(env),
 	}, os.Stdout, os.Stderr)
-	os.Exit(stage.Main(app, os.Args, os.Stderr))
+	os.Exit(stagecmd.Main(app, os.Args, os.Stderr))
 }

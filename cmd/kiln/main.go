@@ -9,12 +9,12 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/kilnrl/kiln/stages/datasets"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 func main() {
-	env := &datasets.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stage.NewLogger(os.Stderr, false)}
-	app := stage.CommonApp(&cli.App{
+	env := &datasets.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false)}
+	app := stagecmd.CommonApp(&cli.App{
 		Name:  "kiln",
 		Usage: "versioned datasets and stages for coding-agent RL",
 		Description: `kiln is a batch system on files: stage binaries read and write versioned
@@ -24,13 +24,13 @@ Arrow/Parquet datasets in a store (a directory, or s3://bucket/prefix).
 		Commands: datasets.Commands(env),
 	}, os.Stdout, os.Stderr)
 	if len(os.Args) > 1 && app.Command(os.Args[1]) == nil && os.Args[1][0] != '-' {
-		if path := stage.Dispatch("kiln", os.Args[1]); path != "" {
-			err := stage.Exec(path, append([]string{path}, os.Args[2:]...))
+		if path := stagecmd.Dispatch("kiln", os.Args[1]); path != "" {
+			err := stagecmd.Exec(path, append([]string{path}, os.Args[2:]...))
 			fmt.Fprintf(os.Stderr, "kiln: running %s: %v\n", path, err)
-			os.Exit(stage.ExitFailure)
+			os.Exit(stagecmd.ExitFailure)
 		}
 		fmt.Fprintf(os.Stderr, "kiln: %q is not a kiln command, and no kiln-%s binary is beside kiln or on PATH; see kiln --help\n", os.Args[1], os.Args[1])
-		os.Exit(stage.ExitUsage)
+		os.Exit(stagecmd.ExitUsage)
 	}
-	os.Exit(stage.Main(app, os.Args, os.Stderr))
+	os.Exit(stagecmd.Main(app, os.Args, os.Stderr))
 }

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 // TestBadInput: every bad input fails with exit status 5 and an error that
@@ -95,7 +95,7 @@ func TestBadInput(t *testing.T) {
 				args = append(args, "--ids", id)
 			}
 			res := run(t, args...)
-			require.Equal(t, stage.ExitBadInput, res.Code, "stdout %s\nstderr %s", res.Stdout, res.Stderr)
+			require.Equal(t, stagecmd.ExitBadInput, res.Code, "stdout %s\nstderr %s", res.Stdout, res.Stderr)
 			for _, w := range c.want {
 				assert.Contains(t, res.Stderr, w)
 			}
@@ -107,6 +107,6 @@ func TestBadInput(t *testing.T) {
 
 func TestMissingInputIsNotFound(t *testing.T) {
 	res := run(t, "mimo", "--store", t.TempDir(), "--data", filepath.Join(t.TempDir(), "nope"), "--out", "tasks/x")
-	assert.Equal(t, stage.ExitNotFound, res.Code, res.Stderr)
+	assert.Equal(t, stagecmd.ExitNotFound, res.Code, res.Stderr)
 	assert.Contains(t, res.Stderr, "code.parquet")
 }

@@ -3,7 +3,7 @@ package convert
 import (
 	"github.com/urfave/cli/v2"
 
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 const commonHelp = `
@@ -29,7 +29,7 @@ twice or ids not in the input (listed, sorted), a test patch path outside the
 repository, a Parquet file without the expected columns.`
 
 // Commands returns the kiln-convert subcommands, one per input format.
-func Commands(env *stage.Env) []*cli.Command {
+func Commands(env *stagecmd.Env) []*cli.Command {
 	return []*cli.Command{
 		command(env, "mimo", "convert the MiMo code subset (code.parquet + image-mapping.jsonl)",
 			"--data DIR|s3://bucket/prefix --out NAME [--ids ID...]",
@@ -110,9 +110,9 @@ repo, when present, is the split unit.`+commonHelp),
 	}
 }
 
-func command(env *stage.Env, format, usage, args, desc string) *cli.Command {
+func command(env *stagecmd.Env, format, usage, args, desc string) *cli.Command {
 	flags := []cli.Flag{
-		stage.StoreFlag(),
+		stagecmd.StoreFlag(),
 		&cli.StringFlag{Name: "data", Required: true, Usage: "the input (see above)"},
 		&cli.StringFlag{Name: "out", Value: "tasks/" + format, Usage: "dataset name to write"},
 		&cli.StringSliceFlag{Name: "ids", Usage: "convert only these instance ids (repeat the flag, or comma-separate; extra arguments are ids too)"},
@@ -120,8 +120,8 @@ func command(env *stage.Env, format, usage, args, desc string) *cli.Command {
 		&cli.Uint64Flag{Name: "seed", Usage: "seed of --split and --limit"},
 		&cli.IntFlag{Name: "limit", Usage: "keep at most N tasks per split, spread across repositories"},
 		&cli.StringFlag{Name: "dataset", Usage: "the dataset column (default: the format's source name)"},
-		stage.ShardFlag(),
-		stage.PrintVersionFlag(),
+		stagecmd.ShardFlag(),
+		stagecmd.PrintVersionFlag(),
 	}
 	switch format {
 	case "swebench":
@@ -135,31 +135,31 @@ func command(env *stage.Env, format, usage, args, desc string) *cli.Command {
 	}
 }
 
-func action(c *cli.Context, env *stage.Env, format string) error {
-	st, err := stage.OpenStore(c)
+func action(c *cli.Context, env *stagecmd.Env, format string) error {
+	st, err := stagecmd.OpenStore(c)
 	if err != nil {
 		return err
 	}
-	part, err := stage.PartFrom(c)
+	part, err := stagecmd.PartFrom(c)
 	if err != nil {
 		return err
 	}
 	splits, err := ParseSplits(c.String("split"))
 	if err != nil {
-		return stage.UsageError{Err: err}
+		return stagecmd.UsageError{Err: err}
 	}
 	// --ids takes several values, as the reference's nargs="+": the flag
 	// may repeat, and the arguments after it are ids too.
 	ids := append(c.StringSlice("ids"), c.Args().Slice()...)
 	if c.NArg() > 0 && !c.IsSet("ids") {
-		return stage.Usagef("%s: unexpected arguments %q; ids go after --ids", c.Command.FullName(), c.Args().Slice())
+		return stagecmd.Usagef("%s: unexpected arguments %q; ids go after --ids", c.Command.FullName(), c.Args().Slice())
 	}
 	o := Options{
 		Format: format, Data: c.String("data"), Scripts: c.String("scripts"), IDs: ids,
 		Splits: splits, Seed: c.Uint64("seed"), Limit: c.Int("limit"),
 		KeepUngradeable: c.Bool("keep-ungradeable"), Dataset: c.String("dataset"),
 	}
-	out := stage.Output{Name: c.String("out"), Part: part, PrintVersion: c.Bool("print-version"), Hook: env.Hook}
+	out := stagecmd.Output{Name: c.String("out"), Part: part, PrintVersion: c.Bool("print-version"), Hook: env.Hook}
 	_, err = Run(c.Context, env, st, out, o)
 	return err
 }

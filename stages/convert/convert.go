@@ -12,7 +12,7 @@ import (
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/formats/store"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 // codeVersion is the convert stage's code version (dataset.Identity): bump
@@ -122,7 +122,7 @@ type source interface {
 	// Externals identifies the inputs by content, for the version id.
 	Externals(ctx context.Context) ([]dataset.External, error)
 	// Each calls fn for every input row in input order. An error about the
-	// input's content is a stage.BadInputError naming the file and row.
+	// input's content is a stagecmd.BadInputError naming the file and row.
 	Each(ctx context.Context, fn rowFunc) error
 	// Close removes anything the source staged (downloads).
 	Close() error
@@ -139,7 +139,7 @@ func newSource(o *Options) (source, error) {
 	case "f2p":
 		return newRowSource(o, f2pTask)
 	}
-	return nil, stage.Usagef("unknown format %q (want mimo, swebench, swepro or f2p)", o.Format)
+	return nil, stagecmd.Usagef("unknown format %q (want mimo, swebench, swepro or f2p)", o.Format)
 }
 
 // defaultDataset is the dataset column per format; MiMo's is the value the
@@ -151,10 +151,10 @@ var defaultDataset = map[string]string{
 	"f2p":      "f2p",
 }
 
-// Run converts o.Data into the tasks dataset out names, through stage.Write:
+// Run converts o.Data into the tasks dataset out names, through stagecmd.Write:
 // the version id covers the inputs' content and the arguments; nothing is
 // committed unless every selected row converted.
-func Run(ctx context.Context, env *stage.Env, st store.Store, out stage.Output, o Options) (dataset.Result, error) {
+func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Output, o Options) (dataset.Result, error) {
 	if o.Dataset == "" {
 		o.Dataset = defaultDataset[o.Format]
 	}
@@ -162,10 +162,10 @@ func Run(ctx context.Context, env *stage.Env, st store.Store, out stage.Output, 
 		o.ShardBytes = defaultShardBytes
 	}
 	if o.Limit < 0 {
-		return dataset.Result{}, stage.Usagef("--limit %d: want a positive number of tasks per split", o.Limit)
+		return dataset.Result{}, stagecmd.Usagef("--limit %d: want a positive number of tasks per split", o.Limit)
 	}
 	if dup := duplicates(o.IDs); len(dup) > 0 {
-		return dataset.Result{}, stage.BadInputError{Err: fmt.Errorf("--ids must not contain duplicate instance IDs (%s named more than once); name each instance once", strings.Join(dup, ", "))}
+		return dataset.Result{}, stagecmd.BadInputError{Err: fmt.Errorf("--ids must not contain duplicate instance IDs (%s named more than once); name each instance once", strings.Join(dup, ", "))}
 	}
 	src, err := newSource(&o)
 	if err != nil {
@@ -178,7 +178,7 @@ func Run(ctx context.Context, env *stage.Env, st store.Store, out stage.Output, 
 	}
 	out.Kind = records.TasksKind
 	out.Identity = dataset.Identity{Stage: "convert-" + o.Format, CodeVersion: codeVersion, Args: identityArgs(o), External: ext}
-	return stage.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
+	return stagecmd.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
 		return produce(ctx, env, src, o, out.Part, w)
 	})
 }
@@ -258,16 +258,16 @@ func walk(ctx context.Context, src source, o Options, fn func(loc location, c co
 			return nil
 		}
 		if first, dup := seen[id]; dup {
-			return stage.BadInputError{Err: fmt.Errorf("%s, instance %q: Duplicate dataset instance ID: %s (first at %s %d); remove one of the rows or select the other instances with --ids", loc, id, id, map[bool]string{false: "row", true: "line"}[first.Line], first.Row)}
+			return stagecmd.BadInputError{Err: fmt.Errorf("%s, instance %q: Duplicate dataset instance ID: %s (first at %s %d); remove one of the rows or select the other instances with --ids", loc, id, id, map[bool]string{false: "row", true: "line"}[first.Line], first.Row)}
 		}
 		seen[id] = loc
 		c, err := convert()
 		if err != nil {
-			var bad stage.BadInputError
+			var bad stagecmd.BadInputError
 			if errors.As(err, &bad) || errors.Is(err, context.Canceled) {
 				return err
 			}
-			return stage.BadInputError{Err: fmt.Errorf("%s, instance %q: %w", loc, id, err)}
+			return stagecmd.BadInputError{Err: fmt.Errorf("%s, instance %q: %w", loc, id, err)}
 		}
 		if c.Ungradeable != "" {
 			res.ungradeable = append(res.ungradeable, id)
@@ -290,7 +290,7 @@ func walk(ctx context.Context, src source, o Options, fn func(loc location, c co
 		}
 		if len(missing) > 0 {
 			sort.Strings(missing)
-			return res, stage.BadInputError{Err: fmt.Errorf("%s: Missing instance IDs: %s; check the ids against the input", o.Data, strings.Join(missing, ", "))}
+			return res, stagecmd.BadInputError{Err: fmt.Errorf("%s: Missing instance IDs: %s; check the ids against the input", o.Data, strings.Join(missing, ", "))}
 		}
 	}
 	if kept == 0 {
@@ -301,7 +301,7 @@ func walk(ctx context.Context, src source, o Options, fn func(loc location, c co
 		case sel != nil:
 			hint = "no selected row was converted"
 		}
-		return res, stage.BadInputError{Err: fmt.Errorf("%s: No code tasks found (%s)", o.Data, hint)}
+		return res, stagecmd.BadInputError{Err: fmt.Errorf("%s: No code tasks found (%s)", o.Data, hint)}
 	}
 	return res, nil
 }
@@ -310,7 +310,7 @@ func walk(ctx context.Context, src source, o Options, fn func(loc location, c co
 // reads the input twice: first to learn every task's split unit (and check
 // every row), then to write; the assignment needs all units before the
 // first row is written.
-func produce(ctx context.Context, env *stage.Env, src source, o Options, part dataset.Part, w *dataset.Writer) (map[string]any, error) {
+func produce(ctx context.Context, env *stagecmd.Env, src source, o Options, part dataset.Part, w *dataset.Writer) (map[string]any, error) {
 	var assign map[string]string // task id -> split; nil keeps every task
 	if len(o.Splits) > 0 || o.Limit > 0 {
 		var ids, unitOf []string
@@ -324,7 +324,7 @@ func produce(ctx context.Context, env *stage.Env, src source, o Options, part da
 		assign = assignSplits(ids, unitOf, o.Splits, o.Limit, o.Seed)
 	}
 
-	prog := stage.NewProgress(env.Stderr, env.Log, "convert "+o.Format, "rows", -1)
+	prog := stagecmd.NewProgress(env.Stderr, env.Log, "convert "+o.Format, "rows", -1)
 	buf := newShardWriter(ctx, w, o.ShardBytes)
 	closed := false
 	defer func() {

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 func grading(t *testing.T, g *string) map[string]any {
@@ -70,7 +70,7 @@ func TestSWEBenchRows(t *testing.T) {
 	})
 	t.Run("all ungradeable", func(t *testing.T) {
 		res := run(t, "swebench", "--store", t.TempDir(), "--data", writeJSONL(t, rows[1:2]), "--out", "tasks/swe")
-		assert.Equal(t, stage.ExitBadInput, res.Code)
+		assert.Equal(t, stagecmd.ExitBadInput, res.Code)
 		assert.Contains(t, res.Stderr, "--keep-ungradeable keeps them")
 	})
 	t.Run("bad rows", func(t *testing.T) {
@@ -91,7 +91,7 @@ func TestSWEBenchRows(t *testing.T) {
 			c.edit(r)
 			storeDir := t.TempDir()
 			res := run(t, "swebench", "--store", storeDir, "--data", writeJSONL(t, []map[string]any{r}), "--out", "tasks/swe")
-			assert.Equal(t, stage.ExitBadInput, res.Code, res.Stderr)
+			assert.Equal(t, stagecmd.ExitBadInput, res.Code, res.Stderr)
 			assert.Contains(t, res.Stderr, c.want)
 			noVersions(t, storeDir)
 		}
@@ -186,7 +186,7 @@ func TestSWEProRows(t *testing.T) {
 		require.NoError(t, os.Remove(filepath.Join(scripts, "pro-1", "parser.py")))
 		storeDir := t.TempDir()
 		res := run(t, "swepro", "--store", storeDir, "--data", data, "--scripts", scripts, "--out", "tasks/pro")
-		assert.Equal(t, stage.ExitBadInput, res.Code, res.Stderr)
+		assert.Equal(t, stagecmd.ExitBadInput, res.Code, res.Stderr)
 		assert.Contains(t, res.Stderr, `line 1, instance "pro-1": script "`+filepath.Join(scripts, "pro-1", "parser.py"))
 		noVersions(t, storeDir)
 	})
@@ -217,6 +217,6 @@ func TestF2PRows(t *testing.T) {
 
 	bad := []map[string]any{{"instance_id": "x", "problem_statement": "p", "image": "i", "workdir": "/w", "f2p_script": ""}}
 	res = run(t, "f2p", "--store", t.TempDir(), "--data", writeJSONL(t, bad), "--out", "tasks/f2p")
-	assert.Equal(t, stage.ExitBadInput, res.Code)
+	assert.Equal(t, stagecmd.ExitBadInput, res.Code)
 	assert.Contains(t, res.Stderr, `instance "x": key "f2p_script" is blank`)
 }

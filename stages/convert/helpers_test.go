@@ -19,13 +19,13 @@ import (
 	"github.com/kilnrl/kiln/formats/store"
 	"github.com/kilnrl/kiln/stages/convert"
 	"github.com/kilnrl/kiln/stages/datasets"
-	"github.com/kilnrl/kiln/stages/stage"
-	"github.com/kilnrl/kiln/stages/stage/stagetest"
+	"github.com/kilnrl/kiln/internal/stagecmd"
+	"github.com/kilnrl/kiln/internal/stagecmd/stagetest"
 )
 
 // commands are kiln-convert's subcommands beside kiln's dataset commands,
 // so tests convert and export in one in-process app.
-func commands(env *stage.Env) []*cli.Command {
+func commands(env *stagecmd.Env) []*cli.Command {
 	return append(convert.Commands(env), datasets.Commands(env)...)
 }
 

@@ -18,7 +18,7 @@ import (
 
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 // mimoSource reads the MiMo code subset (spec-data-grade §1.1): the
@@ -27,8 +27,8 @@ import (
 // then downloaded once to a temporary file (Parquet needs random access).
 type mimoSource struct {
 	dataset   string
-	parquet   stage.Input
-	mapping   stage.Input
+	parquet   stagecmd.Input
+	mapping   stagecmd.Input
 	localPath string // the Parquet file on local disk
 	tmpDir    string // holds a download, removed by Close
 }
@@ -42,11 +42,11 @@ func newMiMoSource(o *Options) (*mimoSource, error) {
 	}
 	s := &mimoSource{dataset: o.Dataset}
 	var err error
-	if s.parquet, err = stage.ParseInput(join("code.parquet")); err != nil {
-		return nil, stage.UsageError{Err: err}
+	if s.parquet, err = stagecmd.ParseInput(join("code.parquet")); err != nil {
+		return nil, stagecmd.UsageError{Err: err}
 	}
-	if s.mapping, err = stage.ParseInput(join("image-mapping.jsonl")); err != nil {
-		return nil, stage.UsageError{Err: err}
+	if s.mapping, err = stagecmd.ParseInput(join("image-mapping.jsonl")); err != nil {
+		return nil, stagecmd.UsageError{Err: err}
 	}
 	return s, nil
 }
@@ -55,7 +55,7 @@ func (s *mimoSource) Externals(ctx context.Context) ([]dataset.External, error) 
 	var ext []dataset.External
 	for _, in := range []struct {
 		role string
-		in   stage.Input
+		in   stagecmd.Input
 	}{{"code.parquet", s.parquet}, {"image-mapping.jsonl", s.mapping}} {
 		e, err := in.in.Identify(ctx, in.role)
 		if err != nil {
@@ -129,11 +129,11 @@ func (s *mimoSource) Each(ctx context.Context, fn rowFunc) error {
 	name := s.parquet.Name
 	pf, err := parquet.OpenFile(file, fi.Size(), parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true), parquet.ReadBufferSize(1<<20))
 	if err != nil {
-		return stage.BadInputError{Err: fmt.Errorf("%q is not a readable Parquet file: %w", name, err)}
+		return stagecmd.BadInputError{Err: fmt.Errorf("%q is not a readable Parquet file: %w", name, err)}
 	}
 	col, err := findStringColumn(pf, "extra_info", "instance_json")
 	if err != nil {
-		return stage.BadInputError{Err: fmt.Errorf("%q: wrong schema: %w; MiMo's code.parquet has a struct column extra_info with a string field instance_json", name, err)}
+		return stagecmd.BadInputError{Err: fmt.Errorf("%q: wrong schema: %w; MiMo's code.parquet has a struct column extra_info with a string field instance_json", name, err)}
 	}
 	// Rows are decoded and converted in parallel, a batch at a time, and
 	// handed to fn in row order: fn sees exactly the sequence a one-by-one
@@ -145,10 +145,10 @@ func (s *mimoSource) Each(ctx context.Context, fn rowFunc) error {
 		for i := range batch {
 			r := &batch[i]
 			if r.null != "" {
-				return stage.BadInputError{Err: fmt.Errorf("%s: %s is null; every row needs an instance_json object", r.loc, r.null)}
+				return stagecmd.BadInputError{Err: fmt.Errorf("%s: %s is null; every row needs an instance_json object", r.loc, r.null)}
 			}
 			if r.decodeErr != nil {
-				return stage.BadInputError{Err: fmt.Errorf("%s: extra_info.instance_json: %w", r.loc, r.decodeErr)}
+				return stagecmd.BadInputError{Err: fmt.Errorf("%s: extra_info.instance_json: %w", r.loc, r.decodeErr)}
 			}
 			if err := fn(r.loc, r.id, func() (converted, error) { return r.conv, r.convErr }); err != nil {
 				return err
@@ -168,7 +168,7 @@ func (s *mimoSource) Each(ctx context.Context, fn rowFunc) error {
 	if err == nil {
 		err = flush()
 	}
-	var bad stage.BadInputError
+	var bad stagecmd.BadInputError
 	if err != nil && !errors.As(err, &bad) && !errors.Is(err, context.Canceled) {
 		return fmt.Errorf("convert mimo: reading %q: %w", name, err)
 	}
@@ -379,7 +379,7 @@ func (inst *mimoInstance) task(datasetName string, mapping map[string]string) (c
 // reference. A trailing newline is fine; any other blank line, a line that
 // is not a JSON object, or one without both keys as strings fails, naming
 // the line.
-func readMapping(ctx context.Context, in stage.Input) (map[string]string, error) {
+func readMapping(ctx context.Context, in stagecmd.Input) (map[string]string, error) {
 	r, err := in.Open(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("convert mimo: image mapping: %w", err)
@@ -396,7 +396,7 @@ func readMapping(ctx context.Context, in stage.Input) (map[string]string, error)
 			return nil, fmt.Errorf("convert mimo: reading %q: %w", in.Name, err)
 		}
 		bad := func(format string, args ...any) error {
-			return stage.BadInputError{Err: fmt.Errorf("%q line %d: %s; each line must be {\"dataset_image\": ..., \"dockerhub_image\": ...}", in.Name, lineNo, fmt.Sprintf(format, args...))}
+			return stagecmd.BadInputError{Err: fmt.Errorf("%q line %d: %s; each line must be {\"dataset_image\": ..., \"dockerhub_image\": ...}", in.Name, lineNo, fmt.Sprintf(format, args...))}
 		}
 		line = bytes.TrimRight(line, "\r\n")
 		if len(bytes.TrimSpace(line)) == 0 {

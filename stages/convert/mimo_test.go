@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -91,7 +91,7 @@ func TestSpecConverterCases(t *testing.T) {
 			}
 			res := run(t, args...)
 			if c.err != "" {
-				require.Equal(t, stage.ExitBadInput, res.Code, res.Stderr)
+				require.Equal(t, stagecmd.ExitBadInput, res.Code, res.Stderr)
 				assert.Contains(t, res.Stderr, c.err)
 				noVersions(t, storeDir)
 				return

@@ -16,7 +16,7 @@ import (
 	"github.com/parquet-go/parquet-go"
 
 	"github.com/kilnrl/kiln/formats/dataset"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 // rowSource reads row-per-task inputs (SWE-bench style, SWE-bench Pro,
@@ -29,7 +29,7 @@ type rowSource struct {
 	format  string
 	opts    *Options
 	convert func(ctx context.Context, s *rowSource, f *fields) (converted, error)
-	files   []stage.Input
+	files   []stagecmd.Input
 	tmpDir  string
 }
 
@@ -48,18 +48,18 @@ func newRowSource(o *Options, convert func(context.Context, *rowSource, *fields)
 		}
 		sort.Strings(names)
 		if len(names) == 0 {
-			return nil, stage.Usagef("%s: --data %q holds no .parquet or .jsonl files", o.Format, o.Data)
+			return nil, stagecmd.Usagef("%s: --data %q holds no .parquet or .jsonl files", o.Format, o.Data)
 		}
 		for _, n := range names {
-			s.files = append(s.files, stage.Input{Name: n})
+			s.files = append(s.files, stagecmd.Input{Name: n})
 		}
 		return s, nil
 	}
-	in, err := stage.ParseInput(o.Data)
+	in, err := stagecmd.ParseInput(o.Data)
 	if err != nil {
-		return nil, stage.UsageError{Err: err}
+		return nil, stagecmd.UsageError{Err: err}
 	}
-	s.files = []stage.Input{in}
+	s.files = []stagecmd.Input{in}
 	return s, nil
 }
 
@@ -98,7 +98,7 @@ func (s *rowSource) Each(ctx context.Context, fn rowFunc) error {
 			if err == nil {
 				err = fmt.Errorf("required key \"instance_id\" is empty")
 			}
-			return stage.BadInputError{Err: fmt.Errorf("%s: %w", loc, err)}
+			return stagecmd.BadInputError{Err: fmt.Errorf("%s: %w", loc, err)}
 		}
 		return fn(loc, id, func() (converted, error) {
 			c, err := s.convert(ctx, s, f)
@@ -129,7 +129,7 @@ func (s *rowSource) eachFields(ctx context.Context, fn func(location, *fields) e
 
 // eachJSONL reads one JSON object per line; a blank line other than at the
 // end is an error.
-func eachJSONL(ctx context.Context, in stage.Input, fn func(location, map[string]json.RawMessage) error) error {
+func eachJSONL(ctx context.Context, in stagecmd.Input, fn func(location, map[string]json.RawMessage) error) error {
 	r, err := in.Open(ctx)
 	if err != nil {
 		return err
@@ -150,11 +150,11 @@ func eachJSONL(ctx context.Context, in stage.Input, fn func(location, map[string
 			if _, perr := br.Peek(1); perr == io.EOF {
 				return nil
 			}
-			return stage.BadInputError{Err: fmt.Errorf("%s: blank line; remove it", loc)}
+			return stagecmd.BadInputError{Err: fmt.Errorf("%s: blank line; remove it", loc)}
 		}
 		var obj map[string]json.RawMessage
 		if jerr := json.Unmarshal(line, &obj); jerr != nil || obj == nil {
-			return stage.BadInputError{Err: fmt.Errorf("%s: not a JSON object (%v)", loc, jerr)}
+			return stagecmd.BadInputError{Err: fmt.Errorf("%s: not a JSON object (%v)", loc, jerr)}
 		}
 		if ferr := fn(loc, obj); ferr != nil {
 			return ferr
@@ -167,7 +167,7 @@ func eachJSONL(ctx context.Context, in stage.Input, fn func(location, map[string
 
 // eachParquet reads every row of a Parquet file generically (each column
 // becomes a key; lists, structs and maps become JSON), one row at a time.
-func (s *rowSource) eachParquet(ctx context.Context, in stage.Input, fn func(location, map[string]json.RawMessage) error) error {
+func (s *rowSource) eachParquet(ctx context.Context, in stagecmd.Input, fn func(location, map[string]json.RawMessage) error) error {
 	path := in.Name
 	if strings.HasPrefix(path, "s3://") {
 		if s.tmpDir == "" {
@@ -194,7 +194,7 @@ func (s *rowSource) eachParquet(ctx context.Context, in stage.Input, fn func(loc
 	}
 	pf, err := parquet.OpenFile(file, fi.Size(), parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
 	if err != nil {
-		return stage.BadInputError{Err: fmt.Errorf("%q is not a readable Parquet file: %w", in.Name, err)}
+		return stagecmd.BadInputError{Err: fmt.Errorf("%q is not a readable Parquet file: %w", in.Name, err)}
 	}
 	r := parquet.NewReader(pf)
 	defer r.Close()
@@ -209,13 +209,13 @@ func (s *rowSource) eachParquet(ctx context.Context, in stage.Input, fn func(loc
 		}
 		loc := location{File: in.Name, Row: row}
 		if err != nil {
-			return stage.BadInputError{Err: fmt.Errorf("%s: %w", loc, err)}
+			return stagecmd.BadInputError{Err: fmt.Errorf("%s: %w", loc, err)}
 		}
 		obj := make(map[string]json.RawMessage, len(m))
 		for k, v := range m {
 			b, err := json.Marshal(jsonable(v))
 			if err != nil {
-				return stage.BadInputError{Err: fmt.Errorf("%s: column %q: %w", loc, k, err)}
+				return stagecmd.BadInputError{Err: fmt.Errorf("%s: column %q: %w", loc, k, err)}
 			}
 			obj[k] = b
 		}
@@ -254,7 +254,7 @@ func jsonable(v any) any {
 	return v
 }
 
-func download(ctx context.Context, in stage.Input, path string) (string, error) {
+func download(ctx context.Context, in stagecmd.Input, path string) (string, error) {
 	r, err := in.Open(ctx)
 	if err != nil {
 		return "", err

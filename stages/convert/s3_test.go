@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnrl/kiln/formats/store/storetest"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 // TestMiMoFromS3: --data may be an s3:// prefix; the objects' ETags and
@@ -50,5 +50,5 @@ func TestMiMoFromS3(t *testing.T) {
 	assert.NotEqual(t, first.LastLine(), changed.LastLine(), "a changed object is a new version")
 
 	missing := run(t, "mimo", "--store", storeDir, "--data", "s3://"+bucket+"/nope", "--out", "tasks/s3")
-	assert.Equal(t, stage.ExitNotFound, missing.Code, missing.Stderr)
+	assert.Equal(t, stagecmd.ExitNotFound, missing.Code, missing.Stderr)
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/formats/store"
 	"github.com/kilnrl/kiln/formats/store/storetest"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 const referenceRows = "../../formats/records/testdata/reference-rows.jsonl"
@@ -162,17 +162,17 @@ func TestBadInputs(t *testing.T) {
 		code int
 		want string
 	}{
-		{"malformed line", []string{"import", "tasks", "--store", storeDir, write("bad.jsonl", good+`{"prompt": `+"\n")}, stage.ExitBadInput, "bad.jsonl:2: not a JSON object"},
-		{"duplicate id", []string{"import", "tasks", "--store", storeDir, write("dup.jsonl", good+good)}, stage.ExitBadInput, `duplicate task id "a" (first on line 1)`},
-		{"blank line", []string{"import", "tasks", "--store", storeDir, write("blank.jsonl", good+"\n"+good)}, stage.ExitBadInput, "blank.jsonl:2: empty line"},
-		{"empty file", []string{"import", "tasks", "--store", storeDir, write("empty.jsonl", "")}, stage.ExitBadInput, "has no rows"},
-		{"missing file", []string{"import", "tasks", "--store", storeDir, filepath.Join(dir, "nope.jsonl")}, stage.ExitNotFound, "nope.jsonl"},
-		{"bad shard", []string{"import", "tasks", "--store", storeDir, "--shard", "3/3", write("ok.jsonl", good)}, stage.ExitUsage, `shard "3/3"`},
-		{"bad name", []string{"import", "tasks", "--store", storeDir, "--out", "a/_v", write("ok2.jsonl", good)}, stage.ExitUsage, `segment "_v"`},
-		{"no ref", []string{"show", "--store", storeDir}, stage.ExitUsage, "want REF"},
-		{"unknown dataset", []string{"show", "--store", storeDir, "nope"}, stage.ExitNotFound, "dataset nope: not found"},
-		{"bad scheme", []string{"ls", "--store", "ftp://x"}, stage.ExitUsage, "unknown scheme"},
-		{"bad format", []string{"export", "--store", storeDir, "--format", "csv", "x"}, stage.ExitUsage, `unknown --format "csv"`},
+		{"malformed line", []string{"import", "tasks", "--store", storeDir, write("bad.jsonl", good+`{"prompt": `+"\n")}, stagecmd.ExitBadInput, "bad.jsonl:2: not a JSON object"},
+		{"duplicate id", []string{"import", "tasks", "--store", storeDir, write("dup.jsonl", good+good)}, stagecmd.ExitBadInput, `duplicate task id "a" (first on line 1)`},
+		{"blank line", []string{"import", "tasks", "--store", storeDir, write("blank.jsonl", good+"\n"+good)}, stagecmd.ExitBadInput, "blank.jsonl:2: empty line"},
+		{"empty file", []string{"import", "tasks", "--store", storeDir, write("empty.jsonl", "")}, stagecmd.ExitBadInput, "has no rows"},
+		{"missing file", []string{"import", "tasks", "--store", storeDir, filepath.Join(dir, "nope.jsonl")}, stagecmd.ExitNotFound, "nope.jsonl"},
+		{"bad shard", []string{"import", "tasks", "--store", storeDir, "--shard", "3/3", write("ok.jsonl", good)}, stagecmd.ExitUsage, `shard "3/3"`},
+		{"bad name", []string{"import", "tasks", "--store", storeDir, "--out", "a/_v", write("ok2.jsonl", good)}, stagecmd.ExitUsage, `segment "_v"`},
+		{"no ref", []string{"show", "--store", storeDir}, stagecmd.ExitUsage, "want REF"},
+		{"unknown dataset", []string{"show", "--store", storeDir, "nope"}, stagecmd.ExitNotFound, "dataset nope: not found"},
+		{"bad scheme", []string{"ls", "--store", "ftp://x"}, stagecmd.ExitUsage, "unknown scheme"},
+		{"bad format", []string{"export", "--store", storeDir, "--format", "csv", "x"}, stagecmd.ExitUsage, `unknown --format "csv"`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -270,5 +270,5 @@ func TestImportFromS3Object(t *testing.T) {
 	lg := kiln(t, "log", "--store", dir, changed.LastLine())
 	assert.Contains(t, lg.Stdout, "rows: s3://"+bucket+"/in/rows.jsonl (etag ")
 	missing := kiln(t, "import", "tasks", "--store", dir, "s3://"+bucket+"/in/nope.jsonl")
-	assert.Equal(t, stage.ExitNotFound, missing.Code, missing.Stderr)
+	assert.Equal(t, stagecmd.ExitNotFound, missing.Code, missing.Stderr)
 }

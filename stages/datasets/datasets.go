@@ -7,11 +7,11 @@ package datasets
 import (
 	"github.com/urfave/cli/v2"
 
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 // Env is what commands share.
-type Env = stage.Env
+type Env = stagecmd.Env
 
 // Commands returns the dataset commands.
 func Commands(env *Env) []*cli.Command {

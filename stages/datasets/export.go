@@ -14,7 +14,7 @@ import (
 
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 func exportCommand(env *Env) *cli.Command {
@@ -39,19 +39,19 @@ Example:
    kiln export tasks --format jsonl --out tasks.jsonl.zst
    kiln export images --format images-json --root /var/lib/kiln/images --out images.json`,
 		Flags: []cli.Flag{
-			stage.StoreFlag(),
+			stagecmd.StoreFlag(),
 			&cli.StringFlag{Name: "format", Value: "jsonl", Usage: "output format: jsonl, or images-json for an images dataset"},
 			&cli.StringFlag{Name: "out", Usage: "output file (default stdout); .zst compresses"},
 			imagesRootFlag(),
 		},
 		Action: func(c *cli.Context) error {
-			if err := stage.RequireArgs(c, 1, "REF"); err != nil {
+			if err := stagecmd.RequireArgs(c, 1, "REF"); err != nil {
 				return err
 			}
 			if f := c.String("format"); f != "jsonl" && f != formatImagesJSON {
-				return stage.Usagef("export: unknown --format %q (want jsonl or %s)", f, formatImagesJSON)
+				return stagecmd.Usagef("export: unknown --format %q (want jsonl or %s)", f, formatImagesJSON)
 			}
-			st, err := stage.OpenStore(c)
+			st, err := stagecmd.OpenStore(c)
 			if err != nil {
 				return err
 			}

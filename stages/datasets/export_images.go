@@ -13,7 +13,7 @@ import (
 
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 // formatImagesJSON is kiln export's --format for an images dataset: the
@@ -37,14 +37,14 @@ func imagesRootFlag() cli.Flag {
 // so the consumer's default (/testbed) applies. It returns the entry count.
 func exportImagesJSON(v *dataset.Version, root string, read func(fn func(records.Image) error) error, w io.Writer) (int, error) {
 	if v.Kind().Name != records.ImagesKind.Name {
-		return 0, stage.Usagef("export: --format %s needs an images dataset, %s is %s", formatImagesJSON, v.Ref(), v.Kind().Name)
+		return 0, stagecmd.Usagef("export: --format %s needs an images dataset, %s is %s", formatImagesJSON, v.Ref(), v.Kind().Name)
 	}
 	if root == "" {
-		return 0, stage.Usagef("export: --format %s needs --root, the bundle root the images were imported under", formatImagesJSON)
+		return 0, stagecmd.Usagef("export: --format %s needs --root, the bundle root the images were imported under", formatImagesJSON)
 	}
 	abs, err := filepath.Abs(root)
 	if err != nil {
-		return 0, stage.UsageError{Err: fmt.Errorf("--root %q: %w", root, err)}
+		return 0, stagecmd.UsageError{Err: fmt.Errorf("--root %q: %w", root, err)}
 	}
 	if r, err := filepath.EvalSymlinks(abs); err == nil {
 		abs = r
@@ -130,6 +130,6 @@ func exportImages(c *cli.Context, env *Env, v *dataset.Version) error {
 	abs, _ := filepath.Abs(out)
 	var b bytes.Buffer
 	writeString(&b, abs)
-	stage.Fprintln(c, string(asciiJSON([]byte(fmt.Sprintf(`{"output": %s, "images": %d}`, b.String(), n)))))
+	stagecmd.Fprintln(c, string(asciiJSON([]byte(fmt.Sprintf(`{"output": %s, "images": %d}`, b.String(), n)))))
 	return nil
 }

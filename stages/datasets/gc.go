@@ -7,7 +7,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/kilnrl/kiln/formats/dataset"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 func gcCommand(env *Env) *cli.Command {
@@ -28,16 +28,16 @@ Prints one line per orphan ("would remove" with --dry-run) and a total.
 Example:
    kiln gc --dry-run --grace 72h`,
 		Flags: []cli.Flag{
-			stage.StoreFlag(),
+			stagecmd.StoreFlag(),
 			&cli.BoolFlag{Name: "dry-run", Aliases: []string{"n"}, Usage: "list orphans without removing them"},
 			&cli.DurationFlag{Name: "grace", Value: 24 * time.Hour, Usage: "keep files younger than this"},
 			&cli.StringFlag{Name: "prefix", Usage: "only datasets whose names start with this"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 0 {
-				return stage.Usagef("gc: takes no arguments (did you mean --prefix?)")
+				return stagecmd.Usagef("gc: takes no arguments (did you mean --prefix?)")
 			}
-			st, err := stage.OpenStore(c)
+			st, err := stagecmd.OpenStore(c)
 			if err != nil {
 				return err
 			}

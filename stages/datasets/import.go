@@ -12,7 +12,7 @@ import (
 
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 // importTasksVersion is the import stage's code version (see
@@ -47,10 +47,10 @@ file's sha256, an S3 object's ETag and size.
 Example:
    kiln import tasks --out tasks/mimo train.jsonl`,
 			Flags: []cli.Flag{
-				stage.StoreFlag(),
+				stagecmd.StoreFlag(),
 				&cli.StringFlag{Name: "out", Value: "tasks", Usage: "dataset name to write"},
-				stage.ShardFlag(),
-				stage.PrintVersionFlag(),
+				stagecmd.ShardFlag(),
+				stagecmd.PrintVersionFlag(),
 			},
 			Action: func(c *cli.Context) error { return importTasks(c, env) },
 		}},
@@ -58,38 +58,38 @@ Example:
 }
 
 func importTasks(c *cli.Context, env *Env) error {
-	if err := stage.RequireArgs(c, 1, "FILE.jsonl"); err != nil {
+	if err := stagecmd.RequireArgs(c, 1, "FILE.jsonl"); err != nil {
 		return err
 	}
 	path := c.Args().First()
-	st, err := stage.OpenStore(c)
+	st, err := stagecmd.OpenStore(c)
 	if err != nil {
 		return err
 	}
-	part, err := stage.PartFrom(c)
+	part, err := stagecmd.PartFrom(c)
 	if err != nil {
 		return err
 	}
-	src, err := stage.ParseInput(path)
+	src, err := stagecmd.ParseInput(path)
 	if err != nil {
-		return stage.UsageError{Err: err}
+		return stagecmd.UsageError{Err: err}
 	}
 	file, err := src.Identify(c.Context, "rows")
 	if err != nil {
 		return fmt.Errorf("import tasks: %w", err)
 	}
-	out := stage.Output{
+	out := stagecmd.Output{
 		Name: c.String("out"), Kind: records.TasksKind, Part: part, PrintVersion: c.Bool("print-version"), Hook: env.Hook,
 		Identity: dataset.Identity{Stage: "import-tasks", CodeVersion: importTasksVersion,
 			Args: map[string]any{"format": "reference-jsonl"}, External: []dataset.External{file}},
 	}
-	_, err = stage.Write(c.Context, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
+	_, err = stagecmd.Write(c.Context, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
 		return importRows(ctx, env, src, part, w)
 	})
 	return err
 }
 
-func importRows(ctx context.Context, env *Env, src stage.Input, part dataset.Part, w *dataset.Writer) (map[string]any, error) {
+func importRows(ctx context.Context, env *Env, src stagecmd.Input, part dataset.Part, w *dataset.Writer) (map[string]any, error) {
 	path := src.Name
 	in, err := src.Open(ctx)
 	if err != nil {
@@ -97,7 +97,7 @@ func importRows(ctx context.Context, env *Env, src stage.Input, part dataset.Par
 	}
 	defer in.Close()
 	r := bufio.NewReaderSize(in, 1<<20)
-	prog := stage.NewProgress(env.Stderr, env.Log, "import tasks", "rows", -1)
+	prog := stagecmd.NewProgress(env.Stderr, env.Log, "import tasks", "rows", -1)
 	firstLine := map[string]int{}
 	var batch []records.Task
 	var index int64
@@ -131,14 +131,14 @@ func importRows(ctx context.Context, env *Env, src stage.Input, part dataset.Par
 			if _, peekErr := r.Peek(1); peekErr == io.EOF {
 				break // trailing blank line
 			}
-			return nil, stage.BadInputError{Err: fmt.Errorf("import tasks: %s:%d: empty line", path, lineNo)}
+			return nil, stagecmd.BadInputError{Err: fmt.Errorf("import tasks: %s:%d: empty line", path, lineNo)}
 		}
 		t, terr := records.TaskFromReferenceRow(line, index)
 		if terr != nil {
-			return nil, stage.BadInputError{Err: fmt.Errorf("import tasks: %s:%d: %w", path, lineNo, terr)}
+			return nil, stagecmd.BadInputError{Err: fmt.Errorf("import tasks: %s:%d: %w", path, lineNo, terr)}
 		}
 		if first, dup := firstLine[t.TaskID]; dup {
-			return nil, stage.BadInputError{Err: fmt.Errorf("import tasks: %s:%d: duplicate task id %q (first on line %d)", path, lineNo, t.TaskID, first)}
+			return nil, stagecmd.BadInputError{Err: fmt.Errorf("import tasks: %s:%d: duplicate task id %q (first on line %d)", path, lineNo, t.TaskID, first)}
 		}
 		firstLine[t.TaskID] = lineNo
 		if part.Owns(int(index)) {
@@ -156,7 +156,7 @@ func importRows(ctx context.Context, env *Env, src stage.Input, part dataset.Par
 		}
 	}
 	if index == 0 {
-		return nil, stage.BadInputError{Err: fmt.Errorf("import tasks: %q has no rows", path)}
+		return nil, stagecmd.BadInputError{Err: fmt.Errorf("import tasks: %q has no rows", path)}
 	}
 	if err := flush(); err != nil {
 		return nil, err

@@ -10,7 +10,7 @@ import (
 
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/store"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 func logCommand(env *Env) *cli.Command {
@@ -21,18 +21,18 @@ func logCommand(env *Env) *cli.Command {
 		Description: `Prints REF and, below it, the versions and external files it was computed
 from, recursively: which stage made each version, with which code, from what.
 A version reached twice is expanded once.`,
-		Flags: []cli.Flag{stage.StoreFlag()},
+		Flags: []cli.Flag{stagecmd.StoreFlag()},
 		Action: func(c *cli.Context) error {
-			if err := stage.RequireArgs(c, 1, "REF"); err != nil {
+			if err := stagecmd.RequireArgs(c, 1, "REF"); err != nil {
 				return err
 			}
-			st, err := stage.OpenStore(c)
+			st, err := stagecmd.OpenStore(c)
 			if err != nil {
 				return err
 			}
 			ref, err := dataset.ParseRef(c.Args().First())
 			if err != nil {
-				return stage.UsageError{Err: err}
+				return stagecmd.UsageError{Err: err}
 			}
 			v, err := dataset.Open(c.Context, st, ref)
 			if err != nil {

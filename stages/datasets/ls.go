@@ -11,7 +11,7 @@ import (
 
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/store"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 func lsCommand(env *Env) *cli.Command {
@@ -26,15 +26,15 @@ clock), and how many versions it has. --all lists every version, newest first.
 Example:
    kiln ls --store s3://bucket/kiln rollouts/`,
 		Flags: []cli.Flag{
-			stage.StoreFlag(),
+			stagecmd.StoreFlag(),
 			&cli.BoolFlag{Name: "all", Usage: "list every version, not only the newest"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON lines {dataset, version, ref, kind, rows, bytes, committed}"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 1 {
-				return stage.Usagef("ls: want at most one PREFIX")
+				return stagecmd.Usagef("ls: want at most one PREFIX")
 			}
-			st, err := stage.OpenStore(c)
+			st, err := stagecmd.OpenStore(c)
 			if err != nil {
 				return err
 			}

@@ -9,8 +9,8 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/kilnrl/kiln/stages/datasets"
-	"github.com/kilnrl/kiln/stages/stage"
-	"github.com/kilnrl/kiln/stages/stage/stagetest"
+	"github.com/kilnrl/kiln/internal/stagecmd"
+	"github.com/kilnrl/kiln/internal/stagecmd/stagetest"
 )
 
 // The test binary doubles as a kiln writer process for the crash tests:
@@ -20,8 +20,8 @@ import (
 // KILN_TEST_RESUME_FILE appears.
 func TestMain(m *testing.M) {
 	if os.Getenv("KILN_TEST_HELPER") == "1" {
-		env := &datasets.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stage.NewLogger(os.Stderr, false), Hook: pauseHook}
-		os.Exit(stage.Main(newApp(env), append([]string{"kiln"}, os.Args[1:]...), os.Stderr))
+		env := &datasets.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false), Hook: pauseHook}
+		os.Exit(stagecmd.Main(newApp(env), append([]string{"kiln"}, os.Args[1:]...), os.Stderr))
 	}
 	os.Exit(m.Run())
 }
@@ -43,7 +43,7 @@ func pauseHook(point string) {
 }
 
 func newApp(env *datasets.Env) *cli.App {
-	return stage.CommonApp(&cli.App{Name: "kiln", Commands: datasets.Commands(env)}, env.Stdout, env.Stderr)
+	return stagecmd.CommonApp(&cli.App{Name: "kiln", Commands: datasets.Commands(env)}, env.Stdout, env.Stderr)
 }
 
 // result is one finished kiln invocation.

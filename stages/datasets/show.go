@@ -10,7 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/kilnrl/kiln/formats/dataset"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 func showCommand(env *Env) *cli.Command {
@@ -24,15 +24,15 @@ its first --rows rows as JSON lines. Shards are checksummed as they are read.
 
 --json prints one JSON object {"manifest": ..., "committed": ..., "rows": [...]}.`,
 		Flags: []cli.Flag{
-			stage.StoreFlag(),
+			stagecmd.StoreFlag(),
 			&cli.IntFlag{Name: "rows", Value: 5, Usage: "how many rows to print"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object"},
 		},
 		Action: func(c *cli.Context) error {
-			if err := stage.RequireArgs(c, 1, "REF"); err != nil {
+			if err := stagecmd.RequireArgs(c, 1, "REF"); err != nil {
 				return err
 			}
-			st, err := stage.OpenStore(c)
+			st, err := stagecmd.OpenStore(c)
 			if err != nil {
 				return err
 			}

@@ -19,8 +19,8 @@ import (
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/formats/store"
 	"github.com/kilnrl/kiln/stages/grade"
-	"github.com/kilnrl/kiln/stages/sandbox"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/sandbox"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 // benchRollouts is the number of rollouts BenchmarkGrade grades: 200, 8
@@ -150,7 +150,7 @@ func BenchmarkGrade(b *testing.B) {
 	for iter := 0; iter < b.N; iter++ {
 		// kiln-grade, in-process, real sandboxes.
 		g := &grade.Grader{Timeout: grade.DefaultTimeout,
-			Base: sandbox.Options{BootLimiter: sandbox.NewLimiter(jobs), BootAttempts: 1, Log: stage.NewLogger(&bytes.Buffer{}, false)}}
+			Base: sandbox.Options{BootLimiter: sandbox.NewLimiter(jobs), BootAttempts: 1, Log: stagecmd.NewLogger(&bytes.Buffer{}, false)}}
 		g.Boot = func(ctx context.Context, o sandbox.Options) (sandbox.Sandbox, error) {
 			start := time.Now()
 			sb, err := sandbox.Boot(ctx, o)
@@ -164,9 +164,9 @@ func BenchmarkGrade(b *testing.B) {
 			}}, nil
 		}
 		var stdout, stderr bytes.Buffer
-		env := &stage.Env{Stdout: &stdout, Stderr: &stderr, Log: stage.NewLogger(&stderr, false)}
+		env := &stagecmd.Env{Stdout: &stdout, Stderr: &stderr, Log: stagecmd.NewLogger(&stderr, false)}
 		start := time.Now()
-		res, err := grade.Run(ctx, env, st, stage.Output{Name: fmt.Sprintf("bench/grades-%d-%d", iter, time.Now().UnixNano())},
+		res, err := grade.Run(ctx, env, st, stagecmd.Output{Name: fmt.Sprintf("bench/grades-%d-%d", iter, time.Now().UnixNano())},
 			grade.Options{Tasks: w.tasks, Images: w.images, Bundles: warmRoot, Patches: patches, Jobs: jobs, Timeout: grade.DefaultTimeout, Grader: g})
 		kilnWall += time.Since(start)
 		require.NoError(b, err, stderr.String())

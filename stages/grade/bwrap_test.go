@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnrl/kiln/formats/records"
-	"github.com/kilnrl/kiln/stages/sandbox"
-	"github.com/kilnrl/kiln/stages/sandbox/sandboxtest"
+	"github.com/kilnrl/kiln/internal/sandbox"
+	"github.com/kilnrl/kiln/internal/sandbox/sandboxtest"
 )
 
 // bwrapGrader grades in real bwrap sandboxes over the base rootfs (bash,

@@ -18,8 +18,8 @@ import (
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/formats/store"
-	"github.com/kilnrl/kiln/stages/sandbox"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/sandbox"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 // codeVersion is the grade stage's code version (dataset.Identity): bump
@@ -35,14 +35,14 @@ const (
 
 // Commands returns the kiln-grade commands (the binary's default action
 // is the grade command itself).
-func Commands(env *stage.Env) []*cli.Command {
+func Commands(env *stagecmd.Env) []*cli.Command {
 	return []*cli.Command{Command(env)}
 }
 
 // Flags are kiln-grade's flags.
 func Flags() []cli.Flag {
 	return []cli.Flag{
-		stage.StoreFlag(),
+		stagecmd.StoreFlag(),
 		&cli.StringFlag{Name: "tasks", Value: "tasks", Usage: "tasks dataset (name or name@version)"},
 		&cli.StringFlag{Name: "images", Value: "images", Usage: "images dataset of the tasks' images (kiln-images)"},
 		&cli.StringFlag{Name: "bundles", Usage: "bundle root on this node: the directory kiln-images unpacked the images into (required)"},
@@ -55,8 +55,8 @@ func Flags() []cli.Flag {
 		&cli.DurationFlag{Name: "timeout", Value: DefaultTimeout, Usage: "limit of each grading command (the tests); a command past it is killed and graded failure timeout"},
 		&cli.StringFlag{Name: "sandbox", Value: "bwrap", Usage: "sandbox provider: bwrap, or local (no isolation: debugging only)"},
 		&cli.IntFlag{Name: "boot-concurrency", Usage: "sandboxes booting at once (default: --jobs)"},
-		stage.ShardFlag(),
-		stage.PrintVersionFlag(),
+		stagecmd.ShardFlag(),
+		stagecmd.PrintVersionFlag(),
 	}
 }
 
@@ -119,7 +119,7 @@ Examples:
    kiln-grade --bundles /var/lib/kiln/bundles --baseline --out grades/baseline`
 
 // Command is the grade command.
-func Command(env *stage.Env) *cli.Command {
+func Command(env *stagecmd.Env) *cli.Command {
 	return &cli.Command{
 		Name:        "grade",
 		Usage:       "grade patches with the tasks' official tests in fresh sandboxes",
@@ -130,9 +130,9 @@ func Command(env *stage.Env) *cli.Command {
 }
 
 // Action runs kiln-grade from parsed flags.
-func Action(c *cli.Context, env *stage.Env) error {
+func Action(c *cli.Context, env *stagecmd.Env) error {
 	if c.NArg() != 0 {
-		return stage.Usagef("kiln-grade takes no arguments (did you mean --patches %s?)", c.Args().First())
+		return stagecmd.Usagef("kiln-grade takes no arguments (did you mean --patches %s?)", c.Args().First())
 	}
 	o := Options{
 		Tasks: c.String("tasks"), Images: c.String("images"), Bundles: c.String("bundles"),
@@ -140,15 +140,15 @@ func Action(c *cli.Context, env *stage.Env) error {
 		Split: c.String("split"), Jobs: c.Int("jobs"), Timeout: c.Duration("timeout"),
 		Provider: c.String("sandbox"), BootConcurrency: c.Int("boot-concurrency"),
 	}
-	st, err := stage.OpenStore(c)
+	st, err := stagecmd.OpenStore(c)
 	if err != nil {
 		return err
 	}
-	part, err := stage.PartFrom(c)
+	part, err := stagecmd.PartFrom(c)
 	if err != nil {
 		return err
 	}
-	out := stage.Output{Name: c.String("out"), Part: part, PrintVersion: c.Bool("print-version"), Hook: env.Hook}
+	out := stagecmd.Output{Name: c.String("out"), Part: part, PrintVersion: c.Bool("print-version"), Hook: env.Hook}
 	_, err = Run(c.Context, env, st, out, o)
 	return err
 }
@@ -173,7 +173,7 @@ type Options struct {
 }
 
 // Run grades per o and writes the grades version out names.
-func Run(ctx context.Context, env *stage.Env, st store.Store, out stage.Output, o Options) (dataset.Result, error) {
+func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Output, o Options) (dataset.Result, error) {
 	n := 0
 	for _, set := range []bool{o.Rollouts != "", o.Patches != "", o.Baseline} {
 		if set {
@@ -181,41 +181,41 @@ func Run(ctx context.Context, env *stage.Env, st store.Store, out stage.Output, 
 		}
 	}
 	if n != 1 {
-		return dataset.Result{}, stage.Usagef("give exactly one of --rollouts REF, --patches FILE and --baseline")
+		return dataset.Result{}, stagecmd.Usagef("give exactly one of --rollouts REF, --patches FILE and --baseline")
 	}
 	if o.Bundles == "" {
-		return dataset.Result{}, stage.Usagef("--bundles DIR is required: the bundle root kiln-images unpacked the images into on this node")
+		return dataset.Result{}, stagecmd.Usagef("--bundles DIR is required: the bundle root kiln-images unpacked the images into on this node")
 	}
 	if o.Timeout <= 0 {
-		return dataset.Result{}, stage.Usagef("--timeout %s: want a positive duration such as 10m", o.Timeout)
+		return dataset.Result{}, stagecmd.Usagef("--timeout %s: want a positive duration such as 10m", o.Timeout)
 	}
 	if o.Jobs < 1 {
-		return dataset.Result{}, stage.Usagef("--jobs %d: want at least 1", o.Jobs)
+		return dataset.Result{}, stagecmd.Usagef("--jobs %d: want at least 1", o.Jobs)
 	}
 	if o.Provider == "" {
 		o.Provider = "bwrap"
 	}
 	if o.Provider != "bwrap" && o.Provider != "local" {
-		return dataset.Result{}, stage.Usagef("--sandbox %q: want bwrap or local", o.Provider)
+		return dataset.Result{}, stagecmd.Usagef("--sandbox %q: want bwrap or local", o.Provider)
 	}
 	bundles, err := filepath.Abs(o.Bundles)
 	if err != nil {
-		return dataset.Result{}, stage.UsageError{Err: err}
+		return dataset.Result{}, stagecmd.UsageError{Err: err}
 	}
 	refs := []string{o.Tasks, o.Images}
 	if o.Rollouts != "" {
 		refs = append(refs, o.Rollouts)
 	}
-	inputs, err := stage.ResolveInputs(ctx, st, refs, out.Part)
+	inputs, err := stagecmd.ResolveInputs(ctx, st, refs, out.Part)
 	if err != nil {
 		return dataset.Result{}, err
 	}
 	id := dataset.Identity{Stage: "grade", CodeVersion: codeVersion, Inputs: inputs,
 		Args: map[string]any{"timeout_s": o.Timeout.Seconds(), "split": o.Split, "baseline": o.Baseline, "sandbox": o.Provider}}
-	var patches stage.Input
+	var patches stagecmd.Input
 	if o.Patches != "" {
-		if patches, err = stage.ParseInput(o.Patches); err != nil {
-			return dataset.Result{}, stage.UsageError{Err: err}
+		if patches, err = stagecmd.ParseInput(o.Patches); err != nil {
+			return dataset.Result{}, stagecmd.UsageError{Err: err}
 		}
 		ext, err := patches.Identify(ctx, "patches")
 		if err != nil {
@@ -224,9 +224,9 @@ func Run(ctx context.Context, env *stage.Env, st store.Store, out stage.Output, 
 		id.External = []dataset.External{ext}
 	}
 	out.Kind, out.Identity = records.GradesKind, id
-	return stage.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
+	return stagecmd.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
 		if fi, err := os.Stat(bundles); err != nil || !fi.IsDir() {
-			return nil, stage.Usagef("--bundles %q is not a directory: pass the bundle root kiln-images unpacked the images into", o.Bundles)
+			return nil, stagecmd.Usagef("--bundles %q is not a directory: pass the bundle root kiln-images unpacked the images into", o.Bundles)
 		}
 		jobs, skipped, err := planJobs(ctx, st, inputs, bundles, patches, o)
 		if err != nil {
@@ -268,7 +268,7 @@ func Run(ctx context.Context, env *stage.Env, st store.Store, out stage.Output, 
 // planJobs reads the inputs and lists the gradings, in input order. Every
 // input problem (an unknown task id, an image that was not imported) is
 // found here, before anything is graded.
-func planJobs(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles string, patches stage.Input, o Options) ([]*job, int, error) {
+func planJobs(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles string, patches stagecmd.Input, o Options) ([]*job, int, error) {
 	tv, err := dataset.Open(ctx, st, inputs[0])
 	if err != nil {
 		return nil, 0, err
@@ -311,7 +311,7 @@ func planJobs(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles
 			}
 		}
 		if o.Split != "" && len(jobs) == 0 {
-			return nil, 0, stage.BadInputError{Err: fmt.Errorf("tasks %s has no task of split %q", tasks.ref, o.Split)}
+			return nil, 0, stagecmd.BadInputError{Err: fmt.Errorf("tasks %s has no task of split %q", tasks.ref, o.Split)}
 		}
 	case o.Patches != "":
 		rc, err := patches.Open(ctx)
@@ -323,7 +323,7 @@ func planJobs(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles
 		err = readPatches(rc, o.Patches, func(n, ord int, taskID, patch string, sample *int64) error {
 			t := tasks.byID[taskID]
 			if t == nil {
-				return stage.BadInputError{Err: fmt.Errorf("patches %q row %d: task %q is not in tasks %s", o.Patches, n, taskID, tasks.ref)}
+				return stagecmd.BadInputError{Err: fmt.Errorf("patches %q row %d: task %q is not in tasks %s", o.Patches, n, taskID, tasks.ref)}
 			}
 			j := &job{key: fmt.Sprintf("patch-%d", ord), patch: patch}
 			j.row.RolloutID, j.row.Index = int64(ord), int64(ord)
@@ -344,17 +344,17 @@ func planJobs(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles
 			return nil, 0, err
 		}
 		if rv.Kind().Name != records.RolloutsKind.Name {
-			return nil, 0, stage.Usagef("--rollouts %s holds %s records, not rollouts", rv.Ref(), rv.Kind().Name)
+			return nil, 0, stagecmd.Usagef("--rollouts %s holds %s records, not rollouts", rv.Ref(), rv.Kind().Name)
 		}
 		seen := map[int64]bool{}
 		err = rv.EachShard(ctx, func(_ int, data []byte) error {
 			return records.EachRollout(data, func(r records.Rollout) error {
 				t := tasks.byID[r.TaskID]
 				if t == nil {
-					return stage.BadInputError{Err: fmt.Errorf("rollouts %s: rollout %d: task %q is not in tasks %s", rv.Ref(), r.Index, r.TaskID, tasks.ref)}
+					return stagecmd.BadInputError{Err: fmt.Errorf("rollouts %s: rollout %d: task %q is not in tasks %s", rv.Ref(), r.Index, r.TaskID, tasks.ref)}
 				}
 				if seen[r.Index] {
-					return stage.BadInputError{Err: fmt.Errorf("rollouts %s: index %d appears twice; one row per agent run", rv.Ref(), r.Index)}
+					return stagecmd.BadInputError{Err: fmt.Errorf("rollouts %s: index %d appears twice; one row per agent run", rv.Ref(), r.Index)}
 				}
 				seen[r.Index] = true
 				j := &job{key: fmt.Sprintf("rollout-%d", r.Index), patch: r.Patch}
@@ -381,7 +381,7 @@ func planJobs(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles
 // receipted shards from one goroutine (the dataset writer is not safe for
 // concurrent use).
 type producer struct {
-	env     *stage.Env
+	env     *stagecmd.Env
 	st      store.Store
 	w       *dataset.Writer
 	g       *Grader
@@ -413,7 +413,7 @@ func (p *producer) run(ctx context.Context, all []*job, part dataset.Part) (map[
 		}
 		todo = append(todo, j)
 	}
-	prog := stage.NewProgress(p.env.Stderr, p.env.Log, "grade", "patches", int64(len(todo)))
+	prog := stagecmd.NewProgress(p.env.Stderr, p.env.Log, "grade", "patches", int64(len(todo)))
 	defer p.g.Wait() // sandboxes close in the background
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

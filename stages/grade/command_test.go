@@ -17,8 +17,8 @@ import (
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/formats/store"
-	"github.com/kilnrl/kiln/stages/sandbox"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/sandbox"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 const testDigest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
@@ -45,7 +45,7 @@ type hostWorld struct {
 	images  string
 	bundles string
 	repos   map[string]string // task id -> workdir on the host
-	env     *stage.Env
+	env     *stagecmd.Env
 	stdout  *bytes.Buffer
 	stderr  *bytes.Buffer
 }
@@ -58,7 +58,7 @@ func newHostWorld(t *testing.T, ids ...string) *hostWorld {
 	st, err := store.NewLocal(t.TempDir())
 	require.NoError(t, err)
 	w := &hostWorld{st: st, bundles: t.TempDir(), repos: map[string]string{}, stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}}
-	w.env = &stage.Env{Stdout: w.stdout, Stderr: w.stderr, Log: stage.NewLogger(w.stderr, false)}
+	w.env = &stagecmd.Env{Stdout: w.stdout, Stderr: w.stderr, Log: stagecmd.NewLogger(w.stderr, false)}
 	require.NoError(t, os.MkdirAll(filepath.Join(w.bundles, "b1", "rootfs"), 0o755))
 	var tasks []records.Task
 	for i, id := range ids {
@@ -112,7 +112,7 @@ func (w *hostWorld) grader(t *testing.T) (*Grader, *hostBoots) {
 }
 
 func (w *hostWorld) run(ctx context.Context, o Options) (dataset.Result, error) {
-	return Run(ctx, w.env, w.st, stage.Output{Name: "grades"}, o)
+	return Run(ctx, w.env, w.st, stagecmd.Output{Name: "grades"}, o)
 }
 
 func (w *hostWorld) grades(t *testing.T, ref dataset.Ref) []records.Grade {
@@ -204,15 +204,15 @@ func TestRunBadInputs(t *testing.T) {
 	}{
 		{"unknown task", func(o *Options) {
 			o.Patches = writeFile(t, `{"task_id":"a","patch":""}`+"\n"+`{"task_id":"zzz","patch":""}`)
-		}, stage.ExitBadInput, `row 2: task "zzz" is not in tasks`},
-		{"no patch key", func(o *Options) { o.Patches = writeFile(t, `{"task_id":"a"}`) }, stage.ExitBadInput, `row 1 (task "a"): no "patch" key`},
-		{"not json", func(o *Options) { o.Patches = writeFile(t, `{"task_id":`) }, stage.ExitBadInput, `row 1: not a JSON object`},
-		{"neither shape", func(o *Options) { o.Patches = writeFile(t, `{"id":"a"}`) }, stage.ExitBadInput, `want {"task_id", "patch"}`},
-		{"two sources", func(o *Options) { o.Patches = writeFile(t, ""); o.Baseline = true }, stage.ExitUsage, "exactly one of"},
-		{"no bundles", func(o *Options) { o.Baseline = true; o.Bundles = "" }, stage.ExitUsage, "--bundles DIR is required"},
-		{"bundles missing", func(o *Options) { o.Baseline = true; o.Bundles = filepath.Join(t.TempDir(), "none") }, stage.ExitUsage, "is not a directory"},
-		{"missing patches file", func(o *Options) { o.Patches = filepath.Join(t.TempDir(), "none.jsonl") }, stage.ExitNotFound, "none.jsonl"},
-		{"bad sandbox", func(o *Options) { o.Baseline = true; o.Provider = "docker" }, stage.ExitUsage, `--sandbox "docker"`},
+		}, stagecmd.ExitBadInput, `row 2: task "zzz" is not in tasks`},
+		{"no patch key", func(o *Options) { o.Patches = writeFile(t, `{"task_id":"a"}`) }, stagecmd.ExitBadInput, `row 1 (task "a"): no "patch" key`},
+		{"not json", func(o *Options) { o.Patches = writeFile(t, `{"task_id":`) }, stagecmd.ExitBadInput, `row 1: not a JSON object`},
+		{"neither shape", func(o *Options) { o.Patches = writeFile(t, `{"id":"a"}`) }, stagecmd.ExitBadInput, `want {"task_id", "patch"}`},
+		{"two sources", func(o *Options) { o.Patches = writeFile(t, ""); o.Baseline = true }, stagecmd.ExitUsage, "exactly one of"},
+		{"no bundles", func(o *Options) { o.Baseline = true; o.Bundles = "" }, stagecmd.ExitUsage, "--bundles DIR is required"},
+		{"bundles missing", func(o *Options) { o.Baseline = true; o.Bundles = filepath.Join(t.TempDir(), "none") }, stagecmd.ExitUsage, "is not a directory"},
+		{"missing patches file", func(o *Options) { o.Patches = filepath.Join(t.TempDir(), "none.jsonl") }, stagecmd.ExitNotFound, "none.jsonl"},
+		{"bad sandbox", func(o *Options) { o.Baseline = true; o.Provider = "docker" }, stagecmd.ExitUsage, `--sandbox "docker"`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -221,7 +221,7 @@ func TestRunBadInputs(t *testing.T) {
 			_, err := w.run(context.Background(), o)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), c.errSub)
-			assert.Equal(t, c.code, stage.ExitCode(err), err.Error())
+			assert.Equal(t, c.code, stagecmd.ExitCode(err), err.Error())
 			vs, lerr := dataset.List(context.Background(), w.st, "grades")
 			require.NoError(t, lerr)
 			assert.Empty(t, vs, "no grades version may be visible")
@@ -246,7 +246,7 @@ func TestRunImageNotImported(t *testing.T) {
 	_, err := w.run(context.Background(), o)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `image "img:a" of task "a" is not in images`)
-	assert.Equal(t, stage.ExitBadInput, stage.ExitCode(err))
+	assert.Equal(t, stagecmd.ExitBadInput, stagecmd.ExitCode(err))
 }
 
 // Rollouts rows keep their ids; aborted ones get a row without grading.
@@ -307,7 +307,7 @@ func TestRunResumes(t *testing.T) {
 	o.Patches, o.Jobs = patches, 1
 	_, err := w.run(ctx, o)
 	require.ErrorIs(t, err, context.Canceled)
-	assert.Equal(t, stage.ExitCancelled, stage.ExitCode(err))
+	assert.Equal(t, stagecmd.ExitCancelled, stagecmd.ExitCode(err))
 	assert.Equal(t, 2, boots.n)
 
 	g2, boots2 := w.grader(t)
@@ -374,7 +374,7 @@ func TestRunShards(t *testing.T) {
 	o.Baseline = true
 	var last dataset.Result
 	for i := range 2 {
-		res, err := Run(context.Background(), w.env, w.st, stage.Output{Name: "grades", Part: dataset.Part{Index: i, Count: 2}}, o)
+		res, err := Run(context.Background(), w.env, w.st, stagecmd.Output{Name: "grades", Part: dataset.Part{Index: i, Count: 2}}, o)
 		require.NoError(t, err, w.stderr.String())
 		last = res
 	}
@@ -390,7 +390,7 @@ func TestRunPrintVersion(t *testing.T) {
 	g, boots := w.grader(t)
 	o := w.options(g)
 	o.Baseline = true
-	res, err := Run(context.Background(), w.env, w.st, stage.Output{Name: "grades", PrintVersion: true}, o)
+	res, err := Run(context.Background(), w.env, w.st, stagecmd.Output{Name: "grades", PrintVersion: true}, o)
 	require.NoError(t, err)
 	assert.Equal(t, 0, boots.n)
 	assert.Equal(t, res.Ref.String()+"\n", w.stdout.String())

@@ -22,13 +22,13 @@ import (
 	"github.com/kilnrl/kiln/stages/convert"
 	"github.com/kilnrl/kiln/stages/grade"
 	"github.com/kilnrl/kiln/stages/images"
-	"github.com/kilnrl/kiln/stages/sandbox/sandboxtest"
-	"github.com/kilnrl/kiln/stages/stage"
-	"github.com/kilnrl/kiln/stages/stage/stagetest"
+	"github.com/kilnrl/kiln/internal/sandbox/sandboxtest"
+	"github.com/kilnrl/kiln/internal/stagecmd"
+	"github.com/kilnrl/kiln/internal/stagecmd/stagetest"
 )
 
 // kilnCommands are the stages the end-to-end tests chain in-process.
-func kilnCommands(env *stage.Env) []*cli.Command {
+func kilnCommands(env *stagecmd.Env) []*cli.Command {
 	var cmds []*cli.Command
 	cmds = append(cmds, convert.Commands(env)...)
 	cmds = append(cmds, images.Commands(env)...)

@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/kilnrl/kiln/stages/sandbox/sandboxtest"
+	"github.com/kilnrl/kiln/internal/sandbox/sandboxtest"
 )
 
 var helperBuilt atomic.Bool

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/kilnrl/kiln/formats/records"
-	"github.com/kilnrl/kiln/stages/sandbox"
-	"github.com/kilnrl/kiln/stages/workspace"
+	"github.com/kilnrl/kiln/internal/sandbox"
+	"github.com/kilnrl/kiln/internal/workspace"
 )
 
 // Default time limits of the grading steps.

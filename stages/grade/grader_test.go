@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnrl/kiln/formats/records"
-	"github.com/kilnrl/kiln/stages/sandbox"
+	"github.com/kilnrl/kiln/internal/sandbox"
 )
 
 // mimoEvalCmd builds a MiMo grading command as spec §1.4 describes

@@ -14,7 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kilnrl/kiln/stages/sandbox"
+	"github.com/kilnrl/kiln/internal/sandbox"
 )
 
 // hostSandbox is a sandbox.Sandbox that runs commands with bash on the

@@ -13,7 +13,7 @@ import (
 
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 // job is one grading to do: a patch on a task, with the ids of its row.
@@ -37,12 +37,12 @@ type taskTable struct {
 func loadTasks(ctx context.Context, v *dataset.Version) (*taskTable, error) {
 	tt := &taskTable{ref: v.Ref(), byID: map[string]*records.Task{}}
 	if v.Kind().Name != records.TasksKind.Name {
-		return nil, stage.Usagef("--tasks %s holds %s records, not tasks", v.Ref(), v.Kind().Name)
+		return nil, stagecmd.Usagef("--tasks %s holds %s records, not tasks", v.Ref(), v.Kind().Name)
 	}
 	err := v.EachShard(ctx, func(_ int, data []byte) error {
 		return records.EachTask(data, func(t records.Task) error {
 			if _, dup := tt.byID[t.TaskID]; dup {
-				return stage.BadInputError{Err: fmt.Errorf("tasks %s: task id %q appears twice; task ids must be unique", v.Ref(), t.TaskID)}
+				return stagecmd.BadInputError{Err: fmt.Errorf("tasks %s: task id %q appears twice; task ids must be unique", v.Ref(), t.TaskID)}
 			}
 			tp := &t
 			tt.byID[t.TaskID] = tp
@@ -58,7 +58,7 @@ func loadTasks(ctx context.Context, v *dataset.Version) (*taskTable, error) {
 
 func loadImages(ctx context.Context, v *dataset.Version) (map[string]records.Image, error) {
 	if v.Kind().Name != records.ImagesKind.Name {
-		return nil, stage.Usagef("--images %s holds %s records, not images", v.Ref(), v.Kind().Name)
+		return nil, stagecmd.Usagef("--images %s holds %s records, not images", v.Ref(), v.Kind().Name)
 	}
 	out := map[string]records.Image{}
 	err := v.EachShard(ctx, func(_ int, data []byte) error {
@@ -112,7 +112,7 @@ func (ts *targets) get(t *records.Task) (*Target, error) {
 	}
 	im, ok := ts.images[*t.Image]
 	if !ok {
-		return nil, stage.BadInputError{Err: fmt.Errorf("image %q of task %q is not in images %s: import it with kiln-images (for the tasks %s) and pass that version",
+		return nil, stagecmd.BadInputError{Err: fmt.Errorf("image %q of task %q is not in images %s: import it with kiln-images (for the tasks %s) and pass that version",
 			*t.Image, t.TaskID, ts.imgRef, ts.tasks.ref)}
 	}
 	rootfs := filepath.Join(ts.bundles, filepath.FromSlash(im.Bundle), "rootfs")
@@ -122,7 +122,7 @@ func (ts *targets) get(t *records.Task) (*Target, error) {
 	}
 	env, err := envList(im.Env)
 	if err != nil {
-		return nil, stage.BadInputError{Err: fmt.Errorf("images %s: image %q: env: %w", ts.imgRef, im.Image, err)}
+		return nil, stagecmd.BadInputError{Err: fmt.Errorf("images %s: image %q: env: %w", ts.imgRef, im.Image, err)}
 	}
 	tg.Sandbox.Rootfs, tg.Sandbox.Env = rootfs, env
 	tg.ImageDigest = im.Digest
@@ -183,12 +183,12 @@ func readPatches(r io.Reader, name string, fn func(n, ord int, taskID, patch str
 		defer func() { ord++ }()
 		var p patchRow
 		if err := json.Unmarshal(raw, &p); err != nil {
-			return stage.BadInputError{Err: fmt.Errorf("patches %q row %d: not a JSON object of patch fields: %w", name, n, err)}
+			return stagecmd.BadInputError{Err: fmt.Errorf("patches %q row %d: not a JSON object of patch fields: %w", name, n, err)}
 		}
 		switch {
 		case p.TaskID != nil:
 			if p.Patch == nil {
-				return stage.BadInputError{Err: fmt.Errorf("patches %q row %d (task %q): no \"patch\" key; write \"patch\": \"\" for an empty patch", name, n, *p.TaskID)}
+				return stagecmd.BadInputError{Err: fmt.Errorf("patches %q row %d (task %q): no \"patch\" key; write \"patch\": \"\" for an empty patch", name, n, *p.TaskID)}
 			}
 			return fn(n, ord, *p.TaskID, *p.Patch, p.Sample)
 		case p.InstanceID != nil:
@@ -198,17 +198,17 @@ func readPatches(r io.Reader, name string, fn func(n, ord int, taskID, patch str
 			}
 			return fn(n, ord, *p.InstanceID, patch, p.Sample)
 		}
-		return stage.BadInputError{Err: fmt.Errorf("patches %q row %d: want {\"task_id\", \"patch\"} or a SWE-bench prediction {\"instance_id\", \"model_patch\"}", name, n)}
+		return stagecmd.BadInputError{Err: fmt.Errorf("patches %q row %d: want {\"task_id\", \"patch\"} or a SWE-bench prediction {\"instance_id\", \"model_patch\"}", name, n)}
 	}
 	if first == '[' {
 		dec := json.NewDecoder(br)
 		if _, err := dec.Token(); err != nil {
-			return stage.BadInputError{Err: fmt.Errorf("patches %q: %w", name, err)}
+			return stagecmd.BadInputError{Err: fmt.Errorf("patches %q: %w", name, err)}
 		}
 		for n := 1; dec.More(); n++ {
 			var raw json.RawMessage
 			if err := dec.Decode(&raw); err != nil {
-				return stage.BadInputError{Err: fmt.Errorf("patches %q element %d: %w", name, n, err)}
+				return stagecmd.BadInputError{Err: fmt.Errorf("patches %q element %d: %w", name, n, err)}
 			}
 			if err := handle(n, raw); err != nil {
 				return err

@@ -23,7 +23,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 // Hook points of an import (tests kill importers there).
@@ -200,7 +200,7 @@ func (im *importer) unpack(ctx context.Context, res *resolved, tmp string) (Imag
 		if want != nil {
 			size = descs[i].Size
 		}
-		prog := stage.NewProgress(im.stderr, im.log, fmt.Sprintf("%s layer %d/%d", res.image, i+1, len(layers)), "bytes", size)
+		prog := stagecmd.NewProgress(im.stderr, im.log, fmt.Sprintf("%s layer %d/%d", res.image, i+1, len(layers)), "bytes", size)
 		n, err := im.layer(ctx, u, i, name, l, want, cfg.RootFS.DiffIDs[i], res.uncompressed, prog)
 		if err != nil {
 			return info, fmt.Errorf("%s: %w", where, err)
@@ -238,7 +238,7 @@ func (im *importer) unpack(ctx context.Context, res *resolved, tmp string) (Imag
 // stream against the config's diff id, both read to the end, so a
 // tampered or truncated blob fails the import (the temporary bundle is
 // then discarded).
-func (im *importer) layer(ctx context.Context, u *unpacker, i int, name string, l v1.Layer, want *v1.Hash, diffID v1.Hash, uncompressed bool, prog *stage.Progress) (int64, error) {
+func (im *importer) layer(ctx context.Context, u *unpacker, i int, name string, l v1.Layer, want *v1.Hash, diffID v1.Hash, uncompressed bool, prog *stagecmd.Progress) (int64, error) {
 	var rc io.ReadCloser
 	var err error
 	if uncompressed {

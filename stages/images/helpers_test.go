@@ -30,8 +30,8 @@ import (
 
 	"github.com/kilnrl/kiln/stages/datasets"
 	"github.com/kilnrl/kiln/stages/images"
-	"github.com/kilnrl/kiln/stages/stage"
-	"github.com/kilnrl/kiln/stages/stage/stagetest"
+	"github.com/kilnrl/kiln/internal/stagecmd"
+	"github.com/kilnrl/kiln/internal/stagecmd/stagetest"
 )
 
 // The test binary doubles as a kiln process for the crash and concurrency
@@ -40,9 +40,9 @@ import (
 // <point>" on stderr and waits for SIGKILL (or KILN_TEST_RESUME_FILE).
 func TestMain(m *testing.M) {
 	if os.Getenv("KILN_TEST_HELPER") == "1" {
-		env := &stage.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stage.NewLogger(os.Stderr, false), Hook: pauseHook}
-		app := stage.CommonApp(&cli.App{Name: "kiln", Commands: commands(env)}, env.Stdout, env.Stderr)
-		os.Exit(stage.Main(app, append([]string{"kiln"}, os.Args[1:]...), os.Stderr))
+		env := &stagecmd.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false), Hook: pauseHook}
+		app := stagecmd.CommonApp(&cli.App{Name: "kiln", Commands: commands(env)}, env.Stdout, env.Stderr)
+		os.Exit(stagecmd.Main(app, append([]string{"kiln"}, os.Args[1:]...), os.Stderr))
 	}
 	os.Exit(m.Run())
 }
@@ -64,7 +64,7 @@ func pauseHook(point string) {
 }
 
 // commands: "images import|gc" plus the kiln dataset commands.
-func commands(env *stage.Env) []*cli.Command {
+func commands(env *stagecmd.Env) []*cli.Command {
 	return append([]*cli.Command{{Name: "images", Subcommands: images.Commands(env)}}, datasets.Commands(env)...)
 }
 

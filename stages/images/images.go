@@ -25,7 +25,7 @@ import (
 
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 // importVersion is the import stage's code version (dataset.Identity):
@@ -33,11 +33,11 @@ import (
 const importVersion = "1"
 
 // Commands returns the kiln-images commands.
-func Commands(env *stage.Env) []*cli.Command {
+func Commands(env *stagecmd.Env) []*cli.Command {
 	return []*cli.Command{importCommand(env), gcCommand(env)}
 }
 
-func importCommand(env *stage.Env) *cli.Command {
+func importCommand(env *stagecmd.Env) *cli.Command {
 	return &cli.Command{
 		Name:  "import",
 		Usage: "unpack the task images of a tasks dataset into bundles and record them",
@@ -100,7 +100,7 @@ Example:
    kiln-images import --tasks tasks/mimo --root /var/lib/kiln/images \
      --source kiln.local/fixtures=oci:/data/layout -j 4 --out images/mimo`,
 		Flags: []cli.Flag{
-			stage.StoreFlag(),
+			stagecmd.StoreFlag(),
 			&cli.StringFlag{Name: "tasks", Usage: "tasks dataset whose images to import (name or name@version)", Required: true},
 			&cli.StringFlag{Name: "root", Usage: "bundle root directory on this node (created if missing)", Required: true},
 			&cli.StringFlag{Name: "out", Value: "images", Usage: "images dataset name to write"},
@@ -108,8 +108,8 @@ Example:
 			&cli.StringSliceFlag{Name: "source", Usage: "KEY=oci:DIR | KEY=oci-archive:FILE | KEY=docker-archive:FILE (repeatable)"},
 			&cli.StringSliceFlag{Name: "env-path-prepend", Usage: "IMAGE=DIR: put DIR in front of PATH in IMAGE's env (repeatable)"},
 			&cli.BoolFlag{Name: "no-sync", Usage: "do not flush a bundle to disk before putting it in place (faster; a power loss may then leave a damaged bundle that looks complete)"},
-			stage.ShardFlag(),
-			stage.PrintVersionFlag(),
+			stagecmd.ShardFlag(),
+			stagecmd.PrintVersionFlag(),
 		},
 		Action: func(c *cli.Context) error { return runImport(c, env) },
 	}
@@ -135,7 +135,7 @@ func readTaskImages(ctx context.Context, v *dataset.Version) ([]taskImage, error
 			im := *t.Image
 			if i, ok := seen[im]; ok {
 				if !sameWorkdir(out[i].workdir, t.Workdir) {
-					return stage.BadInputError{Err: fmt.Errorf("Conflicting workdirs for image %s: task %q has %s, task %q has %s",
+					return stagecmd.BadInputError{Err: fmt.Errorf("Conflicting workdirs for image %s: task %q has %s, task %q has %s",
 						im, first[im], showWorkdir(out[i].workdir), t.TaskID, showWorkdir(t.Workdir))}
 				}
 				return nil
@@ -149,7 +149,7 @@ func readTaskImages(ctx context.Context, v *dataset.Version) ([]taskImage, error
 		return nil, err
 	}
 	if len(out) == 0 {
-		return nil, stage.BadInputError{Err: fmt.Errorf("No task images found in the prepared dataset %s: no task has an image", v.Ref())}
+		return nil, stagecmd.BadInputError{Err: fmt.Errorf("No task images found in the prepared dataset %s: no task has an image", v.Ref())}
 	}
 	return out, nil
 }
@@ -174,22 +174,22 @@ type importOptions struct {
 	remote      []remote.Option
 }
 
-func runImport(c *cli.Context, env *stage.Env) error {
+func runImport(c *cli.Context, env *stagecmd.Env) error {
 	if c.NArg() != 0 {
-		return stage.Usagef("import: takes no arguments (got %q); see --help", c.Args().First())
+		return stagecmd.Usagef("import: takes no arguments (got %q); see --help", c.Args().First())
 	}
 	opts := importOptions{jobs: c.Int("jobs"), pathPrepend: map[string]string{}, sync: !c.Bool("no-sync")}
 	if opts.jobs < 1 {
-		return stage.Usagef("import: -j must be >= 1, got %d", opts.jobs)
+		return stagecmd.Usagef("import: -j must be >= 1, got %d", opts.jobs)
 	}
 	keys := map[string]bool{}
 	for _, s := range c.StringSlice("source") {
 		src, err := ParseSource(s)
 		if err != nil {
-			return stage.UsageError{Err: err}
+			return stagecmd.UsageError{Err: err}
 		}
 		if keys[src.Key] {
-			return stage.Usagef("import: --source key %q given twice", src.Key)
+			return stagecmd.Usagef("import: --source key %q given twice", src.Key)
 		}
 		keys[src.Key] = true
 		opts.sources = append(opts.sources, src)
@@ -197,19 +197,19 @@ func runImport(c *cli.Context, env *stage.Env) error {
 	for _, s := range c.StringSlice("env-path-prepend") {
 		im, dir, ok := strings.Cut(s, "=")
 		if !ok || im == "" || dir == "" {
-			return stage.Usagef("import: --env-path-prepend %q: want IMAGE=DIR", s)
+			return stagecmd.Usagef("import: --env-path-prepend %q: want IMAGE=DIR", s)
 		}
 		opts.pathPrepend[im] = dir
 	}
-	st, err := stage.OpenStore(c)
+	st, err := stagecmd.OpenStore(c)
 	if err != nil {
 		return err
 	}
-	if opts.part, err = stage.PartFrom(c); err != nil {
+	if opts.part, err = stagecmd.PartFrom(c); err != nil {
 		return err
 	}
 	ctx := c.Context
-	inputs, err := stage.ResolveInputs(ctx, st, []string{c.String("tasks")}, opts.part)
+	inputs, err := stagecmd.ResolveInputs(ctx, st, []string{c.String("tasks")}, opts.part)
 	if err != nil {
 		return err
 	}
@@ -218,7 +218,7 @@ func runImport(c *cli.Context, env *stage.Env) error {
 		return err
 	}
 	if v.Kind().Name != records.TasksKind.Name {
-		return stage.Usagef("import: --tasks %s is a %s dataset, want tasks", inputs[0], v.Kind().Name)
+		return stagecmd.Usagef("import: --tasks %s is a %s dataset, want tasks", inputs[0], v.Kind().Name)
 	}
 	tasks, err := readTaskImages(ctx, v)
 	if err != nil {
@@ -230,11 +230,11 @@ func runImport(c *cli.Context, env *stage.Env) error {
 	}
 	for im := range opts.pathPrepend {
 		if !known[im] {
-			return stage.Usagef("import: --env-path-prepend names image %q, which no task of %s uses", im, inputs[0])
+			return stagecmd.Usagef("import: --env-path-prepend names image %q, which no task of %s uses", im, inputs[0])
 		}
 	}
 	if opts.root, err = absRoot(c.String("root")); err != nil {
-		return stage.UsageError{Err: err}
+		return stagecmd.UsageError{Err: err}
 	}
 	res := newResolver(opts.sources, filepath.Join(opts.root, ".sources"), opts.remote)
 	res.have = func(h v1.Hash) bool {
@@ -256,17 +256,17 @@ func runImport(c *cli.Context, env *stage.Env) error {
 	}
 	id := dataset.Identity{Stage: "images-import", CodeVersion: importVersion, Inputs: inputs,
 		Args: map[string]any{"sources": srcs, "env_path_prepend": opts.pathPrepend, "images": digests}}
-	out := stage.Output{Name: c.String("out"), Kind: records.ImagesKind, Identity: id, Part: opts.part,
+	out := stagecmd.Output{Name: c.String("out"), Kind: records.ImagesKind, Identity: id, Part: opts.part,
 		PrintVersion: c.Bool("print-version"), Hook: env.Hook}
 	if out.PrintVersion {
-		_, err := stage.Write(ctx, st, out, env.Stdout, env.Log, nil)
+		_, err := stagecmd.Write(ctx, st, out, env.Stdout, env.Log, nil)
 		return err
 	}
 	rows, metrics, err := importImages(ctx, env, opts, tasks, resolved)
 	if err != nil {
 		return err
 	}
-	_, err = stage.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
+	_, err = stagecmd.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
 		_, err := w.WriteShard(ctx, int64(len(rows)), nil, func(wr io.Writer) error {
 			enc := records.NewImageEncoder(wr)
 			if err := enc.Write(rows...); err != nil {
@@ -310,7 +310,7 @@ func resolveAll(ctx context.Context, r *resolver, tasks []taskImage, jobs int) (
 
 // importImages makes the bundles of this part's images, -j at a time, and
 // returns their rows in first-seen order and the run's metrics.
-func importImages(ctx context.Context, env *stage.Env, opts importOptions, tasks []taskImage, resolved []*resolved) ([]records.Image, map[string]any, error) {
+func importImages(ctx context.Context, env *stagecmd.Env, opts importOptions, tasks []taskImage, resolved []*resolved) ([]records.Image, map[string]any, error) {
 	im := &importer{root: opts.root, rootless: os.Geteuid() != 0, log: env.Log, stderr: env.Stderr, hook: env.Hook, sync: opts.sync}
 	rows := make([]records.Image, len(tasks))
 	owned := make([]bool, len(tasks))
@@ -375,7 +375,7 @@ func importImages(ctx context.Context, env *stage.Env, opts importOptions, tasks
 }
 
 // logDisk reports the bundle root's filesystem usage after an import.
-func logDisk(env *stage.Env, root string, bundleBytes int64) {
+func logDisk(env *stagecmd.Env, root string, bundleBytes int64) {
 	var fs unix.Statfs_t
 	if err := unix.Statfs(root, &fs); err != nil {
 		return
@@ -448,7 +448,7 @@ func prependPath(env json.RawMessage, dir string) (json.RawMessage, error) {
 	return envObject(list), nil
 }
 
-func gcCommand(env *stage.Env) *cli.Command {
+func gcCommand(env *stagecmd.Env) *cli.Command {
 	return &cli.Command{
 		Name:  "gc",
 		Usage: "remove bundles that no kept images dataset references",
@@ -462,7 +462,7 @@ jobs.
 Example:
    kiln-images gc --root /var/lib/kiln/images --keep images/mimo --keep images/swe`,
 		Flags: []cli.Flag{
-			stage.StoreFlag(),
+			stagecmd.StoreFlag(),
 			&cli.StringFlag{Name: "root", Usage: "bundle root directory", Required: true},
 			&cli.StringSliceFlag{Name: "keep", Usage: "images dataset whose bundles to keep (name or name@version; repeatable)", Required: true},
 			&cli.BoolFlag{Name: "dry-run", Usage: "only print what would be removed"},
@@ -471,8 +471,8 @@ Example:
 	}
 }
 
-func runGC(c *cli.Context, env *stage.Env) error {
-	st, err := stage.OpenStore(c)
+func runGC(c *cli.Context, env *stagecmd.Env) error {
+	st, err := stagecmd.OpenStore(c)
 	if err != nil {
 		return err
 	}
@@ -483,7 +483,7 @@ func runGC(c *cli.Context, env *stage.Env) error {
 			return err
 		}
 		if v.Kind().Name != records.ImagesKind.Name {
-			return stage.Usagef("gc: --keep %s is a %s dataset, want images", ref, v.Kind().Name)
+			return stagecmd.Usagef("gc: --keep %s is a %s dataset, want images", ref, v.Kind().Name)
 		}
 		err = v.EachShard(c.Context, func(_ int, data []byte) error {
 			return records.EachImage(data, func(im records.Image) error {
@@ -547,7 +547,7 @@ func runGC(c *cli.Context, env *stage.Env) error {
 	}
 	sort.Strings(removed)
 	for _, r := range removed {
-		stage.Fprintln(c, verb, r)
+		stagecmd.Fprintln(c, verb, r)
 	}
 	env.Log.Info("gc done", "removed", len(removed), "dry_run", dry)
 	return nil

@@ -18,17 +18,17 @@ import (
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/formats/store"
-	"github.com/kilnrl/kiln/stages/rollout/adapter"
-	"github.com/kilnrl/kiln/stages/rollout/engine"
-	"github.com/kilnrl/kiln/stages/rollout/h1server"
-	"github.com/kilnrl/kiln/stages/rollout/parse"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/agent/adapter"
+	"github.com/kilnrl/kiln/internal/agent/engine"
+	"github.com/kilnrl/kiln/internal/agent/h1server"
+	"github.com/kilnrl/kiln/internal/agent/parse"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 // recordVersion is the code version of recorded turns (dataset.Identity).
 const recordVersion = "1"
 
-func adapterCommand(env *stage.Env) *cli.Command {
+func adapterCommand(env *stagecmd.Env) *cli.Command {
 	return &cli.Command{
 		Name:  "adapter",
 		Usage: "serve the model adapter on its own and record every client session",
@@ -73,7 +73,7 @@ Example:
    kiln-rollout adapter --engine http://127.0.0.1:8000 --listen 127.0.0.1:8001 \
        --tokenizer-dir /models/qwen3 --out recordings/claude-1`,
 		Flags: []cli.Flag{
-			stage.StoreFlag(),
+			stagecmd.StoreFlag(),
 			&cli.StringFlag{Name: "engine", Required: true, Usage: "engine base URL (vLLM OpenAI-compatible server)"},
 			&cli.StringFlag{Name: "engine-api-key", EnvVars: []string{"KILN_ENGINE_API_KEY"}, Usage: "bearer token for an engine started with --api-key"},
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8001", Usage: "address to serve the adapter on"},
@@ -96,21 +96,21 @@ Example:
 	}
 }
 
-func runAdapter(c *cli.Context, env *stage.Env) error {
+func runAdapter(c *cli.Context, env *stagecmd.Env) error {
 	if c.NArg() != 0 {
-		return stage.Usagef("adapter: takes no arguments")
+		return stagecmd.Usagef("adapter: takes no arguments")
 	}
 	mode, err := engine.ParseMode(c.String("mode"))
 	if err != nil {
-		return stage.UsageError{Err: err}
+		return stagecmd.UsageError{Err: err}
 	}
-	st, err := stage.OpenStore(c)
+	st, err := stagecmd.OpenStore(c)
 	if err != nil {
 		return err
 	}
 	out := c.String("out")
 	if err := dataset.CheckName(out); err != nil {
-		return stage.UsageError{Err: err}
+		return stagecmd.UsageError{Err: err}
 	}
 	opts, err := adapterOptions(adapterFlags{
 		maxTurnTokens: c.Int("max-turn-tokens"), maxTokens: c.Int("max-tokens"),
@@ -120,11 +120,11 @@ func runAdapter(c *cli.Context, env *stage.Env) error {
 		keepAlive: c.Duration("keepalive"),
 	})
 	if err != nil {
-		return stage.UsageError{Err: err}
+		return stagecmd.UsageError{Err: err}
 	}
 	eng, err := engine.New(engine.Options{BaseURL: c.String("engine"), Mode: mode, APIKey: c.String("engine-api-key")})
 	if err != nil {
-		return stage.UsageError{Err: err}
+		return stagecmd.UsageError{Err: err}
 	}
 	ctx := c.Context
 	caps, err := eng.Probe(ctx)
@@ -143,7 +143,7 @@ func runAdapter(c *cli.Context, env *stage.Env) error {
 	srv := adapter.New(opts)
 	ln, err := net.Listen("tcp", c.String("listen"))
 	if err != nil {
-		return stage.UsageError{Err: fmt.Errorf("adapter: --listen %q: %w", c.String("listen"), err)}
+		return stagecmd.UsageError{Err: fmt.Errorf("adapter: --listen %q: %w", c.String("listen"), err)}
 	}
 	env.Log.Info("adapter listening", "addr", ln.Addr().String(), "engine", c.String("engine"),
 		"route", string(caps.Route), "context", caps.ContextLength)
@@ -224,7 +224,7 @@ func adapterOptions(f adapterFlags) (adapter.Options, error) {
 // recording is where an adapter run commits its sessions.
 type recording struct {
 	st        store.Store
-	env       *stage.Env
+	env       *stagecmd.Env
 	out       string
 	threshold int
 }
@@ -260,7 +260,7 @@ func serveAndRecord(ctx context.Context, ln net.Listener, srv *adapter.Server, r
 		turns = append(turns, ts...)
 	}
 	if len(turns) == 0 {
-		return stage.BadInputError{Err: errors.New("adapter: no session made a turn; nothing recorded")}
+		return stagecmd.BadInputError{Err: errors.New("adapter: no session made a turn; nothing recorded")}
 	}
 	return rec.commit(shutdownCtx, turns)
 }
@@ -272,7 +272,7 @@ func (r recording) commit(ctx context.Context, turns []records.Turn) error {
 	// A recording is unique: its id covers when and which run made it.
 	id := dataset.Identity{Stage: "rollout-adapter", CodeVersion: recordVersion,
 		Args: map[string]any{"recording": time.Now().UTC().Format(time.RFC3339) + "-" + hex.EncodeToString(nonce[:])}}
-	res, err := stage.Write(ctx, r.st, stage.Output{Name: r.out + "/turns", Kind: records.TurnsKind, Identity: id},
+	res, err := stagecmd.Write(ctx, r.st, stagecmd.Output{Name: r.out + "/turns", Kind: records.TurnsKind, Identity: id},
 		r.env.Stdout, r.env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
 			_, err := w.WriteShard(ctx, int64(len(turns)), nil, func(out io.Writer) error {
 				enc, err := records.NewTurnEncoder(out, records.ArrowOptions{})
@@ -292,7 +292,7 @@ func (r recording) commit(ctx context.Context, turns []records.Turn) error {
 	tid := dataset.Identity{Stage: "rollout-assemble", CodeVersion: assembleVersion,
 		Args:   map[string]any{"fork_merge_max_response_tokens": r.threshold, "uncompressed": false},
 		Inputs: []dataset.Ref{res.Ref}}
-	_, err = writeTrajectories(ctx, r.env, r.st, stage.Output{Name: r.out + "/trajectories", Kind: records.TrajectoriesKind, Identity: tid},
+	_, err = writeTrajectories(ctx, r.env, r.st, stagecmd.Output{Name: r.out + "/trajectories", Kind: records.TrajectoriesKind, Identity: tid},
 		r.threshold, records.ArrowOptions{}, func(add func(records.Turn) error) error {
 			for _, t := range turns {
 				if err := add(t); err != nil {

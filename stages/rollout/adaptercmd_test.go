@@ -18,10 +18,10 @@ import (
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/formats/store"
-	"github.com/kilnrl/kiln/stages/rollout/adapter"
-	"github.com/kilnrl/kiln/stages/rollout/engine"
-	"github.com/kilnrl/kiln/stages/rollout/enginetest"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/agent/adapter"
+	"github.com/kilnrl/kiln/internal/agent/engine"
+	"github.com/kilnrl/kiln/internal/agent/enginetest"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 // The standalone adapter serves clients, and on shutdown commits their
@@ -45,7 +45,7 @@ func TestAdapterRecordsSessions(t *testing.T) {
 	st, err := store.NewLocal(storeDir)
 	require.NoError(t, err)
 	var stdout, stderr bytes.Buffer
-	env := &stage.Env{Stdout: &stdout, Stderr: &stderr, Log: stage.NewLogger(&stderr, false)}
+	env := &stagecmd.Env{Stdout: &stdout, Stderr: &stderr, Log: stagecmd.NewLogger(&stderr, false)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- serveAndRecord(ctx, ln, srv, recording{st: st, env: env, out: "rec/demo"}) }()

@@ -12,8 +12,8 @@ import (
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/formats/store"
-	"github.com/kilnrl/kiln/stages/rollout/assembly"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/agent/assembly"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 // assembleVersion is the code version of assemble (dataset.Identity):
@@ -24,11 +24,11 @@ const assembleVersion = "1"
 const shardTokens = 16 << 20
 
 // Commands returns the kiln-rollout commands.
-func Commands(env *stage.Env) []*cli.Command {
+func Commands(env *stagecmd.Env) []*cli.Command {
 	return []*cli.Command{assembleCommand(env), adapterCommand(env)}
 }
 
-func assembleCommand(env *stage.Env) *cli.Command {
+func assembleCommand(env *stagecmd.Env) *cli.Command {
 	return &cli.Command{
 		Name:  "assemble",
 		Usage: "rebuild training segments from saved turn records, offline",
@@ -37,7 +37,7 @@ version) exactly as a live rollout does, with no engine, adapter or sandbox:
 the routing tree of the session's messages, then linearization into segments
 whose trained tokens (loss_mask 1) are the tokens the policy sampled, with their
 sampler logprobs; context tokens have loss_mask 0. A generated turn shared by
-sibling branches is trained once. See stages/rollout/assembly for the contract.
+sibling branches is trained once. See internal/agent/assembly for the contract.
 
 Input: --turns REF (a turns dataset), or --turns-jsonl FILE (local or s3://):
 one JSON object per turn with the turns fields — session, group_index, index,
@@ -61,36 +61,36 @@ split yields the same segments.
 Example:
    kiln-rollout assemble --turns turns/step-3 --out trajectories/step-3`,
 		Flags: []cli.Flag{
-			stage.StoreFlag(),
+			stagecmd.StoreFlag(),
 			&cli.StringFlag{Name: "turns", Usage: "turns dataset to assemble (name or name@version)"},
 			&cli.StringFlag{Name: "turns-jsonl", Usage: "turn records as JSON lines (file or s3://bucket/key; .zst ok)"},
 			&cli.StringFlag{Name: "out", Value: "trajectories", Usage: "dataset name to write"},
 			&cli.IntFlag{Name: "fork-merge-max-response-tokens", Usage: "threshold T (see above)"},
 			&cli.BoolFlag{Name: "uncompressed", Usage: "write plain Arrow buffers (mmap-able) instead of zstd"},
-			stage.ShardFlag(),
-			stage.PrintVersionFlag(),
+			stagecmd.ShardFlag(),
+			stagecmd.PrintVersionFlag(),
 		},
 		Action: func(c *cli.Context) error { return assemble(c, env) },
 	}
 }
 
-func assemble(c *cli.Context, env *stage.Env) error {
+func assemble(c *cli.Context, env *stagecmd.Env) error {
 	if c.NArg() != 0 {
-		return stage.Usagef("assemble: takes no arguments (did you mean --turns-jsonl %s?)", c.Args().First())
+		return stagecmd.Usagef("assemble: takes no arguments (did you mean --turns-jsonl %s?)", c.Args().First())
 	}
 	ref, jsonl := c.String("turns"), c.String("turns-jsonl")
 	if (ref == "") == (jsonl == "") {
-		return stage.Usagef("assemble: give exactly one of --turns REF and --turns-jsonl FILE")
+		return stagecmd.Usagef("assemble: give exactly one of --turns REF and --turns-jsonl FILE")
 	}
 	threshold := c.Int("fork-merge-max-response-tokens")
 	if threshold < 0 {
-		return stage.Usagef("assemble: --fork-merge-max-response-tokens must be >= 0, got %d", threshold)
+		return stagecmd.Usagef("assemble: --fork-merge-max-response-tokens must be >= 0, got %d", threshold)
 	}
-	st, err := stage.OpenStore(c)
+	st, err := stagecmd.OpenStore(c)
 	if err != nil {
 		return err
 	}
-	part, err := stage.PartFrom(c)
+	part, err := stagecmd.PartFrom(c)
 	if err != nil {
 		return err
 	}
@@ -99,7 +99,7 @@ func assemble(c *cli.Context, env *stage.Env) error {
 		Args: map[string]any{"fork_merge_max_response_tokens": threshold, "uncompressed": c.Bool("uncompressed")}}
 	var read func(add func(records.Turn) error) error
 	if ref != "" {
-		inputs, err := stage.ResolveInputs(ctx, st, []string{ref}, part)
+		inputs, err := stagecmd.ResolveInputs(ctx, st, []string{ref}, part)
 		if err != nil {
 			return err
 		}
@@ -112,9 +112,9 @@ func assemble(c *cli.Context, env *stage.Env) error {
 			return readTurnsDataset(ctx, v, add)
 		}
 	} else {
-		src, err := stage.ParseInput(jsonl)
+		src, err := stagecmd.ParseInput(jsonl)
 		if err != nil {
-			return stage.UsageError{Err: err}
+			return stagecmd.UsageError{Err: err}
 		}
 		ext, err := src.Identify(ctx, "turns")
 		if err != nil {
@@ -130,7 +130,7 @@ func assemble(c *cli.Context, env *stage.Env) error {
 			return readTurnsJSONL(rc, jsonl, add)
 		}
 	}
-	out := stage.Output{Name: c.String("out"), Kind: records.TrajectoriesKind, Identity: id, Part: part,
+	out := stagecmd.Output{Name: c.String("out"), Kind: records.TrajectoriesKind, Identity: id, Part: part,
 		PrintVersion: c.Bool("print-version"), Hook: env.Hook}
 	_, err = writeTrajectories(ctx, env, st, out, threshold, records.ArrowOptions{Uncompressed: c.Bool("uncompressed")}, read)
 	return err
@@ -138,11 +138,11 @@ func assemble(c *cli.Context, env *stage.Env) error {
 
 // writeTrajectories assembles the sessions read delivers (turns grouped by
 // session) and writes them as the trajectories version out describes.
-func writeTrajectories(ctx context.Context, env *stage.Env, st store.Store, out stage.Output, threshold int,
+func writeTrajectories(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Output, threshold int,
 	arrow records.ArrowOptions, read func(add func(records.Turn) error) error) (dataset.Result, error) {
-	return stage.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
+	return stagecmd.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
 		a := &assembler{w: w, part: out.Part, opts: assembly.Options{ForkMergeMaxResponseTokens: threshold, Arena: &assembly.Arena{}},
-			arrow: arrow, prog: stage.NewProgress(env.Stderr, env.Log, "assemble", "sessions", -1)}
+			arrow: arrow, prog: stagecmd.NewProgress(env.Stderr, env.Log, "assemble", "sessions", -1)}
 		sessions := newSessionReader(func(s *session) error { return a.session(ctx, s) })
 		if err := read(sessions.add); err != nil {
 			return nil, err
@@ -165,7 +165,7 @@ type assembler struct {
 	part    dataset.Part
 	opts    assembly.Options
 	arrow   records.ArrowOptions
-	prog    *stage.Progress
+	prog    *stagecmd.Progress
 	pending []records.Trajectory
 	ids     []string
 	tokens  int
@@ -186,7 +186,7 @@ func (a *assembler) session(ctx context.Context, s *session) error {
 	}
 	segs, err := assembleSession(s, a.opts)
 	if err != nil {
-		return stage.BadInputError{Err: err}
+		return stagecmd.BadInputError{Err: err}
 	}
 	a.prog.Add(1)
 	a.count("sessions", 1)

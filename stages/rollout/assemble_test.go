@@ -22,14 +22,14 @@ import (
 	"github.com/kilnrl/kiln/formats/store"
 	"github.com/kilnrl/kiln/stages/datasets"
 	"github.com/kilnrl/kiln/stages/rollout"
-	"github.com/kilnrl/kiln/stages/stage"
-	"github.com/kilnrl/kiln/stages/stage/stagetest"
+	"github.com/kilnrl/kiln/internal/stagecmd"
+	"github.com/kilnrl/kiln/internal/stagecmd/stagetest"
 )
 
 // kiln runs the kiln-rollout and kiln dataset commands in-process.
 func kiln(t *testing.T, args ...string) stagetest.Result {
 	t.Helper()
-	return stagetest.Run(t, func(env *stage.Env) []*cli.Command {
+	return stagetest.Run(t, func(env *stagecmd.Env) []*cli.Command {
 		return append(rollout.Commands(env), datasets.Commands(env)...)
 	}, args...)
 }
@@ -178,10 +178,10 @@ func TestAssembleTurnsDataset(t *testing.T) {
 	assert.Len(t, exportSorted(t, dir, r.LastLine()), 4)
 
 	sharded := kiln(t, "assemble", "--store", dir, "--turns", "turns/step-0", "--shard", "0/2")
-	assert.Equal(t, stage.ExitUsage, sharded.Code)
+	assert.Equal(t, stagecmd.ExitUsage, sharded.Code)
 	assert.Contains(t, sharded.Stderr, "not pinned")
 	wrongKind := kiln(t, "assemble", "--store", dir, "--turns", r.LastLine())
-	assert.Equal(t, stage.ExitUsage, wrongKind.Code)
+	assert.Equal(t, stagecmd.ExitUsage, wrongKind.Code)
 	assert.Contains(t, wrongKind.Stderr, "is a trajectories dataset, want turns")
 }
 
@@ -196,11 +196,11 @@ func TestAssembleBadInput(t *testing.T) {
 		code int
 		want string
 	}{
-		{"non-contiguous", []string{"--turns-jsonl", writeJSONL(t, split)}, stage.ExitBadInput, `turns of session "s00" are not contiguous`},
-		{"logprob count", []string{"--turns-jsonl", writeJSONL(t, badLP)}, stage.ExitBadInput, "output_log_probs has 1 entries for 2 output ids"},
-		{"both inputs", []string{"--turns-jsonl", "x", "--turns", "y"}, stage.ExitUsage, "exactly one of"},
-		{"negative T", []string{"--turns-jsonl", "x", "--fork-merge-max-response-tokens", "-1"}, stage.ExitUsage, "must be >= 0"},
-		{"missing file", []string{"--turns-jsonl", filepath.Join(t.TempDir(), "none.jsonl")}, stage.ExitNotFound, "none.jsonl"},
+		{"non-contiguous", []string{"--turns-jsonl", writeJSONL(t, split)}, stagecmd.ExitBadInput, `turns of session "s00" are not contiguous`},
+		{"logprob count", []string{"--turns-jsonl", writeJSONL(t, badLP)}, stagecmd.ExitBadInput, "output_log_probs has 1 entries for 2 output ids"},
+		{"both inputs", []string{"--turns-jsonl", "x", "--turns", "y"}, stagecmd.ExitUsage, "exactly one of"},
+		{"negative T", []string{"--turns-jsonl", "x", "--fork-merge-max-response-tokens", "-1"}, stagecmd.ExitUsage, "must be >= 0"},
+		{"missing file", []string{"--turns-jsonl", filepath.Join(t.TempDir(), "none.jsonl")}, stagecmd.ExitNotFound, "none.jsonl"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

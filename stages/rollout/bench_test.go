@@ -12,7 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/kilnrl/kiln/formats/records"
-	"github.com/kilnrl/kiln/stages/rollout/assembly"
+	"github.com/kilnrl/kiln/internal/agent/assembly"
 )
 
 // benchSession generates one agent session: 40 turns whose prompts grow to

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"unsafe"
 
-	"github.com/kilnrl/kiln/stages/rollout/assembly"
-	"github.com/kilnrl/kiln/stages/rollout/jsonskim"
+	"github.com/kilnrl/kiln/internal/agent/assembly"
+	"github.com/kilnrl/kiln/internal/agent/jsonskim"
 )
 
 // messageSplitter splits a session's prompt_messages (a JSON array per

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kilnrl/kiln/stages/rollout/assembly"
+	"github.com/kilnrl/kiln/internal/agent/assembly"
 )
 
 func TestSplitArray(t *testing.T) {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
-	"github.com/kilnrl/kiln/stages/stage"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 // session is the turns of one agent session, in call order.
@@ -44,7 +44,7 @@ func (r *sessionReader) add(t records.Turn) error {
 	}
 	if r.cur == nil {
 		if r.seen[t.Session] {
-			return stage.BadInputError{Err: fmt.Errorf("turns of session %q are not contiguous: group the input by session (kiln writes them so)", t.Session)}
+			return stagecmd.BadInputError{Err: fmt.Errorf("turns of session %q are not contiguous: group the input by session (kiln writes them so)", t.Session)}
 		}
 		r.seen[t.Session] = true
 		r.cur = &session{id: t.Session}
@@ -77,7 +77,7 @@ func ownsSession(part dataset.Part, id string) bool {
 // readTurnsDataset streams a turns version.
 func readTurnsDataset(ctx context.Context, v *dataset.Version, add func(records.Turn) error) error {
 	if v.Kind().Name != records.TurnsKind.Name {
-		return stage.Usagef("--turns %s is a %s dataset, want turns", v.Ref(), v.Kind().Name)
+		return stagecmd.Usagef("--turns %s is a %s dataset, want turns", v.Ref(), v.Kind().Name)
 	}
 	return v.EachShard(ctx, func(_ int, data []byte) error {
 		return records.EachTurn(data, func(t *records.Turn) error { return add(*t) })
@@ -97,11 +97,11 @@ func readTurnsJSONL(r io.Reader, name string, add func(records.Turn) error) erro
 			dec := json.NewDecoder(bytes.NewReader(line))
 			dec.DisallowUnknownFields()
 			if derr := dec.Decode(&j); derr != nil {
-				return stage.BadInputError{Err: fmt.Errorf("%s:%d: %w", name, lineNo, derr)}
+				return stagecmd.BadInputError{Err: fmt.Errorf("%s:%d: %w", name, lineNo, derr)}
 			}
 			t, terr := j.ToTurn(order[j.Session])
 			if terr != nil {
-				return stage.BadInputError{Err: fmt.Errorf("%s:%d: %w", name, lineNo, terr)}
+				return stagecmd.BadInputError{Err: fmt.Errorf("%s:%d: %w", name, lineNo, terr)}
 			}
 			order[j.Session]++
 			if aerr := add(t); aerr != nil {

@@ -1,0 +1,110 @@
+package stagecmd
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/formats/store"
+)
+
+// StoreFlag is --store (KILN_STORE), on every binary.
+func StoreFlag() cli.Flag {
+	return &cli.StringFlag{
+		Name: "store", EnvVars: []string{"KILN_STORE"}, Value: store.DefaultURI,
+		Usage: "where datasets live: a directory, file:///dir or s3://bucket/prefix (S3 settings from KILN_S3_ENDPOINT and the AWS_* variables)",
+	}
+}
+
+// ShardFlag is --shard i/n for writing commands.
+func ShardFlag() cli.Flag {
+	return &cli.StringFlag{
+		Name:  "shard",
+		Usage: "write only part i of n (0-based); defaults to SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT in a Slurm array; inputs must then be pinned (name@version)",
+	}
+}
+
+// PrintVersionFlag is --print-version for writing commands.
+func PrintVersionFlag() cli.Flag {
+	return &cli.BoolFlag{Name: "print-version", Usage: "print the reference this run would produce (name@version) and exit without doing anything"}
+}
+
+// OpenStore opens the store --store names.
+func OpenStore(c *cli.Context) (store.Store, error) {
+	st, err := store.Open(c.String("store"))
+	if err != nil {
+		return nil, UsageError{err}
+	}
+	return st, nil
+}
+
+// PartFrom reads --shard, else the Slurm array variables. Slurm array task
+// ids need not start at 0 (--array=1-4), so SLURM_ARRAY_TASK_MIN is
+// subtracted when set.
+func PartFrom(c *cli.Context) (dataset.Part, error) {
+	if s := c.String("shard"); s != "" {
+		p, err := dataset.ParsePart(s)
+		if err != nil {
+			return dataset.Part{}, UsageError{err}
+		}
+		return p, nil
+	}
+	return PartFromEnv(os.Getenv)
+}
+
+// PartFromEnv derives the part from Slurm array variables (none: whole).
+func PartFromEnv(getenv func(string) string) (dataset.Part, error) {
+	id, count := getenv("SLURM_ARRAY_TASK_ID"), getenv("SLURM_ARRAY_TASK_COUNT")
+	if id == "" || count == "" {
+		return dataset.Part{}, nil
+	}
+	i, err1 := strconv.Atoi(id)
+	n, err2 := strconv.Atoi(count)
+	lo := 0
+	if m := getenv("SLURM_ARRAY_TASK_MIN"); m != "" {
+		lo, _ = strconv.Atoi(m)
+	}
+	if err1 != nil || err2 != nil || n < 1 || i-lo < 0 || i-lo >= n {
+		return dataset.Part{}, Usagef("Slurm array task %s of %s (min %d) is not a part of 0..%s: pass --shard i/n", id, count, lo, count)
+	}
+	return dataset.Part{Index: i - lo, Count: n}, nil
+}
+
+// ResolveInputs parses input references and pins each to a version: an
+// unpinned name becomes its newest version now, so the whole run (and its
+// version id) sees one consistent input. A sharded run refuses unpinned
+// inputs, since its parts start at different times.
+func ResolveInputs(ctx context.Context, st store.Store, refs []string, part dataset.Part) ([]dataset.Ref, error) {
+	var out []dataset.Ref
+	for _, s := range refs {
+		r, err := dataset.ParseRef(s)
+		if err != nil {
+			return nil, UsageError{err}
+		}
+		if !r.Pinned() {
+			if part.Count > 1 {
+				return nil, Usagef("input %q is not pinned: a sharded run (--shard %s) needs name@version inputs so every part reads the same data; `kiln ls %s` shows its versions", s, part, r.Name)
+			}
+			if r.Version, err = dataset.Newest(ctx, st, r.Name); err != nil {
+				return nil, err
+			}
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// RequireArgs checks the number of positional arguments.
+func RequireArgs(c *cli.Context, n int, names string) error {
+	if c.NArg() != n {
+		return Usagef("%s: want %s, got %d argument(s); see --help", c.Command.FullName(), names, c.NArg())
+	}
+	return nil
+}
+
+// Fprintln writes to the command's stdout.
+func Fprintln(c *cli.Context, args ...any) { fmt.Fprintln(c.App.Writer, args...) }
