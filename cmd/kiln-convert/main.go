@@ -8,8 +8,8 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/kilnrl/kiln/stages/convert"
 	"github.com/kilnrl/kiln/internal/stagecmd"
+	"github.com/kilnrl/kiln/stages/convert"
 )
 
 func main() {

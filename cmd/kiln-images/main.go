@@ -8,8 +8,8 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/kilnrl/kiln/stages/images"
 	"github.com/kilnrl/kiln/internal/stagecmd"
+	"github.com/kilnrl/kiln/stages/images"
 )
 
 func main() {

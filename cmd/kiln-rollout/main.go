@@ -7,8 +7,8 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/kilnrl/kiln/stages/rollout"
 	"github.com/kilnrl/kiln/internal/stagecmd"
+	"github.com/kilnrl/kiln/stages/rollout"
 )
 
 func main() {

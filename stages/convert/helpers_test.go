@@ -17,10 +17,10 @@ import (
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/formats/store"
-	"github.com/kilnrl/kiln/stages/convert"
-	"github.com/kilnrl/kiln/stages/datasets"
 	"github.com/kilnrl/kiln/internal/stagecmd"
 	"github.com/kilnrl/kiln/internal/stagecmd/stagetest"
+	"github.com/kilnrl/kiln/stages/convert"
+	"github.com/kilnrl/kiln/stages/datasets"
 )
 
 // commands are kiln-convert's subcommands beside kiln's dataset commands,

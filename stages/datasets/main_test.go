@@ -8,9 +8,9 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/kilnrl/kiln/stages/datasets"
 	"github.com/kilnrl/kiln/internal/stagecmd"
 	"github.com/kilnrl/kiln/internal/stagecmd/stagetest"
+	"github.com/kilnrl/kiln/stages/datasets"
 )
 
 // The test binary doubles as a kiln writer process for the crash tests:

@@ -18,9 +18,9 @@ import (
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/formats/store"
-	"github.com/kilnrl/kiln/stages/grade"
 	"github.com/kilnrl/kiln/internal/sandbox"
 	"github.com/kilnrl/kiln/internal/stagecmd"
+	"github.com/kilnrl/kiln/stages/grade"
 )
 
 // benchRollouts is the number of rollouts BenchmarkGrade grades: 200, 8

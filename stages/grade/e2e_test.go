@@ -19,12 +19,12 @@ import (
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/formats/store"
-	"github.com/kilnrl/kiln/stages/convert"
-	"github.com/kilnrl/kiln/stages/grade"
-	"github.com/kilnrl/kiln/stages/images"
 	"github.com/kilnrl/kiln/internal/sandbox/sandboxtest"
 	"github.com/kilnrl/kiln/internal/stagecmd"
 	"github.com/kilnrl/kiln/internal/stagecmd/stagetest"
+	"github.com/kilnrl/kiln/stages/convert"
+	"github.com/kilnrl/kiln/stages/grade"
+	"github.com/kilnrl/kiln/stages/images"
 )
 
 // kilnCommands are the stages the end-to-end tests chain in-process.

@@ -28,10 +28,10 @@ import (
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
-	"github.com/kilnrl/kiln/stages/datasets"
-	"github.com/kilnrl/kiln/stages/images"
 	"github.com/kilnrl/kiln/internal/stagecmd"
 	"github.com/kilnrl/kiln/internal/stagecmd/stagetest"
+	"github.com/kilnrl/kiln/stages/datasets"
+	"github.com/kilnrl/kiln/stages/images"
 )
 
 // The test binary doubles as a kiln process for the crash and concurrency

@@ -20,10 +20,10 @@ import (
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/formats/store"
-	"github.com/kilnrl/kiln/stages/datasets"
-	"github.com/kilnrl/kiln/stages/rollout"
 	"github.com/kilnrl/kiln/internal/stagecmd"
 	"github.com/kilnrl/kiln/internal/stagecmd/stagetest"
+	"github.com/kilnrl/kiln/stages/datasets"
+	"github.com/kilnrl/kiln/stages/rollout"
 )
 
 // kiln runs the kiln-rollout and kiln dataset commands in-process.
