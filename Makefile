@@ -20,7 +20,9 @@ build:
 deps:
 	scripts/install-test-deps.sh
 
+# go mod tidy -diff prints the change and fails when go.mod or go.sum need tidying.
 vet:
+	$(GO) mod tidy -diff
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt needed'; exit 1; }
 
