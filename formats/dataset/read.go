@@ -74,10 +74,10 @@ func openVersion(ctx context.Context, st store.Store, name, version string) (*Ve
 	v := &Version{Committed: info.ModTime, st: st}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&v.Manifest); err != nil {
-		return nil, fmt.Errorf("dataset %s: manifest %q is not valid JSON: %v: %w", ref, manifestKey(name, version), err, ErrCorrupt)
+		return nil, fmt.Errorf("dataset %s: manifest %q is not valid JSON: %w: %w", ref, manifestKey(name, version), err, ErrCorrupt)
 	}
 	if err := v.Manifest.validate(name, version); err != nil {
-		return nil, fmt.Errorf("dataset %s: manifest %q %v: %w", ref, manifestKey(name, version), err, ErrCorrupt)
+		return nil, fmt.Errorf("dataset %s: manifest %q %w: %w", ref, manifestKey(name, version), err, ErrCorrupt)
 	}
 	kind, err := records.Lookup(v.Manifest.Kind)
 	if err != nil {

@@ -132,8 +132,10 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if fi, err := os.Stat(o.Rootfs); err != nil || !fi.IsDir() {
-		return nil, fmt.Errorf("sandbox rootfs %q is not a directory: %v", o.Rootfs, err)
+	if fi, err := os.Stat(o.Rootfs); err != nil {
+		return nil, fmt.Errorf("sandbox rootfs: %w", err)
+	} else if !fi.IsDir() {
+		return nil, fmt.Errorf("sandbox rootfs %q is not a directory", o.Rootfs)
 	}
 	rootfs, err := filepath.Abs(o.Rootfs)
 	if err != nil {
@@ -298,7 +300,7 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 			case <-s.exited:
 			case <-time.After(time.Second):
 			}
-			return nil, fmt.Errorf("sandbox over %q did not start: %v: %s", rootfs, err, s.stderr.String())
+			return nil, fmt.Errorf("sandbox over %q did not start: %w: %s", rootfs, err, s.stderr.String())
 		}
 	case <-timer.C:
 		return nil, fmt.Errorf("sandbox over %q did not start within %s: %s", rootfs, bootTimeout, s.stderr.String())
@@ -447,6 +449,8 @@ func (s *bwrapSandbox) callErr(ctx context.Context, err error) error {
 func (s *bwrapSandbox) deadErr(err error) error {
 	select {
 	case <-s.exited:
+		// %v, not %w: once the sandbox is gone the control socket's error
+		// (ENOENT, EOF) says nothing about what the caller asked for.
 		return fmt.Errorf("sandbox %s has died (%v): %s", s.id, err, s.stderr.String())
 	default:
 		return fmt.Errorf("sandbox %s: %w", s.id, err)

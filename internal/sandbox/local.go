@@ -35,8 +35,10 @@ func bootLocal(_ context.Context, o Options) (_ Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		return nil, fmt.Errorf("local sandbox directory %q is not a directory: %v", o.Rootfs, err)
+	if fi, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("local sandbox directory: %w", err)
+	} else if !fi.IsDir() {
+		return nil, fmt.Errorf("local sandbox directory %q is not a directory", o.Rootfs)
 	}
 	s := &localSandbox{id: newID(), opts: o, dir: dir}
 	if s.state, err = os.MkdirTemp(o.StateDir, "kiln-local-sandbox-"); err != nil {

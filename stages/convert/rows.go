@@ -153,8 +153,10 @@ func eachJSONL(ctx context.Context, in stagecmd.Input, fn func(location, map[str
 			return stagecmd.BadInputError{Err: fmt.Errorf("%s: blank line; remove it", loc)}
 		}
 		var obj map[string]json.RawMessage
-		if jerr := json.Unmarshal(line, &obj); jerr != nil || obj == nil {
-			return stagecmd.BadInputError{Err: fmt.Errorf("%s: not a JSON object (%v)", loc, jerr)}
+		if jerr := json.Unmarshal(line, &obj); jerr != nil {
+			return stagecmd.BadInputError{Err: fmt.Errorf("%s: not a JSON object (%w)", loc, jerr)}
+		} else if obj == nil {
+			return stagecmd.BadInputError{Err: fmt.Errorf("%s: not a JSON object (null)", loc)}
 		}
 		if ferr := fn(loc, obj); ferr != nil {
 			return ferr

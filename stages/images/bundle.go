@@ -132,6 +132,7 @@ func readBundle(final, image, digest string) (ImageJSON, bool, error) {
 	}
 	b, err := os.ReadFile(filepath.Join(final, "image.json"))
 	if err != nil {
+		// %v, not %w: a bundle without image.json is damaged, not "not found" (exit 3).
 		return info, true, fmt.Errorf("Existing bundle does not match %s: %s: %v (remove the directory to re-import)", image, final, err)
 	}
 	if err := json.Unmarshal(b, &info); err != nil {
