@@ -1,0 +1,27 @@
+// Package testenv holds the repository's rule for tests that need a tool,
+// a privilege or a file the machine may lack: skip with the reason (and an
+// install hint) on a developer's machine, fail under CI=true, where
+// scripts/install-test-deps.sh has installed everything and a skip would
+// hide a broken setup.
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"testing"
+)
+
+// CI reports whether the tests run under CI: the environment variable CI is
+// "true" (.ci/run sets it unless the CI system already has).
+func CI() bool { return os.Getenv("CI") == "true" }
+
+// SkipOrFail skips the test with the formatted message, or fails it with
+// t.Fatal when CI=true. Either way the test stops here.
+func SkipOrFail(t testing.TB, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if CI() {
+		t.Fatal(msg + " (CI=true: required)")
+	}
+	t.Skip(msg)
+}
