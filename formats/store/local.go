@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -20,9 +21,19 @@ import (
 // Parquet or Arrow tool. Writes go to a temporary file under .kiln-tmp/ in the
 // same root, are fsynced, and are published with rename(2) (Put) or link(2)
 // (PutIfAbsent, atomic create-if-absent), followed by an fsync of the parent
-// directory. PutIfAbsent, PutIfMatch and Delete of one key serialize on an
-// flock(2) so compare-and-swap is atomic across processes on one host and
-// over NFS with working locks.
+// directory. Every Put, PutIfAbsent, PutIfMatch and Delete of one key
+// serializes on an flock(2), so compare-and-swap is atomic across processes
+// on one host and over NFS with working locks.
+//
+// The ETag is the file's inode, modification time and size. It is exact
+// (an ETag never comes back for a key once replaced or deleted, so a stale
+// PutIfMatch always fails) because, holding the key's lock, every write
+// stamps the new file with a modification time strictly after that of every
+// earlier version of the key: after the current file's, and after a floor
+// kept in the key's lock file that Delete raises. Modification times of one
+// key thus count generations, whatever the timestamp granularity (a coarse
+// kernel clock gives two quick writes one mtime, and a freed inode is
+// reused at once).
 type Local struct {
 	root string
 }
@@ -200,19 +211,9 @@ func syncDir(dir string) error {
 }
 
 func (l *Local) Put(ctx context.Context, key string, r io.Reader, size int64) (Info, error) {
-	p, err := l.path(key)
-	if err != nil {
-		return Info{}, err
-	}
-	tmp, info, err := l.writeTemp(ctx, key, r, size)
-	if err != nil {
-		return Info{}, err
-	}
-	if err := publish(p, func() error { return os.Rename(tmp, p) }); err != nil {
-		os.Remove(tmp)
-		return Info{}, err
-	}
-	return info, nil
+	return l.putLocked(ctx, key, r, size, func(p, tmp string) error {
+		return publish(p, func() error { return os.Rename(tmp, p) })
+	})
 }
 
 func (l *Local) PutIfAbsent(ctx context.Context, key string, r io.Reader, size int64) (Info, error) {
@@ -238,27 +239,33 @@ func (l *Local) PutIfMatch(ctx context.Context, key string, r io.Reader, size in
 	})
 }
 
-// putLocked writes r to a temporary file, then runs publish (which moves
-// it to p, or refuses) holding key's lock, and returns the new object's Info.
+// putLocked writes r to a temporary file, then, holding key's lock, stamps
+// it after every earlier version of key (see Local) and runs publish (which
+// moves it to p, or refuses), and returns the new object's Info.
 func (l *Local) putLocked(ctx context.Context, key string, r io.Reader, size int64, publish func(p, tmp string) error) (Info, error) {
 	p, err := l.path(key)
 	if err != nil {
 		return Info{}, err
 	}
-	tmp, info, err := l.writeTemp(ctx, key, r, size)
+	tmp, _, err := l.writeTemp(ctx, key, r, size)
 	if err != nil {
 		return Info{}, err
 	}
 	defer os.Remove(tmp)
-	unlock, err := l.lock(key)
+	lk, err := l.lock(key)
 	if err != nil {
 		return Info{}, err
 	}
-	defer unlock()
+	defer lk.unlock()
+	fi, err := lk.stamp(p, tmp)
+	if err != nil {
+		return Info{}, fmt.Errorf("writing %q: %w", key, err)
+	}
 	if err := publish(p, tmp); err != nil {
 		return Info{}, err
 	}
-	return info, nil
+	lk.raise(fi.ModTime())
+	return l.info(key, fi), nil
 }
 
 func (l *Local) Delete(ctx context.Context, key string) error {
@@ -266,11 +273,15 @@ func (l *Local) Delete(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	unlock, err := l.lock(key)
+	lk, err := l.lock(key)
 	if err != nil {
 		return err
 	}
-	defer unlock()
+	defer lk.unlock()
+	if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() {
+		// A later object at key must be stamped after this one.
+		lk.raise(fi.ModTime())
+	}
 	if err := os.Remove(p); errors.Is(err, syscall.ENOTDIR) {
 		return nil // a parent is an object, so key is absent
 	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -291,21 +302,70 @@ func (l *Local) Delete(ctx context.Context, key string) error {
 
 // lock takes an exclusive flock for key. Lock files live under .kiln-tmp/locks
 // and are never removed: removing a lock file another process holds would let
-// a third process lock a different inode.
-func (l *Local) lock(key string) (func(), error) {
+// a third process lock a different inode. A lock file also holds its keys'
+// mtime floor (see Local): 8 bytes, big-endian Unix nanoseconds. Keys whose
+// names hash alike share a lock file and a floor, which keeps each key's
+// modification times increasing all the same.
+func (l *Local) lock(key string) (keyLock, error) {
 	dir := filepath.Join(l.root, localTmp, "locks")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
+		return keyLock{}, err
 	}
 	f, err := os.OpenFile(filepath.Join(dir, lockName(key)), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
-		return nil, err
+		return keyLock{}, err
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("locking %q: %w", key, err)
+		return keyLock{}, fmt.Errorf("locking %q: %w", key, err)
 	}
-	return func() { f.Close() }, nil
+	return keyLock{f}, nil
+}
+
+// keyLock is a held key lock.
+type keyLock struct{ f *os.File }
+
+func (k keyLock) unlock() { k.f.Close() }
+
+// floor is the latest modification time recorded in the lock file (0 if none).
+func (k keyLock) floor() int64 {
+	var b [8]byte
+	if n, _ := k.f.ReadAt(b[:], 0); n < len(b) {
+		return 0
+	}
+	return int64(binary.BigEndian.Uint64(b[:]))
+}
+
+// raise records t as the floor if it is later than the recorded one. A lost
+// update (a crash before the page reaches the disk) only matters for a key
+// deleted just before the crash.
+func (k keyLock) raise(t time.Time) {
+	if ns := t.UnixNano(); ns > k.floor() {
+		var b [8]byte
+		binary.BigEndian.PutUint64(b[:], uint64(ns))
+		k.f.WriteAt(b[:], 0)
+	}
+}
+
+// stamp gives tmp a modification time after the floor and after the object
+// now at p, moving it forward by the filesystem's timestamp granularity
+// (1ns, 1µs, ... 1s) when the clock has not, and returns tmp's FileInfo.
+func (k keyLock) stamp(p, tmp string) (fs.FileInfo, error) {
+	floor := k.floor()
+	if cur, err := os.Lstat(p); err == nil && cur.ModTime().UnixNano() > floor {
+		floor = cur.ModTime().UnixNano()
+	}
+	fi, err := os.Stat(tmp)
+	for step := int64(1); err == nil && fi.ModTime().UnixNano() <= floor; step *= 1000 {
+		if step > int64(time.Second) {
+			return nil, fmt.Errorf("cannot stamp %q after %s: the filesystem keeps no usable modification times", tmp, time.Unix(0, floor).UTC())
+		}
+		t := time.Unix(0, floor+step)
+		if err = os.Chtimes(tmp, t, t); err == nil {
+			fi, err = os.Stat(tmp)
+		}
+	}
+	return fi, err
 }
 
 func lockName(key string) string {

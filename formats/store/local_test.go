@@ -97,3 +97,55 @@ func TestLocalLeftovers(t *testing.T) {
 	_, err = os.Stat(filepath.Join(root, "a", "b"))
 	require.NoError(t, err)
 }
+
+// An ETag never comes back for a key, even where timestamps are coarse or
+// the clock reads earlier than a file's mtime (another host's clock, a
+// coarse kernel clock that gives quick writes one mtime): each write of a
+// key is stamped after every earlier version, deleted ones included, so a
+// stale PutIfMatch fails however the inode and size repeat.
+func TestLocalETagGenerations(t *testing.T) {
+	ctx := t.Context()
+	root := t.TempDir()
+	l := newLocal(t, root)
+	ahead := time.Now().Add(time.Hour).Truncate(time.Second)
+	steps := []struct {
+		name  string
+		write func() (store.Info, error)
+	}{
+		{"Put", func() (store.Info, error) { return l.Put(ctx, "k", bytes.NewReader([]byte("same")), 4) }},
+		{"PutIfMatch", func() (store.Info, error) {
+			cur, err := l.Stat(ctx, "k")
+			require.NoError(t, err)
+			return l.PutIfMatch(ctx, "k", bytes.NewReader([]byte("same")), 4, cur.ETag)
+		}},
+		{"PutIfAbsent after Delete", func() (store.Info, error) {
+			require.NoError(t, l.Delete(ctx, "k"))
+			return l.PutIfAbsent(ctx, "k", bytes.NewReader([]byte("same")), 4)
+		}},
+		{"Put after Delete", func() (store.Info, error) {
+			require.NoError(t, l.Delete(ctx, "k"))
+			return l.Put(ctx, "k", bytes.NewReader([]byte("same")), 4)
+		}},
+	}
+	_, err := l.Put(ctx, "k", bytes.NewReader([]byte("same")), 4)
+	require.NoError(t, err)
+	require.NoError(t, os.Chtimes(filepath.Join(root, "k"), ahead, ahead))
+	prev, err := l.Stat(ctx, "k")
+	require.NoError(t, err)
+	seen := []string{prev.ETag}
+	for _, s := range steps {
+		info, err := s.write()
+		require.NoError(t, err, s.name)
+		require.True(t, info.ModTime.After(prev.ModTime), "%s: stamped %s, not after the previous version's %s", s.name, info.ModTime, prev.ModTime)
+		require.NotContains(t, seen, info.ETag, "%s: an earlier ETag came back", s.name)
+		st, err := l.Stat(ctx, "k")
+		require.NoError(t, err)
+		require.Equal(t, info.ETag, st.ETag, "%s: Stat and the write disagree", s.name)
+		for _, stale := range seen {
+			_, err := l.PutIfMatch(ctx, "k", bytes.NewReader([]byte("nope")), 4, stale)
+			require.ErrorIs(t, err, store.ErrPrecondition, "%s: PutIfMatch with a stale ETag", s.name)
+		}
+		seen = append(seen, info.ETag)
+		prev = info
+	}
+}

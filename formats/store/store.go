@@ -71,8 +71,11 @@ type Info struct {
 	Size int64
 	// ETag changes whenever the object at Key is replaced by different
 	// bytes (S3 may keep it when they are identical: a single PUT's ETag is
-	// their MD5). It is opaque: on S3 it is the server's ETag, on local disk
-	// it is derived from the file's identity, size and modification time.
+	// their MD5), and once replaced or deleted an object's ETag never
+	// comes back at its key, so PutIfMatch with a stale ETag always fails.
+	// It is opaque: on S3 it is the server's ETag, on local disk it is
+	// derived from the file's identity, size and modification time, which
+	// Local keeps strictly increasing per key (see Local).
 	ETag string
 	// ModTime is the store's own clock at the time the object was written
 	// (S3 Last-Modified; local file mtime), never the writer's clock.
