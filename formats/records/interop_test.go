@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/internal/testenv"
 )
 
 // Kiln's files must be readable by implementations that share no code with
@@ -38,11 +39,7 @@ func interopNPMDir(t *testing.T) string {
 	t.Helper()
 	missing := func(format string, args ...any) {
 		t.Helper()
-		msg := fmt.Sprintf(format, args...) + "; " + interopHint
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		testenv.SkipOrFail(t, "%s; %s", fmt.Sprintf(format, args...), interopHint)
 	}
 	if _, err := exec.LookPath("node"); err != nil {
 		missing("node is not in PATH")

@@ -5,16 +5,18 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/kilnrl/kiln/internal/testenv"
 )
 
 // The fuse-overlayfs fallback gives the same copy-on-write view as the
 // kernel overlay: writes land in upper, lower stays as it was.
 func TestFuseOverlay(t *testing.T) {
-	if _, err := exec.LookPath("fuse-overlayfs"); err != nil || os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("fuse-overlayfs and root required (CI=true): %v", err)
-		}
-		t.Skip("needs root and fuse-overlayfs; run scripts/install-test-deps.sh")
+	if _, err := exec.LookPath("fuse-overlayfs"); err != nil {
+		testenv.SkipOrFail(t, "needs fuse-overlayfs (%v); run scripts/install-test-deps.sh", err)
+	}
+	if os.Geteuid() != 0 {
+		testenv.SkipOrFail(t, "needs root (a fuse mount)")
 	}
 	d := t.TempDir()
 	lower, upper, work, merged := filepath.Join(d, "lower"), filepath.Join(d, "upper"), filepath.Join(d, "work"), filepath.Join(d, "merged")

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnrl/kiln/fixtures"
+	"github.com/kilnrl/kiln/internal/testenv"
 )
 
 // needTool fails the test in CI (CI=true) and skips it elsewhere when a
@@ -24,10 +24,7 @@ func needTool(t *testing.T, what string, err error, hint string) {
 	if err == nil {
 		return
 	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s: %v (%s)", what, err, hint)
-	}
-	t.Skipf("%s: %v (%s)", what, err, hint)
+	testenv.SkipOrFail(t, "%s: %v (%s)", what, err, hint)
 }
 
 // TestFixtureGradingCommands converts the fixture MiMo dataset and runs

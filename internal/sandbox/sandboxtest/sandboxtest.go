@@ -14,16 +14,13 @@ import (
 
 	"github.com/kilnrl/kiln/fixtures"
 	"github.com/kilnrl/kiln/internal/sandbox"
+	"github.com/kilnrl/kiln/internal/testenv"
 )
 
 // missing fails the test under CI=true and skips it otherwise.
 func missing(tb testing.TB, format string, args ...any) {
 	tb.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if os.Getenv("CI") == "true" {
-		tb.Fatalf("%s (CI=true: required)", msg)
-	}
-	tb.Skipf("%s; run scripts/install-test-deps.sh", msg)
+	testenv.SkipOrFail(tb, "%s; run scripts/install-test-deps.sh", fmt.Sprintf(format, args...))
 }
 
 // Require checks what real bwrap sandboxes need: root, bubblewrap and the
