@@ -5,6 +5,8 @@ import (
 	"maps"
 	"net/http"
 	"sort"
+
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 // DecodeAnthropic translates an Anthropic Messages request body (§4.2–4.4)
@@ -36,7 +38,7 @@ func decodeAnthropicWith(header http.Header, body []byte, cp *cachedParts, hd *h
 	if err != nil {
 		return Request{}, err
 	}
-	hist, _ := b.val("messages").(*historyList)
+	hist, _ := b.Val("messages").(*historyList)
 	var msgs []any
 	if hist == nil {
 		if msgs, err = listField(b, "messages"); err != nil {
@@ -60,13 +62,13 @@ func decodeAnthropicWith(header http.Header, body []byte, cp *cachedParts, hd *h
 		Sampling:  s,
 		Stream:    wantsStream(header, b),
 	}
-	r.Model, _ = b.str("model")
+	r.Model, _ = b.Str("model")
 	var sys anthropicSystem
 	if v, ok := cp.hit("system"); ok {
 		sys = v.(anthropicSystem)
 	} else {
-		if v := b.val("system"); truthy(v) {
-			sys.msg = marshal(obj("role", "system", "content", flatten(v)))
+		if v := b.Val("system"); truthy(v) {
+			sys.msg = ojson.Marshal(ojson.Obj("role", "system", "content", flatten(v)))
 		}
 		cp.store("system", sys)
 	}
@@ -88,19 +90,19 @@ func decodeAnthropicWith(header http.Header, body []byte, cp *cachedParts, hd *h
 		return r, nil
 	}
 	for _, e := range tools {
-		to, ok := e.(*object)
+		to, ok := e.(*ojson.Object)
 		if !ok || deferred(to) {
 			continue
 		}
-		name, ok := to.str("name")
+		name, ok := to.Str("name")
 		if !ok || name == "" {
 			continue
 		}
-		params := to.val("input_schema")
+		params := to.Val("input_schema")
 		if !truthy(params) {
-			params = to.val("parameters")
+			params = to.Val("parameters")
 		}
-		r.Tools = append(r.Tools, marshal(functionSchema(name, to.val("description"), params)))
+		r.Tools = append(r.Tools, ojson.Marshal(functionSchema(name, to.Val("description"), params)))
 		r.Specs = append(r.Specs, ToolSpec{SchemaName: name, Name: name, Kind: FunctionTool})
 	}
 	cp.store("tools", cachedTools{tools: r.Tools, specs: r.Specs})
@@ -123,29 +125,29 @@ func foldSystemOrigin(msgs []any) (out []any, origin []int) {
 	origin = make([]int, 0, len(msgs))
 	var forward []any // reminder blocks waiting for the next user message
 	for i, m := range msgs {
-		mo, ok := m.(*object)
+		mo, ok := m.(*ojson.Object)
 		if !ok {
 			out = append(out, m)
 			origin = append(origin, i)
 			continue
 		}
-		role := mo.val("role")
+		role := mo.Val("role")
 		if i > 0 && role == "system" {
-			block := obj("type", "text", "text", "<system-reminder>\n"+flatten(mo.val("content"))+"\n</system-reminder>\n")
+			block := ojson.Obj("type", "text", "text", "<system-reminder>\n"+flatten(mo.Val("content"))+"\n</system-reminder>\n")
 			if u := lastUser(out); u != nil {
-				u.set("content", withBlocks(u.val("content"), nil, []any{block}))
+				u.Set("content", withBlocks(u.Val("content"), nil, []any{block}))
 				continue
 			}
 			if hasUser(msgs[i+1:]) {
 				forward = append(forward, block)
 				continue
 			}
-			out = append(out, obj("role", "user", "content", []any{block}))
+			out = append(out, ojson.Obj("role", "user", "content", []any{block}))
 			origin = append(origin, i)
 			continue
 		}
 		if role == "user" && len(forward) > 0 {
-			mo.set("content", withBlocks(mo.val("content"), forward, nil))
+			mo.Set("content", withBlocks(mo.Val("content"), forward, nil))
 			forward = nil
 		}
 		out = append(out, mo)
@@ -154,9 +156,9 @@ func foldSystemOrigin(msgs []any) (out []any, origin []int) {
 	return out, origin
 }
 
-func lastUser(msgs []any) *object {
+func lastUser(msgs []any) *ojson.Object {
 	for i := len(msgs) - 1; i >= 0; i-- {
-		if mo, ok := msgs[i].(*object); ok && mo.val("role") == "user" {
+		if mo, ok := msgs[i].(*ojson.Object); ok && mo.Val("role") == "user" {
 			return mo
 		}
 	}
@@ -165,7 +167,7 @@ func lastUser(msgs []any) *object {
 
 func hasUser(msgs []any) bool {
 	for _, m := range msgs {
-		if mo, ok := m.(*object); ok && mo.val("role") == "user" {
+		if mo, ok := m.(*ojson.Object); ok && mo.Val("role") == "user" {
 			return true
 		}
 	}
@@ -179,7 +181,7 @@ func withBlocks(content any, before, after []any) []any {
 	switch c := content.(type) {
 	case nil:
 	case string:
-		mid = []any{obj("type", "text", "text", c)}
+		mid = []any{ojson.Obj("type", "text", "text", c)}
 	case []any:
 		mid = c
 	default:
@@ -197,7 +199,7 @@ type pendingResult struct {
 }
 
 type anthropicTranslator struct {
-	out     []*object
+	out     []*ojson.Object
 	pending []pendingResult
 	pos     map[string]int // tool_use id -> global call position
 	calls   int
@@ -223,23 +225,23 @@ type translatorSnap struct {
 // translate is §4.4 after the top-level system message.
 func (t *anthropicTranslator) translate(msgs []any) {
 	for j, m := range msgs {
-		mo, ok := m.(*object)
+		mo, ok := m.(*ojson.Object)
 		if !ok {
 			continue
 		}
-		switch mo.val("role") {
+		switch mo.Val("role") {
 		case "user":
-			t.user(mo.val("content"))
+			t.user(mo.Val("content"))
 		case "assistant":
 			t.flush()
-			t.assistant(mo.val("content"))
+			t.assistant(mo.Val("content"))
 			if t.snapOn && j == t.snapAt {
 				t.snap = &translatorSnap{outLen: len(t.out), pos: t.pos, calls: t.calls}
 				t.posShared = true
 			}
 		case "system":
 			t.flush()
-			t.out = append(t.out, obj("role", "system", "content", flatten(mo.val("content"))))
+			t.out = append(t.out, ojson.Obj("role", "system", "content", flatten(mo.Val("content"))))
 		}
 	}
 	t.flush()
@@ -248,21 +250,21 @@ func (t *anthropicTranslator) translate(msgs []any) {
 func (t *anthropicTranslator) user(content any) {
 	blocks, ok := content.([]any)
 	if !ok {
-		blocks = []any{obj("type", "text", "text", flatten(content))}
+		blocks = []any{ojson.Obj("type", "text", "text", flatten(content))}
 	}
 	for _, b := range blocks {
-		bo, _ := b.(*object)
-		switch bo.val("type") {
+		bo, _ := b.(*ojson.Object)
+		switch bo.Val("type") {
 		case "tool_result":
-			t.pending = append(t.pending, pendingResult{id: bo.val("tool_use_id"), content: flatten(bo.val("content"))})
+			t.pending = append(t.pending, pendingResult{id: bo.Val("tool_use_id"), content: flatten(bo.Val("content"))})
 		case "text":
 			t.flush()
-			t.out = append(t.out, obj("role", "user", "content", textField(bo)))
+			t.out = append(t.out, ojson.Obj("role", "user", "content", textField(bo)))
 		default:
 			// Images, documents and anything else: one user message of
 			// their own ([image omitted] for images, else the block's JSON).
 			t.flush()
-			t.out = append(t.out, obj("role", "user", "content", flatten(b)))
+			t.out = append(t.out, ojson.Obj("role", "user", "content", flatten(b)))
 		}
 	}
 }
@@ -270,35 +272,35 @@ func (t *anthropicTranslator) user(content any) {
 func (t *anthropicTranslator) assistant(content any) {
 	blocks, ok := content.([]any)
 	if !ok {
-		blocks = []any{obj("type", "text", "text", flatten(content))}
+		blocks = []any{ojson.Obj("type", "text", "text", flatten(content))}
 	}
 	var text, reasoning []byte
 	thinking := false
 	var calls []any
 	for _, b := range blocks {
-		bo, ok := b.(*object)
+		bo, ok := b.(*ojson.Object)
 		if !ok {
 			continue
 		}
-		switch bo.val("type") {
+		switch bo.Val("type") {
 		case "text":
 			text = append(text, textField(bo)...)
 		case "thinking":
 			thinking = true
-			if v := bo.val("thinking"); v != nil {
+			if v := bo.Val("thinking"); v != nil {
 				reasoning = append(reasoning, flattenScalar(v)...)
 			}
 		case "tool_use":
-			name, _ := bo.str("name")
+			name, _ := bo.Str("name")
 			if name == "" {
 				name = "tool"
 			}
-			input := bo.val("input")
+			input := bo.Val("input")
 			if !truthy(input) {
 				input = nil
 			}
 			calls = append(calls, toolCall(name, coerceArguments(input)))
-			if id, ok := bo.str("id"); ok {
+			if id, ok := bo.Str("id"); ok {
 				if t.posShared {
 					t.pos, t.posShared = maps.Clone(t.pos), false
 				}
@@ -307,12 +309,12 @@ func (t *anthropicTranslator) assistant(content any) {
 			t.calls++
 		}
 	}
-	m := obj("role", "assistant", "content", string(text))
+	m := ojson.Obj("role", "assistant", "content", string(text))
 	if thinking {
-		m.set("reasoning_content", string(reasoning))
+		m.Set("reasoning_content", string(reasoning))
 	}
 	if len(calls) > 0 {
-		m.set("tool_calls", calls)
+		m.Set("tool_calls", calls)
 	}
 	t.out = append(t.out, m)
 }
@@ -339,7 +341,7 @@ func (t *anthropicTranslator) flush() {
 		})
 	}
 	for _, p := range t.pending {
-		t.out = append(t.out, obj("role", "tool", "content", p.content))
+		t.out = append(t.out, ojson.Obj("role", "tool", "content", p.content))
 	}
 	t.pending = t.pending[:0]
 }

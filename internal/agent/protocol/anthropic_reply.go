@@ -1,22 +1,26 @@
 package protocol
 
-import "io"
+import (
+	"io"
+
+	"github.com/kilnrl/kiln/internal/ojson"
+)
 
 // anthropicBlocks is §4.5: thinking (no signature), text, one tool_use per
 // call; a reply with none of them is one empty text block.
-func anthropicBlocks(rep *Reply, ids IDSource) []*object {
-	var blocks []*object
+func anthropicBlocks(rep *Reply, ids IDSource) []*ojson.Object {
+	var blocks []*ojson.Object
 	if rep.Reasoning != "" {
-		blocks = append(blocks, obj("type", "thinking", "thinking", rep.Reasoning))
+		blocks = append(blocks, ojson.Obj("type", "thinking", "thinking", rep.Reasoning))
 	}
 	if rep.Content != "" {
-		blocks = append(blocks, obj("type", "text", "text", rep.Content))
+		blocks = append(blocks, ojson.Obj("type", "text", "text", rep.Content))
 	}
 	for _, c := range rep.Calls {
-		blocks = append(blocks, obj("type", "tool_use", "id", "toolu_"+ids.Hex(16), "name", callName(c), "input", callArgs(c)))
+		blocks = append(blocks, ojson.Obj("type", "tool_use", "id", "toolu_"+ids.Hex(16), "name", callName(c), "input", callArgs(c)))
 	}
 	if len(blocks) == 0 {
-		blocks = append(blocks, obj("type", "text", "text", ""))
+		blocks = append(blocks, ojson.Obj("type", "text", "text", ""))
 	}
 	return blocks
 }
@@ -35,7 +39,7 @@ func anthropicStop(rep *Reply) string {
 func WriteAnthropic(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) error {
 	ids := opt.ids()
 	id := "msg_" + ids.Hex(24)
-	return writeJSON(w, obj(
+	return writeJSON(w, ojson.Obj(
 		"id", id,
 		"type", "message",
 		"role", "assistant",
@@ -43,7 +47,7 @@ func WriteAnthropic(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) err
 		"content", anthropicBlocks(rep, ids),
 		"stop_reason", anthropicStop(rep),
 		"stop_sequence", nil,
-		"usage", obj("input_tokens", rep.PromptTokens, "output_tokens", rep.OutputTokens),
+		"usage", ojson.Obj("input_tokens", rep.PromptTokens, "output_tokens", rep.OutputTokens),
 	))
 }
 
@@ -54,7 +58,7 @@ func WriteAnthropic(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) err
 func StreamAnthropic(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) error {
 	ids := opt.ids()
 	f := &frames{w: w}
-	f.event("message_start", obj("type", "message_start", "message", obj(
+	f.event("message_start", ojson.Obj("type", "message_start", "message", ojson.Obj(
 		"id", "msg_"+ids.Hex(24),
 		"type", "message",
 		"role", "assistant",
@@ -62,28 +66,28 @@ func StreamAnthropic(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) er
 		"content", []any{},
 		"stop_reason", nil,
 		"stop_sequence", nil,
-		"usage", obj("input_tokens", rep.PromptTokens, "output_tokens", 0),
+		"usage", ojson.Obj("input_tokens", rep.PromptTokens, "output_tokens", 0),
 	)))
 	for i, b := range anthropicBlocks(rep, ids) {
-		var start, delta *object
-		switch b.val("type") {
+		var start, delta *ojson.Object
+		switch b.Val("type") {
 		case "thinking":
-			start = obj("type", "thinking", "thinking", "")
-			delta = obj("type", "thinking_delta", "thinking", b.val("thinking"))
+			start = ojson.Obj("type", "thinking", "thinking", "")
+			delta = ojson.Obj("type", "thinking_delta", "thinking", b.Val("thinking"))
 		case "text":
-			start = obj("type", "text", "text", "")
-			delta = obj("type", "text_delta", "text", b.val("text"))
+			start = ojson.Obj("type", "text", "text", "")
+			delta = ojson.Obj("type", "text_delta", "text", b.Val("text"))
 		default:
-			start = obj("type", "tool_use", "id", b.val("id"), "name", b.val("name"), "input", &object{})
-			delta = obj("type", "input_json_delta", "partial_json", string(marshal(b.val("input"))))
+			start = ojson.Obj("type", "tool_use", "id", b.Val("id"), "name", b.Val("name"), "input", &ojson.Object{})
+			delta = ojson.Obj("type", "input_json_delta", "partial_json", string(ojson.Marshal(b.Val("input"))))
 		}
-		f.event("content_block_start", obj("type", "content_block_start", "index", i, "content_block", start))
-		f.event("content_block_delta", obj("type", "content_block_delta", "index", i, "delta", delta))
-		f.event("content_block_stop", obj("type", "content_block_stop", "index", i))
+		f.event("content_block_start", ojson.Obj("type", "content_block_start", "index", i, "content_block", start))
+		f.event("content_block_delta", ojson.Obj("type", "content_block_delta", "index", i, "delta", delta))
+		f.event("content_block_stop", ojson.Obj("type", "content_block_stop", "index", i))
 	}
-	f.event("message_delta", obj("type", "message_delta",
-		"delta", obj("stop_reason", anthropicStop(rep), "stop_sequence", nil),
-		"usage", obj("input_tokens", rep.PromptTokens, "output_tokens", rep.OutputTokens)))
-	f.event("message_stop", obj("type", "message_stop"))
+	f.event("message_delta", ojson.Obj("type", "message_delta",
+		"delta", ojson.Obj("stop_reason", anthropicStop(rep), "stop_sequence", nil),
+		"usage", ojson.Obj("input_tokens", rep.PromptTokens, "output_tokens", rep.OutputTokens)))
+	f.event("message_stop", ojson.Obj("type", "message_stop"))
 	return f.err
 }

@@ -5,7 +5,7 @@ import (
 	"hash/maphash"
 	"sync"
 
-	"github.com/kilnrl/kiln/internal/agent/jsonskim"
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 // Cache remembers the translations of the request parts a client resends
@@ -59,6 +59,10 @@ func (c *Cache) put(k cacheKey, v any) {
 	c.entries[k] = v
 }
 
+// skippedValue stands for a value the parser skipped at its caller's word
+// (a cached part, a History's messages).
+type skippedValue struct{}
+
 // cachedParts is one decode's use of a Cache: which top-level values the
 // parser skipped because their translation is cached (hits), and the keys
 // under which the others' translations are to be stored (misses).
@@ -82,24 +86,25 @@ func newCachedParts(c *Cache, prefix string, keys ...string) *cachedParts {
 }
 
 // top is the parser's hook: a cached part's value is skipped.
-func (cp *cachedParts) top(p *jsonParser, key string) (any, bool, error) {
+func (cp *cachedParts) top(d *ojson.Decoder, key string) (any, bool, error) {
 	if cp == nil || !cp.parts[key] {
 		return nil, false, nil
 	}
 	// A repeated key: what counts is its last value (as the parser keeps).
 	delete(cp.hits, key)
 	delete(cp.misses, key)
-	end := jsonskim.Value(p.b, p.i)
+	b, i := d.Data(), d.Offset()
+	end := ojson.ValueEnd(b, i)
 	if end < 0 {
 		return nil, false, nil // the parser words the error
 	}
-	k := cp.c.key(cp.prefix+"."+key, p.b[p.i:end])
+	k := cp.c.key(cp.prefix+"."+key, b[i:end])
 	if v, ok := cp.c.get(k); ok {
 		if cp.hits == nil {
 			cp.hits = map[string]any{}
 		}
 		cp.hits[key] = v
-		p.i = end
+		d.Seek(end)
 		return skippedValue{}, true, nil
 	}
 	if cp.misses == nil {

@@ -3,6 +3,8 @@ package protocol
 import (
 	"encoding/json"
 	"net/http"
+
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 // DecodeChat translates an OpenAI Chat Completions request (§5.6):
@@ -30,8 +32,8 @@ func decodeChat(header http.Header, body []byte, cp *cachedParts, hd *historyDec
 	if err != nil {
 		return Request{}, err
 	}
-	hist, _ := b.val("messages").(*historyList)
-	msgs, ok := b.val("messages").([]any)
+	hist, _ := b.Val("messages").(*historyList)
+	msgs, ok := b.Val("messages").([]any)
 	if !ok && hist == nil {
 		return Request{}, badRequest("messages must be a list")
 	}
@@ -52,7 +54,7 @@ func decodeChat(header http.Header, body []byte, cp *cachedParts, hd *historyDec
 		Sampling:  s,
 		Stream:    wantsStream(header, b),
 	}
-	r.Model, _ = b.str("model")
+	r.Model, _ = b.Str("model")
 	if hist != nil {
 		r.Messages = hd.translateChat(body, hist)
 	} else {
@@ -64,25 +66,25 @@ func decodeChat(header http.Header, body []byte, cp *cachedParts, hd *historyDec
 		return r, nil
 	}
 	for _, e := range tools {
-		to, ok := e.(*object)
+		to, ok := e.(*ojson.Object)
 		if !ok || deferred(to) {
 			continue
 		}
-		if typ, ok := to.get("type"); ok && typ != "function" {
+		if typ, ok := to.Get("type"); ok && typ != "function" {
 			continue
 		}
 		fn := to
-		if f, ok := to.val("function").(*object); ok {
+		if f, ok := to.Val("function").(*ojson.Object); ok {
 			fn = f
 		}
 		if deferred(fn) {
 			continue
 		}
-		name, ok := fn.str("name")
+		name, ok := fn.Str("name")
 		if !ok || name == "" {
 			continue
 		}
-		r.Tools = append(r.Tools, marshal(functionSchema(name, fn.val("description"), fn.val("parameters"))))
+		r.Tools = append(r.Tools, ojson.Marshal(functionSchema(name, fn.Val("description"), fn.Val("parameters"))))
 		r.Specs = append(r.Specs, ToolSpec{SchemaName: name, Name: name, Kind: FunctionTool})
 	}
 	cp.store("tools", cachedTools{tools: r.Tools, specs: r.Specs})
@@ -91,8 +93,8 @@ func decodeChat(header http.Header, body []byte, cp *cachedParts, hd *historyDec
 
 // chatMessages translates each message on its own (non-objects and
 // unknown roles are dropped).
-func chatMessages(msgs []any) []*object {
-	var out []*object
+func chatMessages(msgs []any) []*ojson.Object {
+	var out []*ojson.Object
 	for _, m := range msgs {
 		if o := chatMessage(m); o != nil {
 			out = append(out, o)
@@ -102,44 +104,44 @@ func chatMessages(msgs []any) []*object {
 }
 
 // chatMessage is §5.6 for one message; nil drops it.
-func chatMessage(m any) *object {
-	mo, ok := m.(*object)
+func chatMessage(m any) *ojson.Object {
+	mo, ok := m.(*ojson.Object)
 	if !ok {
 		return nil
 	}
-	switch role := mo.val("role"); role {
+	switch role := mo.Val("role"); role {
 	case "system", "developer":
-		return obj("role", "system", "content", flatten(mo.val("content")))
+		return ojson.Obj("role", "system", "content", flatten(mo.Val("content")))
 	case "user", "tool":
-		return obj("role", role, "content", flatten(mo.val("content")))
+		return ojson.Obj("role", role, "content", flatten(mo.Val("content")))
 	case "assistant":
-		a := obj("role", "assistant", "content", flatten(mo.val("content")))
-		if rc := mo.val("reasoning_content"); truthy(rc) {
-			a.set("reasoning_content", flatten(rc))
+		a := ojson.Obj("role", "assistant", "content", flatten(mo.Val("content")))
+		if rc := mo.Val("reasoning_content"); truthy(rc) {
+			a.Set("reasoning_content", flatten(rc))
 		}
 		var calls []any
-		tcs, _ := mo.val("tool_calls").([]any)
+		tcs, _ := mo.Val("tool_calls").([]any)
 		for _, c := range tcs {
-			co, ok := c.(*object)
+			co, ok := c.(*ojson.Object)
 			if !ok {
 				continue
 			}
-			fn, _ := co.val("function").(*object)
-			name := fn.val("name")
+			fn, _ := co.Val("function").(*ojson.Object)
+			name := fn.Val("name")
 			if !truthy(name) {
-				name = co.val("name")
+				name = co.Val("name")
 			}
 			if !truthy(name) {
 				name = "tool"
 			}
-			args, ok := fn.get("arguments")
+			args, ok := fn.Get("arguments")
 			if !ok {
-				args = co.val("arguments")
+				args = co.Val("arguments")
 			}
 			calls = append(calls, toolCall(text(name), coerceArguments(args)))
 		}
 		if len(calls) > 0 {
-			a.set("tool_calls", calls)
+			a.Set("tool_calls", calls)
 		}
 		return a
 	}

@@ -1,6 +1,10 @@
 package protocol
 
-import "io"
+import (
+	"io"
+
+	"github.com/kilnrl/kiln/internal/ojson"
+)
 
 func chatFinish(rep *Reply) string {
 	switch {
@@ -14,38 +18,38 @@ func chatFinish(rep *Reply) string {
 
 // chatCall is the first call as a wire tool call (§5.6: Chat clients get
 // only the first of parallel calls). Arguments keep the model's key order.
-func chatCall(rep *Reply, ids IDSource) *object {
+func chatCall(rep *Reply, ids IDSource) *ojson.Object {
 	c := rep.Calls[0]
-	return obj("id", "call_"+ids.Hex(24), "type", "function",
-		"function", obj("name", callName(c), "arguments", string(marshal(callArgs(c)))))
+	return ojson.Obj("id", "call_"+ids.Hex(24), "type", "function",
+		"function", ojson.Obj("name", callName(c), "arguments", string(ojson.Marshal(callArgs(c)))))
 }
 
 // WriteChat writes the non-streaming chat.completion object (§5.6).
 func WriteChat(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) error {
 	ids := opt.ids()
 	id := "chatcmpl_" + ids.Hex(24)
-	msg := obj("role", "assistant", "content", nil)
+	msg := ojson.Obj("role", "assistant", "content", nil)
 	if len(rep.Calls) == 0 && rep.Content != "" {
-		msg.set("content", rep.Content)
+		msg.Set("content", rep.Content)
 	}
 	if rep.Reasoning != "" {
-		msg.set("reasoning_content", rep.Reasoning)
+		msg.Set("reasoning_content", rep.Reasoning)
 	}
 	if len(rep.Calls) > 0 {
-		msg.set("tool_calls", []any{chatCall(rep, ids)})
+		msg.Set("tool_calls", []any{chatCall(rep, ids)})
 	}
-	return writeJSON(w, obj(
+	return writeJSON(w, ojson.Obj(
 		"id", id,
 		"object", "chat.completion",
 		"created", opt.created(),
 		"model", model(req),
-		"choices", []any{obj("index", 0, "message", msg, "finish_reason", chatFinish(rep))},
+		"choices", []any{ojson.Obj("index", 0, "message", msg, "finish_reason", chatFinish(rep))},
 		"usage", chatUsage(rep),
 	))
 }
 
-func chatUsage(rep *Reply) *object {
-	return obj("prompt_tokens", rep.PromptTokens, "completion_tokens", rep.OutputTokens,
+func chatUsage(rep *Reply) *ojson.Object {
+	return ojson.Obj("prompt_tokens", rep.PromptTokens, "completion_tokens", rep.OutputTokens,
 		"total_tokens", rep.PromptTokens+rep.OutputTokens)
 }
 
@@ -58,24 +62,24 @@ func StreamChat(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) error {
 	id := "chatcmpl_" + ids.Hex(24)
 	created := opt.created()
 	f := &frames{w: w}
-	chunk := func(delta *object, finish any) *object {
-		return obj("id", id, "object", "chat.completion.chunk", "created", created, "model", model(req),
-			"choices", []any{obj("index", 0, "delta", delta, "finish_reason", finish)})
+	chunk := func(delta *ojson.Object, finish any) *ojson.Object {
+		return ojson.Obj("id", id, "object", "chat.completion.chunk", "created", created, "model", model(req),
+			"choices", []any{ojson.Obj("index", 0, "delta", delta, "finish_reason", finish)})
 	}
-	f.event("", chunk(obj("role", "assistant"), nil))
+	f.event("", chunk(ojson.Obj("role", "assistant"), nil))
 	if rep.Reasoning != "" {
-		f.event("", chunk(obj("reasoning_content", rep.Reasoning), nil))
+		f.event("", chunk(ojson.Obj("reasoning_content", rep.Reasoning), nil))
 	}
 	if len(rep.Calls) == 0 && rep.Content != "" {
-		f.event("", chunk(obj("content", rep.Content), nil))
+		f.event("", chunk(ojson.Obj("content", rep.Content), nil))
 	}
 	if len(rep.Calls) > 0 {
 		tc := chatCall(rep, ids)
-		tc = obj("index", 0, "id", tc.val("id"), "type", "function", "function", tc.val("function"))
-		f.event("", chunk(obj("tool_calls", []any{tc}), nil))
+		tc = ojson.Obj("index", 0, "id", tc.Val("id"), "type", "function", "function", tc.Val("function"))
+		f.event("", chunk(ojson.Obj("tool_calls", []any{tc}), nil))
 	}
-	last := chunk(&object{}, chatFinish(rep))
-	last.set("usage", chatUsage(rep))
+	last := chunk(&ojson.Object{}, chatFinish(rep))
+	last.Set("usage", chatUsage(rep))
 	f.event("", last)
 	f.event("", nil)
 	return f.err

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 func hdr(kv ...string) http.Header {
@@ -195,11 +197,11 @@ func TestCoerceArguments(t *testing.T) {
 		`"{\"a\":\"é\"}"`:   `{"a":"é"}`,
 		`"{\"a\":1} extra"`: `{"_raw_arguments":"{\"a\":1} extra"}`,
 	} {
-		v, err := parseJSON([]byte(in))
+		v, err := ojson.Decode([]byte(in))
 		if err != nil {
 			t.Fatal(in, err)
 		}
-		if got := string(marshal(coerceArguments(v))); got != want {
+		if got := string(ojson.Marshal(coerceArguments(v))); got != want {
 			t.Errorf("coerce(%s) = %s, want %s", in, got, want)
 		}
 	}

@@ -3,6 +3,8 @@ package protocol
 import (
 	"fmt"
 	"net/http"
+
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 // Error is a request the adapter answers with an HTTP error, in the
@@ -35,7 +37,7 @@ func AnthropicError(status int, typ, message string) []byte {
 	if typ == "" {
 		typ = anthropicType(status)
 	}
-	return marshal(obj("type", "error", "error", obj("type", typ, "message", message)))
+	return ojson.Marshal(ojson.Obj("type", "error", "error", ojson.Obj("type", typ, "message", message)))
 }
 
 func anthropicType(status int) string {
@@ -78,7 +80,7 @@ func openAIBody(status int, typ, code, param, message string) []byte {
 			typ = "invalid_request_error"
 		}
 	}
-	return marshal(obj("error", obj("message", message, "type", typ, "param", orNull(param), "code", orNull(code))))
+	return ojson.Marshal(ojson.Obj("error", ojson.Obj("message", message, "type", typ, "param", orNull(param), "code", orNull(code))))
 }
 
 // orNull is s as a JSON value, null when empty (OpenAI's error code and

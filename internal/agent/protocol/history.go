@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"sync"
 
-	"github.com/kilnrl/kiln/internal/agent/jsonskim"
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 // History carries one client session's message history (Anthropic
@@ -86,11 +86,11 @@ func (c *Cache) DecodeAnthropicHistory(header http.Header, body []byte, h *Histo
 // historyTop is the parser hook of a decode with a History: the list at
 // key goes through hd, the other top-level values through cp. Both nil:
 // no hook.
-func historyTop(key string, cp *cachedParts, hd *historyDecode) topHook {
+func historyTop(key string, cp *cachedParts, hd *historyDecode) ojson.TopHook {
 	if cp == nil && hd == nil {
 		return nil
 	}
-	return func(p *jsonParser, k string) (any, bool, error) {
+	return func(p *ojson.Decoder, k string) (any, bool, error) {
 		if k == key && hd != nil {
 			return hd.messages(p)
 		}
@@ -164,7 +164,7 @@ func (d *historyDecode) checkpointSpan(body []byte, l *historyList, k int) (int,
 // cannot serve (bytes already checked, so no error can come of it).
 func (l *historyList) parsePrefix(body []byte) error {
 	for j := 0; j < l.skipped; j++ {
-		v, err := parseJSON(body[l.extents[j][0]:l.extents[j][1]])
+		v, err := ojson.Decode(body[l.extents[j][0]:l.extents[j][1]])
 		if err != nil {
 			return err
 		}
@@ -182,16 +182,17 @@ func (d *historyDecode) sum(b []byte) rawSum {
 // messages is the parser's hook for the top-level "messages": a list is
 // read element by element, the checkpoint's prefix skipped when every one
 // of its elements has the same bytes as before.
-func (d *historyDecode) messages(p *jsonParser) (any, bool, error) {
-	if p.i >= len(p.b) || p.b[p.i] != '[' {
+func (d *historyDecode) messages(p *ojson.Decoder) (any, bool, error) {
+	b := p.Data()
+	if p.Offset() >= len(b) || b[p.Offset()] != '[' {
 		return nil, false, nil
 	}
 	l := &historyList{}
 	if ck := d.ck; ck != nil && len(ck.sums) > 0 && ck.span > 0 {
 		// The prefix as one span: the same bytes are the same messages.
-		if i := jsonskim.Space(p.b, p.i+1); i+ck.span <= len(p.b) {
+		if i := ojson.Space(b, p.Offset()+1); i+ck.span <= len(b) {
 			l.span.start(d.c)
-			l.span.write(p.b[i : i+ck.span])
+			l.span.write(b[i : i+ck.span])
 			l.spanEnd = i + ck.span
 			if l.span.sum() == ck.spanSum {
 				k := len(ck.sums)
@@ -204,7 +205,8 @@ func (d *historyDecode) messages(p *jsonParser) (any, bool, error) {
 				for j, e := range ck.rel {
 					l.extents[j] = [2]int{i + e[0], i + e[1]}
 				}
-				l.skipped, d.bySpan, p.i = k, true, i+ck.span
+				l.skipped, d.bySpan = k, true
+				p.Seek(i + ck.span)
 			} else {
 				l.spanEnd = 0
 			}
@@ -214,13 +216,13 @@ func (d *historyDecode) messages(p *jsonParser) (any, bool, error) {
 		// The prefix, skimmed message by message (the same messages with
 		// other separators between them): a match skips it whole,
 		// anything else parses the list from its start.
-		i := jsonskim.Space(p.b, p.i+1)
+		i := ojson.Space(b, p.Offset()+1)
 		for n := range ck.sums {
-			end := jsonskim.Value(p.b, i)
+			end := ojson.ValueEnd(b, i)
 			if end < 0 {
 				break
 			}
-			s := d.sum(p.b[i:end])
+			s := d.sum(b[i:end])
 			if s != ck.sums[n] {
 				break
 			}
@@ -229,38 +231,38 @@ func (d *historyDecode) messages(p *jsonParser) (any, bool, error) {
 			l.extents = append(l.extents, [2]int{i, end})
 			if n == len(ck.sums)-1 {
 				l.skipped = len(ck.sums)
-				p.i = end
+				p.Seek(end)
 				break
 			}
-			if i = jsonskim.Space(p.b, end); i >= len(p.b) || p.b[i] != ',' {
+			if i = ojson.Space(b, end); i >= len(b) || b[i] != ',' {
 				break
 			}
-			i = jsonskim.Space(p.b, i+1)
+			i = ojson.Space(b, i+1)
 		}
 		if l.skipped == 0 {
 			l.elems, l.sums, l.extents = l.elems[:0], l.sums[:0], l.extents[:0]
 		}
 	}
 	if l.skipped == 0 {
-		p.i++ // [
-		p.ws()
-		if p.i < len(p.b) && p.b[p.i] == ']' {
-			p.i++
+		p.Seek(p.Offset() + 1) // [
+		p.Space()
+		if p.Offset() < len(b) && b[p.Offset()] == ']' {
+			p.Seek(p.Offset() + 1)
 			return l, true, nil
 		}
-	} else if closed, err := p.next(']', "after array element"); err != nil || closed {
+	} else if closed, err := p.Next(']'); err != nil || closed {
 		return l, err == nil, err
 	}
 	for {
-		start := p.i
-		v, err := p.value(2)
+		start := p.Offset()
+		v, err := p.Value(2)
 		if err != nil {
 			return nil, false, err
 		}
 		l.elems = append(l.elems, v)
-		l.sums = append(l.sums, d.sum(p.b[start:p.i]))
-		l.extents = append(l.extents, [2]int{start, p.i})
-		if closed, err := p.next(']', "after array element"); err != nil || closed {
+		l.sums = append(l.sums, d.sum(b[start:p.Offset()]))
+		l.extents = append(l.extents, [2]int{start, p.Offset()})
+		if closed, err := p.Next(']'); err != nil || closed {
 			return l, err == nil, err
 		}
 	}
@@ -278,8 +280,8 @@ func (d *historyDecode) messages(p *jsonParser) (any, bool, error) {
 // — foldsWithin checks that, and reuse checks it again for the new tail.
 func (d *historyDecode) translateAnthropic(body []byte, l *historyList) ([]json.RawMessage, error) {
 	role := func(j int) any {
-		if mo, ok := l.elems[j].(*object); ok {
-			return mo.val("role")
+		if mo, ok := l.elems[j].(*ojson.Object); ok {
+			return mo.Val("role")
 		}
 		return nil
 	}
@@ -362,10 +364,10 @@ func (d *historyDecode) translateAnthropic(body []byte, l *historyList) ([]json.
 // checkpoint: the last item boundary where nothing was pending (see
 // responsesTranslator.boundary). instr is the system message of the
 // request's instructions, nil for none.
-func (d *historyDecode) translateResponses(body []byte, l *historyList, instr *object) ([]json.RawMessage, error) {
+func (d *historyDecode) translateResponses(body []byte, l *historyList, instr *ojson.Object) ([]json.RawMessage, error) {
 	var instrRaw json.RawMessage
 	if instr != nil {
-		instrRaw = marshal(instr)
+		instrRaw = ojson.Marshal(instr)
 	}
 	if l.skipped > 0 && !bytes.Equal(instrRaw, d.ck.instr) {
 		if err := l.parsePrefix(body); err != nil {

@@ -3,6 +3,8 @@ package protocol
 import (
 	"bytes"
 	"io"
+
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 // A streamed reply is generated whole before any of it is sent (§4.7), so
@@ -52,11 +54,11 @@ func (p *Prelude) Frame() []byte {
 		f := &frames{w: &b}
 		if p.seq == 0 {
 			p.id = "resp_" + p.opt.ids().Hex(24)
-			f.event("response.created", obj("type", "response.created", "sequence_number", 0,
+			f.event("response.created", ojson.Obj("type", "response.created", "sequence_number", 0,
 				"response", responseStart(p.req, p.id, p.created)))
 			p.seq++
 		}
-		f.event("response.in_progress", obj("type", "response.in_progress", "sequence_number", p.seq,
+		f.event("response.in_progress", ojson.Obj("type", "response.in_progress", "sequence_number", p.seq,
 			"response", responseStart(p.req, p.id, p.created)))
 		p.seq++
 		return b.Bytes()
@@ -86,7 +88,7 @@ func (p *Prelude) Error(e *Error) []byte {
 		b = append(b, e.Body(Anthropic)...)
 	case Responses:
 		b = append(b, "event: error\ndata: "...)
-		b = appendJSON(b, obj("type", "error", "code", orNull(e.Code), "message", e.Message, "param", orNull(e.Param), "sequence_number", p.seq))
+		b = ojson.Append(b, ojson.Obj("type", "error", "code", orNull(e.Code), "message", e.Message, "param", orNull(e.Param), "sequence_number", p.seq))
 		p.seq++
 	default:
 		b = append(b, "data: "...)

@@ -8,6 +8,8 @@ import (
 	"io"
 	mrand "math/rand/v2"
 	"time"
+
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 // Reply is one parsed model turn, ready to be answered in any protocol.
@@ -56,7 +58,7 @@ type seededIDs struct{ r *mrand.Rand }
 func (s *seededIDs) Hex(n int) string {
 	b := make([]byte, n)
 	for i := range b {
-		b[i] = hexDigits[s.r.IntN(16)]
+		b[i] = "0123456789abcdef"[s.r.IntN(16)]
 	}
 	return string(b)
 }
@@ -139,18 +141,18 @@ func WriteReply(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) error {
 //   - Chat: content "" when there are calls, only the first call, no
 //     reasoning (what Chat clients can echo).
 func AssistantMessage(req *Request, rep *Reply) json.RawMessage {
-	m := obj("role", "assistant", "content", rep.Content)
+	m := ojson.Obj("role", "assistant", "content", rep.Content)
 	calls := rep.Calls
 	switch req.Protocol {
 	case Anthropic, Responses:
 		// Both clients echo the reasoning back (thinking blocks; kiln's
 		// reasoning item handle).
 		if rep.Reasoning != "" {
-			m.set("reasoning_content", rep.Reasoning)
+			m.Set("reasoning_content", rep.Reasoning)
 		}
 	case Chat:
 		if len(calls) > 0 {
-			m.set("content", "")
+			m.Set("content", "")
 			calls = calls[:1]
 		}
 	}
@@ -159,9 +161,9 @@ func AssistantMessage(req *Request, rep *Reply) json.RawMessage {
 		for i, c := range calls {
 			tc[i] = toolCall(callName(c), callArgs(c))
 		}
-		m.set("tool_calls", tc)
+		m.Set("tool_calls", tc)
 	}
-	return marshal(m)
+	return ojson.Marshal(m)
 }
 
 func callName(c Call) string {
@@ -172,13 +174,13 @@ func callName(c Call) string {
 }
 
 // callArgs is a call's arguments as an object (§5.7 for anything else).
-func callArgs(c Call) *object {
+func callArgs(c Call) *ojson.Object {
 	if len(c.Arguments) == 0 {
-		return &object{}
+		return &ojson.Object{}
 	}
-	v, err := parseJSON(c.Arguments)
+	v, err := ojson.Decode(c.Arguments)
 	if err != nil {
-		return obj("_raw_arguments", string(c.Arguments))
+		return ojson.Obj("_raw_arguments", string(c.Arguments))
 	}
 	return coerceArguments(v)
 }
@@ -197,7 +199,7 @@ type frames struct {
 	buf []byte
 }
 
-func (f *frames) event(name string, payload *object) {
+func (f *frames) event(name string, payload *ojson.Object) {
 	if f.err != nil {
 		return
 	}
@@ -211,13 +213,13 @@ func (f *frames) event(name string, payload *object) {
 	if payload == nil {
 		f.buf = append(f.buf, "[DONE]"...)
 	} else {
-		f.buf = appendJSON(f.buf, payload)
+		f.buf = ojson.Append(f.buf, payload)
 	}
 	f.buf = append(f.buf, "\n\n"...)
 	_, f.err = f.w.Write(f.buf)
 }
 
 func writeJSON(w io.Writer, v any) error {
-	_, err := w.Write(marshal(v))
+	_, err := w.Write(ojson.Marshal(v))
 	return err
 }

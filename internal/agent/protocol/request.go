@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kilnrl/kiln/internal/agent/jsonskim"
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 // Protocol names one of the adapter's three client protocols.
@@ -138,22 +138,22 @@ func OpenAISessionID(h http.Header, body []byte) (id string, ok bool) {
 	if t := BearerToken(h); t != "" {
 		return t, true
 	}
-	top := newObject(2)
-	end := jsonskim.Object(body, jsonskim.Space(body, 0), func(key []byte, v int) int {
-		e := jsonskim.Value(body, v)
+	top := ojson.NewObject(2)
+	end := ojson.WalkObject(body, ojson.Space(body, 0), func(key []byte, v int) int {
+		e := ojson.ValueEnd(body, v)
 		if e < 0 || bytes.IndexByte(key, '\\') >= 0 {
 			return -1
 		}
 		if k := string(key); k == "metadata" || k == "user" {
-			val, err := parseJSON(body[v:e])
+			val, err := ojson.Decode(body[v:e])
 			if err != nil {
 				return -1
 			}
-			top.set(k, val) // the last of duplicate keys, as the decode
+			top.Set(k, val) // the last of duplicate keys, as the decode
 		}
 		return e
 	})
-	if end < 0 || jsonskim.Space(body, end) != len(body) {
+	if end < 0 || ojson.Space(body, end) != len(body) {
 		return "", false
 	}
 	return openAISession(h, top), true
@@ -162,23 +162,23 @@ func OpenAISessionID(h http.Header, body []byte) (id string, ok bool) {
 // openAISession is §2.1 for Chat and Responses: Bearer, else a truthy
 // body.metadata.session_id, else a truthy body.user (stringified), else
 // "default". X-Slime-Session-Id and X-Api-Key are ignored.
-func openAISession(h http.Header, body *object) string {
+func openAISession(h http.Header, body *ojson.Object) string {
 	if t := BearerToken(h); t != "" {
 		return t
 	}
-	if md, ok := body.val("metadata").(*object); ok {
-		if v := md.val("session_id"); truthy(v) {
+	if md, ok := body.Val("metadata").(*ojson.Object); ok {
+		if v := md.Val("session_id"); truthy(v) {
 			return text(v)
 		}
 	}
-	if v := body.val("user"); truthy(v) {
+	if v := body.Val("user"); truthy(v) {
 		return text(v)
 	}
 	return DefaultSessionID
 }
 
-func wantsStream(h http.Header, body *object) bool {
-	if b, ok := body.val("stream").(bool); ok && b {
+func wantsStream(h http.Header, body *ojson.Object) bool {
+	if b, ok := body.Val("stream").(bool); ok && b {
 		return true
 	}
 	for _, a := range h.Values("Accept") {
@@ -190,18 +190,18 @@ func wantsStream(h http.Header, body *object) bool {
 }
 
 // decodeBody parses a request body that must be a JSON object.
-func decodeBody(body []byte) (*object, error) {
+func decodeBody(body []byte) (*ojson.Object, error) {
 	return decodeBodyCached(body, nil)
 }
 
 // decodeBodyCached is decodeBody that offers the top-level values to top
 // (nil: none).
-func decodeBodyCached(body []byte, top topHook) (*object, error) {
-	v, err := parseJSONWith(body, top)
+func decodeBodyCached(body []byte, top ojson.TopHook) (*ojson.Object, error) {
+	v, err := ojson.DecodeWith(body, top)
 	if err != nil {
 		return nil, badRequest("invalid JSON body: " + err.Error())
 	}
-	o, ok := v.(*object)
+	o, ok := v.(*ojson.Object)
 	if !ok {
 		return nil, badRequest("request body must be a JSON object")
 	}
@@ -209,10 +209,10 @@ func decodeBodyCached(body []byte, top topHook) (*object, error) {
 }
 
 // sampling reads the overrides of §1.4 steps 3–5.
-func sampling(body *object, maxKeys []string, stopKey string) (Sampling, error) {
+func sampling(body *ojson.Object, maxKeys []string, stopKey string) (Sampling, error) {
 	var s Sampling
 	for _, k := range maxKeys {
-		v := body.val(k)
+		v := body.Val(k)
 		if v == nil {
 			continue
 		}
@@ -229,7 +229,7 @@ func sampling(body *object, maxKeys []string, stopKey string) (Sampling, error) 
 		key string
 		dst *Override
 	}{{"temperature", &s.Temperature}, {"top_p", &s.TopP}, {"top_k", &s.TopK}} {
-		v, present := body.get(p.key)
+		v, present := body.Get(p.key)
 		if !present {
 			continue
 		}
@@ -244,7 +244,7 @@ func sampling(body *object, maxKeys []string, stopKey string) (Sampling, error) 
 		}
 		p.dst.Value = &f
 	}
-	if v := body.val(stopKey); truthy(v) {
+	if v := body.Val(stopKey); truthy(v) {
 		switch t := v.(type) {
 		case string:
 			s.Stop = []string{t}
@@ -289,19 +289,19 @@ func flatten(v any) string {
 			n++
 		}
 		return b.String()
-	case *object:
+	case *ojson.Object:
 		if isImage(t) {
 			return imageOmitted
 		}
-		return string(marshal(t))
+		return string(ojson.Marshal(t))
 	}
 	return text(v)
 }
 
 const imageOmitted = "[image omitted]"
 
-func isImage(o *object) bool {
-	switch o.val("type") {
+func isImage(o *ojson.Object) bool {
+	switch o.Val("type") {
 	case "image", "image_url", "input_image":
 		return true
 	}
@@ -309,22 +309,22 @@ func isImage(o *object) bool {
 }
 
 func flattenPart(e any) string {
-	o, ok := e.(*object)
+	o, ok := e.(*ojson.Object)
 	if !ok {
 		return text(e) // strings kept, other values stringified
 	}
-	switch o.val("type") {
+	switch o.Val("type") {
 	case "text", "input_text", "output_text":
 		return textField(o)
 	case "tool_result":
-		return flatten(o.val("content"))
+		return flatten(o.Val("content"))
 	case "image", "image_url", "input_image":
 		return imageOmitted
 	}
-	if c, ok := o.get("content"); ok {
+	if c, ok := o.Get("content"); ok {
 		return flatten(c)
 	}
-	if _, ok := o.get("text"); ok {
+	if _, ok := o.Get("text"); ok {
 		return textField(o)
 	}
 	return ""
@@ -332,8 +332,8 @@ func flattenPart(e any) string {
 
 // textField is a block's text: a string as is, missing or null as "",
 // anything else as JSON text.
-func textField(o *object) string {
-	v := o.val("text")
+func textField(o *ojson.Object) string {
+	v := o.Val("text")
 	if v == nil {
 		return ""
 	}
@@ -343,62 +343,62 @@ func textField(o *object) string {
 // coerceArguments is §5.7: an object as is; null -> {}; a string is trimmed,
 // "" -> {}, a JSON object -> it, anything else -> {"_raw_arguments": the
 // original string}; other values -> {"_raw_arguments": their JSON text}.
-func coerceArguments(v any) *object {
+func coerceArguments(v any) *ojson.Object {
 	switch t := v.(type) {
-	case *object:
+	case *ojson.Object:
 		return t
 	case nil:
-		return &object{}
+		return &ojson.Object{}
 	case string:
 		s := strings.TrimSpace(t)
 		if s == "" {
-			return &object{}
+			return &ojson.Object{}
 		}
-		if p, err := parseJSON([]byte(s)); err == nil {
-			if o, ok := p.(*object); ok {
+		if p, err := ojson.Decode([]byte(s)); err == nil {
+			if o, ok := p.(*ojson.Object); ok {
 				return o
 			}
 		}
-		return obj("_raw_arguments", t)
+		return ojson.Obj("_raw_arguments", t)
 	}
-	return obj("_raw_arguments", text(v))
+	return ojson.Obj("_raw_arguments", text(v))
 }
 
 // functionSchema is one OpenAI function tool schema.
-func functionSchema(name string, description any, parameters any) *object {
+func functionSchema(name string, description any, parameters any) *ojson.Object {
 	if description == nil {
 		description = ""
 	}
 	if !truthy(parameters) {
-		parameters = obj("type", "object", "properties", &object{})
+		parameters = ojson.Obj("type", "object", "properties", &ojson.Object{})
 	}
-	return obj("type", "function", "function", obj("name", name, "description", description, "parameters", parameters))
+	return ojson.Obj("type", "function", "function", ojson.Obj("name", name, "description", description, "parameters", parameters))
 }
 
 // deferred reports a tool marked defer_loading: a placeholder the client
 // loads on demand, not a callable tool, so the model is not shown it.
-func deferred(t *object) bool {
-	b, _ := t.val("defer_loading").(bool)
+func deferred(t *ojson.Object) bool {
+	b, _ := t.Val("defer_loading").(bool)
 	return b
 }
 
-func toolCall(name string, args *object) *object {
-	return obj("type", "function", "function", obj("name", name, "arguments", args))
+func toolCall(name string, args *ojson.Object) *ojson.Object {
+	return ojson.Obj("type", "function", "function", ojson.Obj("name", name, "arguments", args))
 }
 
-func rawAll(msgs []*object) []json.RawMessage {
+func rawAll(msgs []*ojson.Object) []json.RawMessage {
 	if len(msgs) == 0 {
 		return nil
 	}
 	out := make([]json.RawMessage, len(msgs))
 	for i, m := range msgs {
-		out[i] = marshal(m)
+		out[i] = ojson.Marshal(m)
 	}
 	return out
 }
 
-func listField(body *object, key string) ([]any, error) {
-	v := body.val(key)
+func listField(body *ojson.Object, key string) ([]any, error) {
+	v := body.Val(key)
 	if v == nil {
 		return nil, nil
 	}
@@ -407,4 +407,33 @@ func listField(body *object, key string) ([]any, error) {
 		return nil, badRequest(key + " must be a list")
 	}
 	return l, nil
+}
+
+// truthy is Python truthiness of a decoded JSON value.
+func truthy(v any) bool {
+	switch t := v.(type) {
+	case nil:
+		return false
+	case bool:
+		return t
+	case string:
+		return t != ""
+	case json.Number:
+		f, err := t.Float64()
+		return err != nil || f != 0
+	case []any:
+		return len(t) > 0
+	case *ojson.Object:
+		return t.Len() > 0
+	}
+	return true
+}
+
+// text renders a scalar as text: strings as themselves, anything else as
+// its compact JSON (the Go port's stand-in for Python's str()).
+func text(v any) string {
+	if s, ok := v.(string); ok {
+		return s
+	}
+	return string(ojson.Marshal(v))
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/base64"
 	"net/http"
 	"strings"
+
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 var openAIMaxKeys = []string{"max_completion_tokens", "max_tokens", "max_output_tokens"}
@@ -33,13 +35,13 @@ func decodeResponses(header http.Header, body []byte, cp *cachedParts, hd *histo
 	if err != nil {
 		return Request{}, err
 	}
-	if truthy(b.val("previous_response_id")) || b.val("store") == true {
+	if truthy(b.Val("previous_response_id")) || b.Val("store") == true {
 		return Request{}, badRequest("Send full input history with store=false; stored responses are unsupported")
 	}
-	if truthy(b.val("background")) {
+	if truthy(b.Val("background")) {
 		return Request{}, badRequest("background responses are unsupported")
 	}
-	if truthy(b.val("conversation")) {
+	if truthy(b.Val("conversation")) {
 		return Request{}, badRequest("conversations are unsupported; send full input history with store=false")
 	}
 	s, err := sampling(b, openAIMaxKeys, "stop")
@@ -52,7 +54,7 @@ func decodeResponses(header http.Header, body []byte, cp *cachedParts, hd *histo
 		Sampling:  s,
 		Stream:    wantsStream(header, b),
 	}
-	r.Model, _ = b.str("model")
+	r.Model, _ = b.Str("model")
 	if v, ok := cp.hit("tools"); ok {
 		ct := v.(cachedTools)
 		r.Tools, r.Specs = ct.tools, ct.specs
@@ -66,11 +68,11 @@ func decodeResponses(header http.Header, body []byte, cp *cachedParts, hd *histo
 		}
 		cp.store("tools", cachedTools{tools: r.Tools, specs: r.Specs})
 	}
-	var instr *object
-	if in := b.val("instructions"); truthy(in) {
-		instr = obj("role", "system", "content", flatten(in))
+	var instr *ojson.Object
+	if in := b.Val("instructions"); truthy(in) {
+		instr = ojson.Obj("role", "system", "content", flatten(in))
 	}
-	if l, ok := b.val("input").(*historyList); ok {
+	if l, ok := b.Val("input").(*historyList); ok {
 		if r.Messages, err = hd.translateResponses(body, l, instr); err != nil {
 			return Request{}, err
 		}
@@ -80,9 +82,9 @@ func decodeResponses(header http.Header, body []byte, cp *cachedParts, hd *histo
 	if instr != nil {
 		t.out = append(t.out, instr)
 	}
-	switch in := b.val("input").(type) {
+	switch in := b.Val("input").(type) {
 	case string:
-		t.out = append(t.out, obj("role", "user", "content", in))
+		t.out = append(t.out, ojson.Obj("role", "user", "content", in))
 	case []any:
 		if err := t.translate(in); err != nil {
 			return Request{}, err
@@ -99,12 +101,12 @@ func decodeResponses(header http.Header, body []byte, cp *cachedParts, hd *histo
 // function schemas named ns.name; any other type is a 400.
 func (r *Request) responsesTools(tools []any, ns string) error {
 	for _, e := range tools {
-		to, ok := e.(*object)
+		to, ok := e.(*ojson.Object)
 		if !ok {
 			return badRequest("each tool must be an object")
 		}
 		typ := "function"
-		if v, ok := to.get("type"); ok && v != nil {
+		if v, ok := to.Get("type"); ok && v != nil {
 			typ = text(v)
 		}
 		switch typ {
@@ -112,13 +114,13 @@ func (r *Request) responsesTools(tools []any, ns string) error {
 		default:
 			return badRequest("Unsupported Responses tool type: " + typ)
 		}
-		name, ok := to.str("name")
+		name, ok := to.Str("name")
 		if !ok || name == "" {
 			return badRequest("Responses " + typ + " tool has no name")
 		}
 		if typ == "namespace" {
-			inner, ok := to.val("tools").([]any)
-			if !ok && to.val("tools") != nil {
+			inner, ok := to.Val("tools").([]any)
+			if !ok && to.Val("tools") != nil {
 				return badRequest("namespace tool " + name + ": tools must be a list")
 			}
 			if err := r.responsesTools(inner, name); err != nil {
@@ -133,35 +135,35 @@ func (r *Request) responsesTools(tools []any, ns string) error {
 		if ns != "" {
 			schema = ns + "." + name
 		}
-		var fn *object
+		var fn *ojson.Object
 		kind := FunctionTool
 		if typ == "function" {
-			fn = functionSchema(schema, to.val("description"), to.val("parameters"))
+			fn = functionSchema(schema, to.Val("description"), to.Val("parameters"))
 		} else {
 			kind = CustomTool
 			desc := ""
-			if d := to.val("description"); d != nil {
+			if d := to.Val("description"); d != nil {
 				desc = text(d)
 			}
 			desc += "\nPass the tool's raw text as the input string."
-			if f, ok := to.get("format"); ok {
-				desc += "\nInput format: " + pyDumps(f)
+			if f, ok := to.Get("format"); ok {
+				desc += "\nInput format: " + string(ojson.AppendPy(nil, f, true))
 			}
-			fn = functionSchema(schema, desc, obj("type", "object",
-				"properties", obj("input", obj("type", "string")),
+			fn = functionSchema(schema, desc, ojson.Obj("type", "object",
+				"properties", ojson.Obj("input", ojson.Obj("type", "string")),
 				"required", []any{"input"}))
 		}
-		r.Tools = append(r.Tools, marshal(fn))
+		r.Tools = append(r.Tools, ojson.Marshal(fn))
 		r.Specs = append(r.Specs, ToolSpec{SchemaName: schema, Name: name, Namespace: ns, Kind: kind})
 	}
 	return nil
 }
 
 type responsesTranslator struct {
-	out       []*object
-	assistant *object  // the assistant message being built, or nil
-	calls     []any    // its tool calls
-	callIDs   []string // their call ids, in call order
+	out       []*ojson.Object
+	assistant *ojson.Object // the assistant message being built, or nil
+	calls     []any         // its tool calls
+	callIDs   []string      // their call ids, in call order
 	outputs   map[string]string
 
 	// prior counts the messages translated before out (a History's
@@ -176,8 +178,8 @@ type responsesTranslator struct {
 type responsesSnap struct{ item, outLen int }
 
 // itemType is an input item's type ("message" when absent).
-func itemType(io *object) string {
-	if v, ok := io.get("type"); ok && v != nil {
+func itemType(io *ojson.Object) string {
+	if v, ok := io.Get("type"); ok && v != nil {
 		return text(v)
 	}
 	return "message"
@@ -186,7 +188,7 @@ func itemType(io *object) string {
 // translate is §5.3's walk over input items.
 func (t *responsesTranslator) translate(items []any) error {
 	for j, it := range items {
-		io, ok := it.(*object)
+		io, ok := it.(*ojson.Object)
 		if !ok {
 			return badRequest("each input item must be an object")
 		}
@@ -198,14 +200,14 @@ func (t *responsesTranslator) translate(items []any) error {
 		}
 		switch typ {
 		case "function_call_output", "custom_tool_call_output":
-			id := text(io.val("call_id"))
+			id := text(io.Val("call_id"))
 			if !t.isOpenCall(id) {
 				return badRequest("Duplicate or unknown tool output call_id")
 			}
 			if t.outputs == nil {
 				t.outputs = map[string]string{}
 			}
-			t.outputs[id] = flatten(io.val("output"))
+			t.outputs[id] = flatten(io.Val("output"))
 			continue
 		}
 		if len(t.outputs) > 0 {
@@ -217,41 +219,41 @@ func (t *responsesTranslator) translate(items []any) error {
 		case "reasoning":
 			// Wire summaries are not sampled reasoning; kiln's own handle
 			// (see reasoningHandle) carries the reasoning it returned.
-			if r, ok := decodeReasoningHandle(text(io.val("encrypted_content"))); ok {
+			if r, ok := decodeReasoningHandle(text(io.Val("encrypted_content"))); ok {
 				t.open()
-				prev, _ := t.assistant.str("reasoning_content")
-				t.assistant.set("reasoning_content", prev+r)
+				prev, _ := t.assistant.Str("reasoning_content")
+				t.assistant.Set("reasoning_content", prev+r)
 			}
 		case "function_call", "custom_tool_call":
 			t.open()
-			name := text(io.val("name"))
-			if ns := io.val("namespace"); truthy(ns) {
+			name := text(io.Val("name"))
+			if ns := io.Val("namespace"); truthy(ns) {
 				name = text(ns) + "." + name
 			}
-			var args *object
+			var args *ojson.Object
 			if typ == "custom_tool_call" {
-				in := io.val("input")
+				in := io.Val("input")
 				if !truthy(in) {
 					in = ""
 				}
-				args = obj("input", in)
+				args = ojson.Obj("input", in)
 			} else {
-				args = coerceArguments(io.val("arguments"))
+				args = coerceArguments(io.Val("arguments"))
 			}
 			t.calls = append(t.calls, toolCall(name, args))
-			t.callIDs = append(t.callIDs, text(io.val("call_id")))
+			t.callIDs = append(t.callIDs, text(io.Val("call_id")))
 		case "message":
-			role := io.val("role")
+			role := io.Val("role")
 			switch role {
 			case "assistant":
 				t.open()
-				c, _ := t.assistant.str("content")
-				t.assistant.set("content", c+flatten(io.val("content")))
+				c, _ := t.assistant.Str("content")
+				t.assistant.Set("content", c+flatten(io.Val("content")))
 			case "system", "developer", "user":
 				if err := t.flush(); err != nil {
 					return err
 				}
-				t.message(role.(string), flatten(io.val("content")))
+				t.message(role.(string), flatten(io.Val("content")))
 			default:
 				r := "null"
 				if role != nil {
@@ -283,11 +285,11 @@ func decodeReasoningHandle(s string) (string, bool) {
 // nothing is pending, it flushes now — the same flush, earlier — and notes
 // the point when at least two messages stand (so no later developer
 // message can merge into an earlier one).
-func (t *responsesTranslator) boundary(j int, io *object, typ string) error {
+func (t *responsesTranslator) boundary(j int, io *ojson.Object, typ string) error {
 	empty := t.assistant == nil && len(t.calls) == 0 && len(t.callIDs) == 0 && len(t.outputs) == 0
 	flushes := len(t.outputs) > 0 && typ != "function_call_output" && typ != "custom_tool_call_output"
 	if typ == "message" {
-		switch io.val("role") {
+		switch io.Val("role") {
 		case "system", "developer", "user":
 			flushes = true
 		}
@@ -306,23 +308,23 @@ func (t *responsesTranslator) boundary(j int, io *object, typ string) error {
 
 func (t *responsesTranslator) message(role, content string) {
 	if role == "user" {
-		t.out = append(t.out, obj("role", "user", "content", content))
+		t.out = append(t.out, ojson.Obj("role", "user", "content", content))
 		return
 	}
 	switch {
 	case t.prior+len(t.out) == 0:
-		t.out = append(t.out, obj("role", "system", "content", content))
-	case t.prior+len(t.out) == 1 && t.out[0].val("role") == "system":
-		c, _ := t.out[0].str("content")
-		t.out[0].set("content", c+"\n\n"+content)
+		t.out = append(t.out, ojson.Obj("role", "system", "content", content))
+	case t.prior+len(t.out) == 1 && t.out[0].Val("role") == "system":
+		c, _ := t.out[0].Str("content")
+		t.out[0].Set("content", c+"\n\n"+content)
 	default:
-		t.out = append(t.out, obj("role", "user", "content", "<"+role+"_message>\n"+content+"\n</"+role+"_message>"))
+		t.out = append(t.out, ojson.Obj("role", "user", "content", "<"+role+"_message>\n"+content+"\n</"+role+"_message>"))
 	}
 }
 
 func (t *responsesTranslator) open() {
 	if t.assistant == nil {
-		t.assistant = obj("role", "assistant", "content", "")
+		t.assistant = ojson.Obj("role", "assistant", "content", "")
 	}
 }
 
@@ -343,13 +345,13 @@ func (t *responsesTranslator) isOpenCall(id string) bool {
 func (t *responsesTranslator) flush() error {
 	if t.assistant != nil {
 		if len(t.calls) > 0 {
-			t.assistant.set("tool_calls", t.calls)
+			t.assistant.Set("tool_calls", t.calls)
 		}
 		t.out = append(t.out, t.assistant)
 	}
 	for _, id := range t.callIDs {
 		if out, ok := t.outputs[id]; ok {
-			t.out = append(t.out, obj("role", "tool", "content", out))
+			t.out = append(t.out, ojson.Obj("role", "tool", "content", out))
 			delete(t.outputs, id)
 		}
 	}

@@ -3,6 +3,8 @@ package protocol
 import (
 	"encoding/base64"
 	"io"
+
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 // reasoningHandle prefixes the encrypted_content of the reasoning items kiln
@@ -18,8 +20,8 @@ func encodeReasoningHandle(reasoning string) string {
 }
 
 type responsesItem struct {
-	final, added *object // the completed item and its in-progress form
-	kind         string  // message, function_call, custom_tool_call
+	final, added *ojson.Object // the completed item and its in-progress form
+	kind         string        // message, function_call, custom_tool_call
 	id           string
 	text         string // message text, function arguments or custom input
 }
@@ -32,16 +34,16 @@ func responsesItems(req *Request, rep *Reply, ids IDSource) []responsesItem {
 	var items []responsesItem
 	if rep.Reasoning != "" {
 		id := "rs_" + ids.Hex(24)
-		item := obj("type", "reasoning", "id", id, "summary", []any{}, "encrypted_content", encodeReasoningHandle(rep.Reasoning))
+		item := ojson.Obj("type", "reasoning", "id", id, "summary", []any{}, "encrypted_content", encodeReasoningHandle(rep.Reasoning))
 		items = append(items, responsesItem{kind: "reasoning", id: id, final: item, added: item})
 	}
 	if rep.Content != "" || len(rep.Calls) == 0 {
 		id := "msg_" + ids.Hex(24)
-		part := obj("type", "output_text", "text", rep.Content, "annotations", []any{})
+		part := ojson.Obj("type", "output_text", "text", rep.Content, "annotations", []any{})
 		items = append(items, responsesItem{
 			kind: "message", id: id, text: rep.Content,
-			final: obj("type", "message", "id", id, "role", "assistant", "status", "completed", "content", []any{part}),
-			added: obj("type", "message", "id", id, "role", "assistant", "status", "in_progress", "content", []any{}),
+			final: ojson.Obj("type", "message", "id", id, "role", "assistant", "status", "completed", "content", []any{part}),
+			added: ojson.Obj("type", "message", "id", id, "role", "assistant", "status", "in_progress", "content", []any{}),
 		})
 	}
 	for _, c := range rep.Calls {
@@ -51,41 +53,41 @@ func responsesItems(req *Request, rep *Reply, ids IDSource) []responsesItem {
 		}
 		id, callID := "fc_"+ids.Hex(24), "call_"+ids.Hex(24)
 		args := callArgs(c)
-		mk := func(typ string) *object {
-			o := obj("type", typ, "id", id, "call_id", callID, "name", spec.Name)
+		mk := func(typ string) *ojson.Object {
+			o := ojson.Obj("type", typ, "id", id, "call_id", callID, "name", spec.Name)
 			if spec.Namespace != "" {
-				o.set("namespace", spec.Namespace)
+				o.Set("namespace", spec.Namespace)
 			}
 			return o
 		}
 		if spec.Kind == CustomTool {
 			in := ""
-			if v := args.val("input"); v != nil {
+			if v := args.Val("input"); v != nil {
 				in = text(v)
 			}
 			final, added := mk("custom_tool_call"), mk("custom_tool_call")
-			final.set("input", in)
-			added.set("input", "")
+			final.Set("input", in)
+			added.Set("input", "")
 			items = append(items, responsesItem{kind: "custom_tool_call", id: id, text: in, final: final, added: added})
 			continue
 		}
-		a := string(marshal(args))
+		a := string(ojson.Marshal(args))
 		final, added := mk("function_call"), mk("function_call")
-		final.set("arguments", a)
-		final.set("status", "completed")
-		added.set("arguments", "")
-		added.set("status", "in_progress")
+		final.Set("arguments", a)
+		final.Set("status", "completed")
+		added.Set("arguments", "")
+		added.Set("status", "in_progress")
 		items = append(items, responsesItem{kind: "function_call", id: id, text: a, final: final, added: added})
 	}
 	return items
 }
 
-func responseObject(req *Request, rep *Reply, id string, created int64, output []any) *object {
+func responseObject(req *Request, rep *Reply, id string, created int64, output []any) *ojson.Object {
 	status, incomplete := "completed", any(nil)
 	if rep.FinishReason == "length" {
-		status, incomplete = "incomplete", obj("reason", "max_output_tokens")
+		status, incomplete = "incomplete", ojson.Obj("reason", "max_output_tokens")
 	}
-	return obj(
+	return ojson.Obj(
 		"id", id,
 		"object", "response",
 		"created_at", created,
@@ -94,23 +96,23 @@ func responseObject(req *Request, rep *Reply, id string, created int64, output [
 		"output", output,
 		"error", nil,
 		"incomplete_details", incomplete,
-		"usage", obj(
+		"usage", ojson.Obj(
 			"input_tokens", rep.PromptTokens,
 			"output_tokens", rep.OutputTokens,
 			"total_tokens", rep.PromptTokens+rep.OutputTokens,
-			"input_tokens_details", obj("cached_tokens", 0),
-			"output_tokens_details", obj("reasoning_tokens", 0),
+			"input_tokens_details", ojson.Obj("cached_tokens", 0),
+			"output_tokens_details", ojson.Obj("reasoning_tokens", 0),
 		),
 	)
 }
 
 // responseStart is the response object of response.created and
 // response.in_progress: no output, status in_progress, no usage yet.
-func responseStart(req *Request, id string, created int64) *object {
+func responseStart(req *Request, id string, created int64) *ojson.Object {
 	start := responseObject(req, &Reply{}, id, created, []any{})
-	start.set("status", "in_progress")
-	start.set("incomplete_details", nil)
-	start.set("usage", nil)
+	start.Set("status", "in_progress")
+	start.Set("incomplete_details", nil)
+	start.Set("usage", nil)
 	return start
 }
 
@@ -140,9 +142,9 @@ func streamResponses(w io.Writer, req *Request, rep *Reply, ids IDSource, id str
 	items := responsesItems(req, rep, ids)
 	f := &frames{w: w}
 	emit := func(typ string, kv ...any) {
-		o := obj("type", typ, "sequence_number", seq)
+		o := ojson.Obj("type", typ, "sequence_number", seq)
 		for i := 0; i+1 < len(kv); i += 2 {
-			o.set(kv[i].(string), kv[i+1])
+			o.Set(kv[i].(string), kv[i+1])
 		}
 		seq++
 		f.event(typ, o)
@@ -152,7 +154,7 @@ func streamResponses(w io.Writer, req *Request, rep *Reply, ids IDSource, id str
 	for _, it := range items {
 		output = append(output, it.final)
 	}
-	final.set("output", output)
+	final.Set("output", output)
 	if seq == 0 {
 		emit("response.created", "response", responseStart(req, id, created))
 	}
@@ -161,11 +163,11 @@ func streamResponses(w io.Writer, req *Request, rep *Reply, ids IDSource, id str
 		switch it.kind {
 		case "message":
 			emit("response.content_part.added", "item_id", it.id, "output_index", i, "content_index", 0,
-				"part", obj("type", "output_text", "text", "", "annotations", []any{}))
+				"part", ojson.Obj("type", "output_text", "text", "", "annotations", []any{}))
 			emit("response.output_text.delta", "item_id", it.id, "output_index", i, "content_index", 0, "delta", it.text)
 			emit("response.output_text.done", "item_id", it.id, "output_index", i, "content_index", 0, "text", it.text)
 			emit("response.content_part.done", "item_id", it.id, "output_index", i, "content_index", 0,
-				"part", obj("type", "output_text", "text", it.text, "annotations", []any{}))
+				"part", ojson.Obj("type", "output_text", "text", it.text, "annotations", []any{}))
 		case "function_call":
 			emit("response.function_call_arguments.delta", "item_id", it.id, "output_index", i, "delta", it.text)
 			emit("response.function_call_arguments.done", "item_id", it.id, "output_index", i, "arguments", it.text)
@@ -176,7 +178,7 @@ func streamResponses(w io.Writer, req *Request, rep *Reply, ids IDSource, id str
 		emit("response.output_item.done", "output_index", i, "item", it.final)
 	}
 	terminal := "response.completed"
-	if final.val("status") == "incomplete" {
+	if final.Val("status") == "incomplete" {
 		terminal = "response.incomplete"
 	}
 	emit(terminal, "response", final)

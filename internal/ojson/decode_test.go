@@ -1,4 +1,4 @@
-package protocol
+package ojson
 
 import (
 	"bytes"
@@ -13,8 +13,8 @@ import (
 	"testing"
 )
 
-// referenceParse is the ordered decoding parseJSON replaced, over
-// encoding/json's token stream: the oracle parseJSON must agree with on
+// referenceParse is the ordered decoding Decode replaced, over
+// encoding/json's token stream: the oracle Decode must agree with on
 // which inputs are JSON and what they hold.
 func referenceParse(data []byte) (any, bool) {
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -31,7 +31,7 @@ func referenceParse(data []byte) (any, bool) {
 		}
 		switch d {
 		case '{':
-			o := &object{}
+			o := &Object{}
 			for dec.More() {
 				kt, err := dec.Token()
 				if err != nil {
@@ -42,7 +42,7 @@ func referenceParse(data []byte) (any, bool) {
 				if !ok {
 					return nil, false
 				}
-				o.set(k, v)
+				o.Set(k, v)
 			}
 			_, err := dec.Token()
 			return o, err == nil
@@ -70,7 +70,7 @@ func referenceParse(data []byte) (any, bool) {
 	return v, true
 }
 
-var parseJSONCases = []string{
+var decodeCases = []string{
 	`{"b":1,"a":[true,false,null,"x"],"b":2}`,
 	` { "k" : -0.5e+3 , "z" : [ ] , "o" : { } } `,
 	`"esc \" \\ \/ \b \f \n \r \t \u00e9 \ud83d\ude00 \ud83d \ude00 \ud83dx \u0041"`,
@@ -81,37 +81,40 @@ var parseJSONCases = []string{
 	`{"a":{"b":{"c":[[[["deep"]]]]}}}`, `"\ud800\udc00"`, `"\udc00"`, `1 2`, `[] `,
 }
 
-func TestParseJSONAgreesWithEncodingJSON(t *testing.T) {
-	for _, in := range parseJSONCases {
-		checkParseJSON(t, []byte(in))
+func TestDecodeAgreesWithEncodingJSON(t *testing.T) {
+	for _, in := range decodeCases {
+		checkDecode(t, []byte(in))
 	}
-	// The decoders' committed fuzz corpora: real request bodies.
-	files, _ := filepath.Glob("testdata/requests/*.json")
+	// Real request bodies: the protocol decoders' committed requests.
+	files, _ := filepath.Glob("../agent/protocol/testdata/requests/*.json")
+	if len(files) == 0 {
+		t.Fatal("no request bodies found")
+	}
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkParseJSON(t, b)
+		checkDecode(t, b)
 	}
 }
 
-func FuzzParseJSON(f *testing.F) {
-	for _, in := range parseJSONCases {
+func FuzzDecode(f *testing.F) {
+	for _, in := range decodeCases {
 		f.Add([]byte(in))
 	}
-	f.Fuzz(func(t *testing.T, data []byte) { checkParseJSON(t, data) })
+	f.Fuzz(func(t *testing.T, data []byte) { checkDecode(t, data) })
 }
 
-func checkParseJSON(t *testing.T, data []byte) {
+func checkDecode(t *testing.T, data []byte) {
 	t.Helper()
-	got, err := parseJSON(data)
+	got, err := Decode(data)
 	want, ok := referenceParse(data)
 	if (err == nil) != ok {
-		t.Fatalf("parseJSON(%q): err %v, encoding/json ok=%v", data, err, ok)
+		t.Fatalf("Decode(%q): err %v, encoding/json ok=%v", data, err, ok)
 	}
-	if ok && !bytes.Equal(marshal(got), marshal(want)) {
-		t.Fatalf("parseJSON(%q) = %s, encoding/json: %s", data, marshal(got), marshal(want))
+	if ok && !bytes.Equal(Marshal(got), Marshal(want)) {
+		t.Fatalf("Decode(%q) = %s, encoding/json: %s", data, Marshal(got), Marshal(want))
 	}
 }
 
@@ -120,7 +123,7 @@ func checkParseJSON(t *testing.T, data []byte) {
 // itself, and other text to nothing.
 func TestCommonStrings(t *testing.T) {
 	fset := token.NewFileSet()
-	f, err := parser.ParseFile(fset, "json.go", nil, 0)
+	f, err := parser.ParseFile(fset, "keys.go", nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,11 +156,11 @@ func TestCommonStrings(t *testing.T) {
 			return true
 		})
 		if labels < 20 {
-			t.Errorf("%s: %d case labels found in json.go", fd.Name.Name, labels)
+			t.Errorf("%s: %d case labels found in keys.go", fd.Name.Name, labels)
 		}
 		delete(funcs, fd.Name.Name)
 	}
 	if len(funcs) > 0 {
-		t.Errorf("not found in json.go: %v", funcs)
+		t.Errorf("not found in keys.go: %v", funcs)
 	}
 }

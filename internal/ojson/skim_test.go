@@ -1,0 +1,145 @@
+package ojson
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+func TestValueEnd(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want int // index after the first value, -1 for none
+	}{
+		{`"a\"b",`, 6},
+		{`"a\\"x`, 5},
+		{`"open`, -1},
+		{`{"a":[1,{"b":"}]"}]} tail`, 20},
+		{`[1,2,3],`, 7},
+		{`[[1],[2]]`, 9},
+		{`{"a":1]`, -1},
+		{`[1,2}`, -1},
+		{`[{"a":1}`, -1},
+		{`123.5e3}`, 7},
+		{`true `, 4},
+		{`,`, -1},
+		{strings.Repeat("[", 100) + strings.Repeat("]", 100), 200},
+	} {
+		if got := ValueEnd([]byte(c.in), 0); got != c.want {
+			t.Errorf("ValueEnd(%q) = %d, want %d", c.in, got, c.want)
+		}
+	}
+}
+
+// On valid JSON, EachField and EachElem see what encoding/json sees.
+func TestEachAgreesWithEncodingJSON(t *testing.T) {
+	obj := `{"model":"m","messages":[{"role":"user","content":"a \"quoted\" } ] text"}],"n":-1.5e2,"ok":true,"z":null,"ids":[1,2,3]}`
+	var want map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(obj), &want); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	if !EachField([]byte(obj), func(k, v []byte) bool { got[string(k)] = string(v); return true }) {
+		t.Fatal("EachField refused a valid object")
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d fields, want %d", len(got), len(want))
+	}
+	for k, v := range want {
+		if got[k] != string(v) {
+			t.Errorf("field %s = %s, want %s", k, got[k], v)
+		}
+	}
+	var elems []json.RawMessage
+	arr := `[ {"a":[1]} , "x" , 3 , [] ]`
+	if err := json.Unmarshal([]byte(arr), &elems); err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	if !EachElem([]byte(arr), func(v []byte) bool { seen = append(seen, string(v)); return true }) {
+		t.Fatal("EachElem refused a valid array")
+	}
+	if len(seen) != len(elems) {
+		t.Fatalf("%d elements, want %d", len(seen), len(elems))
+	}
+	for i := range elems {
+		if seen[i] != string(elems[i]) {
+			t.Errorf("element %d = %s, want %s", i, seen[i], elems[i])
+		}
+	}
+	for _, bad := range []string{`{"a":1,}`, `{"a" 1}`, `{"a":1} x`, `{1:2}`, `[1,]`, `[1 2]`, `{`, `[`} {
+		if EachField([]byte(bad), func(k, v []byte) bool { return true }) ||
+			EachElem([]byte(bad), func(v []byte) bool { return true }) {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}
+
+// plainString is String's definition, a byte at a time: the index after the
+// first quote not escaped by a backslash, or -1.
+func plainString(b []byte, i int) int {
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1
+		}
+	}
+	return -1
+}
+
+// String and Value agree with their plain definitions on random text:
+// quotes and backslashes at every distance from the start (String looks at
+// the first bytes one by one, then searches), and random nested values.
+func TestStringEndAndValueEndRandom(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	alphabet := []byte(`ab"\\ {}[],:1`)
+	for range 20000 {
+		n := rng.IntN(48)
+		b := make([]byte, 1, n+1)
+		b[0] = '"'
+		for range n {
+			b = append(b, alphabet[rng.IntN(len(alphabet))])
+		}
+		if got, want := StringEnd(b, 0), plainString(b, 0); got != want {
+			t.Fatalf("StringEnd(%q) = %d, want %d", b, got, want)
+		}
+	}
+	var gen func(depth int) any
+	gen = func(depth int) any {
+		switch k := rng.IntN(6); {
+		case k == 0 || depth > 4:
+			s := make([]byte, rng.IntN(40))
+			for i := range s {
+				s[i] = alphabet[rng.IntN(len(alphabet))]
+			}
+			return string(s)
+		case k == 1:
+			return rng.IntN(100000)
+		case k == 2:
+			arr := make([]any, rng.IntN(5))
+			for i := range arr {
+				arr[i] = gen(depth + 1)
+			}
+			return arr
+		default:
+			obj := map[string]any{}
+			for range rng.IntN(5) {
+				obj[string(alphabet[rng.IntN(len(alphabet))])+"k"] = gen(depth + 1)
+			}
+			return obj
+		}
+	}
+	for range 3000 {
+		v, err := json.Marshal(gen(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := append(v, `, "tail"]`...)
+		if got := ValueEnd(b, 0); got != len(v) {
+			t.Fatalf("ValueEnd(%s) = %d, want %d", b, got, len(v))
+		}
+	}
+}
