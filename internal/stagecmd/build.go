@@ -8,7 +8,9 @@ import (
 // Build identifies the running binary: its module version, or the VCS
 // revision it was built from ("+dirty" if the tree had changes). It is
 // recorded in manifests for provenance and never hashed into version ids.
-var Build = sync.OnceValue(func() string {
+func Build() string { return build() }
+
+var build = sync.OnceValue(func() string {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return "unknown"
