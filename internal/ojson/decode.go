@@ -141,10 +141,6 @@ func (d *Decoder) literal(word string, v any) (any, error) {
 	return v, nil
 }
 
-// indexAt is the field count from which object keeps a map of its keys,
-// so that a repeated key in a large object costs no scan of all before it.
-const indexAt = 16
-
 func (d *Decoder) object(depth int) (any, error) {
 	d.i++ // {
 	o := NewObject(objectRoom)
@@ -153,7 +149,6 @@ func (d *Decoder) object(depth int) (any, error) {
 		d.i++
 		return o, nil
 	}
-	var index map[string]int
 	for {
 		if d.i >= len(d.b) {
 			return nil, io.ErrUnexpectedEOF
@@ -185,20 +180,7 @@ func (d *Decoder) object(depth int) (any, error) {
 				return nil, err
 			}
 		}
-		if index == nil && len(o.keys) >= indexAt {
-			index = make(map[string]int, 2*indexAt)
-			for j, key := range o.keys {
-				index[key] = j
-			}
-		}
-		if index == nil {
-			o.Set(k, v)
-		} else if j, ok := index[k]; ok {
-			o.vals[j] = v
-		} else {
-			index[k] = len(o.keys)
-			o.keys, o.vals = append(o.keys, k), append(o.vals, v)
-		}
+		o.Set(k, v)
 		if closed, err := d.Next('}'); err != nil || closed {
 			return o, err
 		}

@@ -18,6 +18,10 @@ import "iter"
 type Object struct {
 	keys []string
 	vals []any
+	// index maps each key to its position once there are indexAt of them,
+	// so that building a large object (a hostile one: model output) costs
+	// no scan of all the keys before each.
+	index map[string]int
 	// The first fields' room, in the same allocation: most objects of a
 	// chat request (messages, content blocks) have a handful of keys.
 	keyRoom [objectRoom]string
@@ -25,6 +29,9 @@ type Object struct {
 }
 
 const objectRoom = 4
+
+// indexAt is the field count from which an Object keeps its index.
+const indexAt = 16
 
 // NewObject returns an empty object with room for n fields.
 func NewObject(n int) *Object {
@@ -59,6 +66,12 @@ func (o *Object) Get(k string) (any, bool) {
 	if o == nil {
 		return nil, false
 	}
+	if o.index != nil {
+		if i, ok := o.index[k]; ok {
+			return o.vals[i], true
+		}
+		return nil, false
+	}
 	for i, key := range o.keys {
 		if key == k {
 			return o.vals[i], true
@@ -81,10 +94,24 @@ func (o *Object) Str(k string) (string, bool) {
 
 // Set sets k to v: in its place when k is present, else at the end.
 func (o *Object) Set(k string, v any) {
-	for i, key := range o.keys {
-		if key == k {
+	if o.index == nil && len(o.keys) >= indexAt {
+		o.index = make(map[string]int, 2*indexAt)
+		for i, key := range o.keys {
+			o.index[key] = i
+		}
+	}
+	if o.index != nil {
+		if i, ok := o.index[k]; ok {
 			o.vals[i] = v
 			return
+		}
+		o.index[k] = len(o.keys)
+	} else {
+		for i, key := range o.keys {
+			if key == k {
+				o.vals[i] = v
+				return
+			}
 		}
 	}
 	o.keys = append(o.keys, k)

@@ -92,7 +92,7 @@ func (k *keepAlive) end() *protocol.Prelude {
 }
 
 func setSSEHeaders(w http.ResponseWriter) {
-	for k, v := range protocol.SSEHeaders {
+	for k, v := range protocol.SSEHeaders() {
 		w.Header().Set(k, v)
 	}
 }

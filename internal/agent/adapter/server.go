@@ -164,7 +164,7 @@ func New(opts Options) *Server {
 			}
 		}
 		if len(s.trailing) == 0 {
-			s.trailing = parse.QwenEndTokens
+			s.trailing = parse.QwenEndTokens()
 		}
 	}
 	mux := http.NewServeMux()
@@ -173,9 +173,9 @@ func New(opts Options) *Server {
 	mux.HandleFunc("POST /v1/chat/completions", s.turnHandler(protocol.Chat, s.decodeChat))
 	mux.HandleFunc("POST /v1/messages/count_tokens", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, MaxBodyBytes))
-		writeJSON(w, http.StatusOK, protocol.CountTokensBody)
+		writeJSON(w, http.StatusOK, protocol.CountTokensBody())
 	})
-	ok200 := func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, protocol.OKBody) }
+	ok200 := func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, protocol.OKBody()) }
 	mux.HandleFunc("GET /v1/models", ok200)
 	mux.HandleFunc("GET /healthz", ok200)
 	mux.HandleFunc("HEAD /api/hello", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })

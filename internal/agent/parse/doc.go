@@ -24,7 +24,7 @@
 //   - Call.Arguments is always a compact JSON object, keys in the order the
 //     model wrote them (a repeated key keeps its first place and its last
 //     value, like a Python dict), no HTML escaping, invalid UTF-8 as
-//     U+FFFD. ObjectWriter and AppendString are the writer used.
+//     U+FFFD (ojson.Marshal).
 //
 // What holds for every input (the fuzz targets check it): arguments are
 // JSON objects; Content is the input with spans deleted, trimmed; with no

@@ -1,6 +1,10 @@
 package parse
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/kilnrl/kiln/internal/ojson"
+)
 
 // hermesBlock is one match of vLLM hermes' `<tool_call>(.*?)</tool_call>|
 // <tool_call>(.*)`: the body up to the next </tool_call>, or (unclosed, the
@@ -46,7 +50,7 @@ func hermes(text string) parserResult {
 	}
 	var calls []parserCall
 	for _, b := range hermesBlocks(text) {
-		var v value
+		var v any
 		ok := false
 		if inner := pyStrip(b.body); b.closed && isBraced(inner) {
 			v, ok = jsonBlock(inner, true)
@@ -57,15 +61,16 @@ func hermes(text string) parserResult {
 		if !ok {
 			return none
 		}
-		name, ok := v.get("name")
-		if !ok || name.k != kStr {
-			return none
-		}
-		args, ok := v.get("arguments")
+		o, _ := v.(*ojson.Object)
+		name, ok := o.Str("name")
 		if !ok {
 			return none
 		}
-		calls = append(calls, parserCall{name: name.s, args: args})
+		args, ok := o.Get("arguments")
+		if !ok {
+			return none
+		}
+		calls = append(calls, parserCall{name: name, args: args})
 	}
 	return parserResult{called: true, calls: calls, content: text[:first]}
 }
@@ -77,26 +82,25 @@ func isBraced(s string) bool { return len(s) >= 2 && s[0] == '{' && s[len(s)-1] 
 // strings), and if that fails again after repairEscapes. With parseArgs, a
 // string "arguments" member is replaced by its own lenient decode when that
 // succeeds (the pre-repair step).
-func jsonBlock(raw string, parseArgs bool) (value, bool) {
+func jsonBlock(raw string, parseArgs bool) (*ojson.Object, bool) {
 	v, ok := parseJSON(raw, true)
 	if !ok {
 		if v, ok = parseJSON(repairEscapes(raw), true); !ok {
-			return value{}, false
+			return nil, false
 		}
 	}
-	if v.k != kObj {
-		return value{}, false
+	o, ok := v.(*ojson.Object)
+	if !ok {
+		return nil, false
 	}
 	if parseArgs {
-		for i := range v.obj {
-			if v.obj[i].key == "arguments" && v.obj[i].val.k == kStr {
-				if a, ok := parseJSON(v.obj[i].val.s, true); ok {
-					v.obj[i].val = a
-				}
+		if s, ok := o.Str("arguments"); ok {
+			if a, ok := parseJSON(s, true); ok {
+				o.Set("arguments", a)
 			}
 		}
 	}
-	return v, true
+	return o, true
 }
 
 // repairEscapes doubles every backslash that does not start a valid JSON
@@ -176,19 +180,19 @@ func lenientRecover(spans []jsonBlockSpan, ts *ToolSet) []Call {
 		if !ok {
 			continue
 		}
-		name, ok := v.get("name")
-		if !ok || name.k != kStr || name.s == "" {
+		name, ok := v.Str("name")
+		if !ok || name == "" {
 			continue
 		}
-		if len(ts.names) > 0 && !ts.names[name.s] {
+		if len(ts.names) > 0 && !ts.names[name] {
 			continue
 		}
-		args, ok := v.get("arguments")
+		args, ok := v.Get("arguments")
 		if !ok {
-			args = value{k: kObj, obj: []member{}}
+			args = &ojson.Object{}
 		}
 		a, _ := normalizeArgs(args)
-		out = append(out, Call{Name: name.s, Arguments: encode(a)})
+		out = append(out, Call{Name: name, Arguments: encode(a)})
 	}
 	return out
 }
@@ -209,20 +213,18 @@ func removeSpans(text string, spans []jsonBlockSpan) string {
 // decoded leniently (kept as {"_raw_arguments": s} when that fails), an
 // object is used as is, any other value v becomes {"_raw_arguments": v}.
 // wrapped reports the _raw_arguments case.
-func normalizeArgs(v value) (out value, wrapped bool) {
-	if v.k == kStr {
-		a, ok := parseJSON(v.s, true)
+func normalizeArgs(v any) (out *ojson.Object, wrapped bool) {
+	if s, ok := v.(string); ok {
+		a, ok := parseJSON(s, true)
 		if !ok {
 			return rawArguments(v), true
 		}
 		v = a
 	}
-	if v.k == kObj {
-		return v, false
+	if o, ok := v.(*ojson.Object); ok {
+		return o, false
 	}
 	return rawArguments(v), true
 }
 
-func rawArguments(v value) value {
-	return value{k: kObj, obj: []member{{key: "_raw_arguments", val: v}}}
-}
+func rawArguments(v any) *ojson.Object { return ojson.Obj("_raw_arguments", v) }

@@ -5,23 +5,6 @@ import (
 	"testing"
 )
 
-func TestObjectWriter(t *testing.T) {
-	var w ObjectWriter
-	if got := string(w.Bytes()); got != "{}" {
-		t.Fatalf("empty: %s", got)
-	}
-	w.String("z", "<a href=\"x\">&\u2028\x01\n\xff")
-	w.Raw("a", json.RawMessage(`[1,{"b":null}]`))
-	w.Raw("n", nil)
-	want := `{"z":"<a href=\"x\">&` + "\u2028" + `\u0001\n` + "\ufffd" + `","a":[1,{"b":null}],"n":null}`
-	if got := string(w.Bytes()); got != want {
-		t.Fatalf("got  %s\nwant %s", got, want)
-	}
-	if !json.Valid(w.Bytes()) {
-		t.Fatal("invalid JSON")
-	}
-}
-
 func TestParseJSON(t *testing.T) {
 	cases := []struct {
 		in      string

@@ -163,8 +163,9 @@ func Parse(raw string, o Options) Output {
 	}
 }
 
-// QwenEndTokens are the Qwen chat models' end-of-turn / end-of-text tokens.
-var QwenEndTokens = []string{"<|im_end|>", "<|endoftext|>"}
+// QwenEndTokens returns the Qwen chat models' end-of-turn / end-of-text
+// tokens (a fresh slice: the caller may keep and change it).
+func QwenEndTokens() []string { return []string{"<|im_end|>", "<|endoftext|>"} }
 
 // StripTrailingSpecials removes any run of the given special-token texts
 // (and whitespace between them) from the end of text and trims it. The

@@ -290,7 +290,7 @@ func TestParse(t *testing.T) {
 			want: Output{Reasoning: "plan ", Calls: []Call{{Name: "read", Arguments: json.RawMessage(`{"path":"a"}`)}}}},
 		{name: "trailing special kept by default (reference)", raw: "r</think>done<|im_end|>", o: Options{Qwen3Reasoning: true},
 			want: Output{Reasoning: "r", Text: "done<|im_end|>"}},
-		{name: "trailing specials stripped when asked", raw: "r</think>done <|im_end|>\n<|endoftext|>", o: Options{Qwen3Reasoning: true, TrailingSpecials: QwenEndTokens},
+		{name: "trailing specials stripped when asked", raw: "r</think>done <|im_end|>\n<|endoftext|>", o: Options{Qwen3Reasoning: true, TrailingSpecials: QwenEndTokens()},
 			want: Output{Reasoning: "r", Text: "done"}},
 	}
 	for _, c := range cases {

@@ -1,11 +1,14 @@
 package parse
 
 import (
+	"encoding/json"
 	"math"
 	"math/big"
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 // ---- Python number conversions used by the qwen3_coder type rules ----
@@ -33,6 +36,8 @@ func pyIntText(s string) (string, bool) {
 	}
 	return digits, true
 }
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 
 // stripDigitUnderscores validates digit (_? digit)* and drops underscores.
 func stripDigitUnderscores(s string) (string, bool) {
@@ -114,30 +119,7 @@ func floatJSON(f float64) string {
 		i, _ := new(big.Float).SetFloat64(f).Int(nil)
 		return i.String()
 	}
-	return pyFloatRepr(f)
-}
-
-// pyFloatRepr is Python's repr(float) for finite f.
-func pyFloatRepr(f float64) string {
-	if f == 0 {
-		if math.Signbit(f) {
-			return "-0.0"
-		}
-		return "0.0"
-	}
-	e := strconv.FormatFloat(f, 'e', -1, 64)
-	mant, expText, _ := strings.Cut(e, "e")
-	exp, _ := strconv.Atoi(expText)
-	if exp < -4 || exp >= 16 {
-		// Python: mantissa without trailing ".0", exponent sign and at
-		// least two digits - the same as Go's 'e' shortest form.
-		return mant + "e" + expText
-	}
-	s := strconv.FormatFloat(f, 'f', -1, 64)
-	if !strings.Contains(s, ".") {
-		s += ".0"
-	}
-	return s
+	return ojson.PyFloat(f)
 }
 
 // ---- ast.literal_eval subset ----
@@ -148,16 +130,16 @@ func pyFloatRepr(f float64) string {
 // binary, underscores), float, True/False/None, list, tuple, dict and a
 // single unary sign on a number. bytes, complex, sets and anything json.dumps
 // cannot encode (NaN, infinities, tuple keys) fail; see doc.go.
-func pyLiteral(s string) (value, bool) {
+func pyLiteral(s string) (any, bool) {
 	p := pyParser{s: s}
 	p.ws()
 	v, ok := p.expr(0)
 	if !ok {
-		return value{}, false
+		return nil, false
 	}
 	p.ws()
 	if p.i != len(p.s) {
-		return value{}, false
+		return nil, false
 	}
 	return v, true
 }
@@ -176,26 +158,26 @@ func (p *pyParser) peek() byte {
 	return 0
 }
 
-func (p *pyParser) expr(depth int) (value, bool) {
-	if depth > maxDepth || p.i >= len(p.s) {
-		return value{}, false
+func (p *pyParser) expr(depth int) (any, bool) {
+	if depth > ojson.MaxDepth || p.i >= len(p.s) {
+		return nil, false
 	}
 	c := p.s[p.i]
 	switch {
 	case c == '[':
 		p.i++
 		items, ok := p.seq(']', depth)
-		return value{k: kArr, arr: items}, ok
+		return items, ok
 	case c == '(':
 		p.i++
 		p.ws()
 		if p.peek() == ')' {
 			p.i++
-			return value{k: kArr, arr: []value{}}, true
+			return []any{}, true
 		}
 		first, ok := p.expr(depth + 1)
 		if !ok {
-			return value{}, false
+			return nil, false
 		}
 		p.ws()
 		if p.peek() == ')' { // parenthesized expression
@@ -203,11 +185,11 @@ func (p *pyParser) expr(depth int) (value, bool) {
 			return first, true
 		}
 		if p.peek() != ',' {
-			return value{}, false
+			return nil, false
 		}
 		p.i++
 		rest, ok := p.seq(')', depth)
-		return value{k: kArr, arr: append([]value{first}, rest...)}, ok
+		return append([]any{first}, rest...), ok
 	case c == '{':
 		p.i++
 		return p.dict(depth)
@@ -216,10 +198,10 @@ func (p *pyParser) expr(depth int) (value, bool) {
 		p.ws()
 		v, ok := p.number()
 		if !ok {
-			return value{}, false
+			return nil, false
 		}
-		if c == '-' && v.s != "0" {
-			v.s = "-" + v.s
+		if c == '-' && v != "0" {
+			v = "-" + v
 		}
 		return v, true
 	case c == '.' || isDigit(c):
@@ -236,13 +218,13 @@ func (p *pyParser) expr(depth int) (value, bool) {
 	switch word {
 	case "True":
 		p.i = j
-		return value{k: kBool, b: true}, true
+		return true, true
 	case "False":
 		p.i = j
-		return value{k: kBool}, true
+		return false, true
 	case "None":
 		p.i = j
-		return value{k: kNull}, true
+		return nil, true
 	}
 	if j < len(p.s) && (p.s[j] == '"' || p.s[j] == '\'') {
 		switch word {
@@ -250,7 +232,7 @@ func (p *pyParser) expr(depth int) (value, bool) {
 			return p.strings()
 		}
 	}
-	return value{}, false
+	return nil, false
 }
 
 func isIdent(c byte) bool {
@@ -258,8 +240,8 @@ func isIdent(c byte) bool {
 }
 
 // seq parses comma-separated expressions up to close (trailing comma ok).
-func (p *pyParser) seq(close byte, depth int) ([]value, bool) {
-	items := []value{}
+func (p *pyParser) seq(close byte, depth int) ([]any, bool) {
+	items := []any{}
 	for {
 		p.ws()
 		if p.peek() == close {
@@ -284,55 +266,57 @@ func (p *pyParser) seq(close byte, depth int) ([]value, bool) {
 	}
 }
 
-func (p *pyParser) dict(depth int) (value, bool) {
-	var b objectBuilder
+func (p *pyParser) dict(depth int) (any, bool) {
+	b := &ojson.Object{}
 	for {
 		p.ws()
 		if p.peek() == '}' {
 			p.i++
-			return b.value(), true
+			return b, true
 		}
 		k, ok := p.expr(depth + 1)
 		if !ok {
-			return value{}, false
+			return nil, false
 		}
 		var key string
-		switch k.k {
-		case kStr, kNum:
-			key = k.s
-		case kBool:
-			key = strconv.FormatBool(k.b)
-		case kNull:
+		switch t := k.(type) {
+		case string:
+			key = t
+		case json.Number:
+			key = string(t)
+		case bool:
+			key = strconv.FormatBool(t)
+		case nil:
 			key = "null"
 		default: // a list/tuple key: unhashable or not JSON-encodable
-			return value{}, false
+			return nil, false
 		}
 		p.ws()
 		if p.peek() != ':' { // a set literal: json.dumps cannot encode it
-			return value{}, false
+			return nil, false
 		}
 		p.i++
 		p.ws()
 		v, ok := p.expr(depth + 1)
 		if !ok {
-			return value{}, false
+			return nil, false
 		}
-		b.set(key, v)
+		b.Set(key, v)
 		p.ws()
 		switch p.peek() {
 		case ',':
 			p.i++
 		case '}':
 			p.i++
-			return b.value(), true
+			return b, true
 		default:
-			return value{}, false
+			return nil, false
 		}
 	}
 }
 
 // number parses an int or float literal and renders it as json.dumps does.
-func (p *pyParser) number() (value, bool) {
+func (p *pyParser) number() (json.Number, bool) {
 	j := p.i
 	for j < len(p.s) && (isIdent(p.s[j]) || p.s[j] == '.' ||
 		((p.s[j] == '+' || p.s[j] == '-') && j > p.i && (p.s[j-1] == 'e' || p.s[j-1] == 'E') && !isHexPrefixed(p.s[p.i:j]))) {
@@ -341,7 +325,7 @@ func (p *pyParser) number() (value, bool) {
 	tok := p.s[p.i:j]
 	p.i = j
 	if tok == "" {
-		return value{}, false
+		return "", false
 	}
 	low := strings.ToLower(tok)
 	if len(low) > 2 && low[0] == '0' && (low[1] == 'x' || low[1] == 'o' || low[1] == 'b') {
@@ -351,35 +335,35 @@ func (p *pyParser) number() (value, bool) {
 			digits = digits[1:]
 		}
 		if digits == "" || strings.HasSuffix(digits, "_") || strings.Contains(digits, "__") {
-			return value{}, false
+			return "", false
 		}
 		n, ok := new(big.Int).SetString(strings.ReplaceAll(digits, "_", ""), base)
 		if !ok {
-			return value{}, false
+			return "", false
 		}
-		return value{k: kNum, s: n.String()}, true
+		return json.Number(n.String()), true
 	}
 	if !strings.ContainsAny(low, ".e") {
 		d, ok := stripDigitUnderscores(tok)
 		if !ok {
-			return value{}, false
+			return "", false
 		}
 		if strings.TrimLeft(d, "0") == "" {
-			return value{k: kNum, s: "0"}, true
+			return "0", true
 		}
 		if d[0] == '0' { // Python 3 forbids leading zeros
-			return value{}, false
+			return "", false
 		}
-		return value{k: kNum, s: d}, true
+		return json.Number(d), true
 	}
 	if strings.HasSuffix(low, "j") {
-		return value{}, false // complex
+		return "", false // complex
 	}
 	f, ok := pyFloat(tok)
 	if !ok || tok[0] == '+' || tok[0] == '-' {
-		return value{}, false
+		return "", false
 	}
-	return value{k: kNum, s: pyFloatRepr(f)}, true
+	return json.Number(ojson.PyFloat(f)), true
 }
 
 func isHexPrefixed(s string) bool {
@@ -388,7 +372,7 @@ func isHexPrefixed(s string) bool {
 
 // strings parses one or more adjacent string literals (implicit
 // concatenation).
-func (p *pyParser) strings() (value, bool) {
+func (p *pyParser) strings() (any, bool) {
 	var sb strings.Builder
 	n := 0
 	for {
@@ -409,14 +393,14 @@ func (p *pyParser) strings() (value, bool) {
 		}
 		p.i = j
 		if !p.oneString(&sb, raw) {
-			return value{}, false
+			return nil, false
 		}
 		n++
 	}
 	if n == 0 {
-		return value{}, false
+		return nil, false
 	}
-	return strValue(sb.String()), true
+	return sb.String(), true
 }
 
 func (p *pyParser) oneString(sb *strings.Builder, raw bool) bool {

@@ -55,3 +55,31 @@ func indexFrom(s, sub string, from int) int {
 	}
 	return from + i
 }
+
+func hexVal(c byte) rune {
+	switch {
+	case c >= '0' && c <= '9':
+		return rune(c - '0')
+	case c >= 'a' && c <= 'f':
+		return rune(c-'a') + 10
+	case c >= 'A' && c <= 'F':
+		return rune(c-'A') + 10
+	}
+	return -1
+}
+
+// hex4 decodes four hex digits at s[i:].
+func hex4(s string, i int) (rune, bool) {
+	if i+4 > len(s) {
+		return 0, false
+	}
+	var r rune
+	for j := 0; j < 4; j++ {
+		h := hexVal(s[i+j])
+		if h < 0 {
+			return 0, false
+		}
+		r = r<<4 | h
+	}
+	return r, true
+}

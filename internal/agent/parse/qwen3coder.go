@@ -1,6 +1,10 @@
 package parse
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/kilnrl/kiln/internal/ojson"
+)
 
 // nameSet is a set of parameter names; nil means "no schema" (any name).
 type nameSet map[string]bool
@@ -9,7 +13,7 @@ type nameSet map[string]bool
 // normalization.
 type parserCall struct {
 	name string
-	args value
+	args any
 }
 
 // parserResult mirrors vLLM's ExtractedToolCallInformation.
@@ -293,7 +297,7 @@ func parseXMLFunction(fn string, ts *ToolSet) (parserCall, bool) {
 	props := ts.properties(name)
 	valid := paramNames(props)
 	params := fn[end+1:]
-	var b objectBuilder
+	b := &ojson.Object{}
 	pos := 0
 	for {
 		ps := nextStructuralParamStart(params, pos, nil)
@@ -325,7 +329,7 @@ func parseXMLFunction(fn string, ts *ToolSet) (parserCall, bool) {
 		}
 		pv = strings.TrimPrefix(pv, "\n")
 		pv = strings.TrimSuffix(pv, "\n")
-		b.set(pname, convertParam(pv, pname, props))
+		b.Set(pname, convertParam(pv, pname, props))
 	}
-	return parserCall{name: name, args: b.value()}, true
+	return parserCall{name: name, args: b}, true
 }

@@ -154,46 +154,46 @@ func (ts *ToolSet) properties(name string) map[string]ParamType {
 
 // convertParam types one qwen3_coder parameter value by the schema
 // (vLLM Qwen3CoderToolParser._convert_param_value, spec 6.2).
-func convertParam(raw, name string, props map[string]ParamType) value {
+func convertParam(raw, name string, props map[string]ParamType) any {
 	pt, ok := props[name]
 	if !ok {
-		return strValue(raw)
+		return raw
 	}
 	low := strings.ToLower(raw)
 	isNullWord := low == "null" || low == "none"
 	if pt.Nullable && isNullWord {
-		return value{k: kNull}
+		return nil
 	}
 	typ := pt.Type
 	switch typ {
 	case "string", "str", "text", "varchar", "char", "enum":
-		return strValue(raw)
+		return raw
 	}
 	if isNullWord {
-		return value{k: kNull}
+		return nil
 	}
 	switch {
 	case strings.HasPrefix(typ, "int"), strings.HasPrefix(typ, "uint"),
 		strings.HasPrefix(typ, "long"), strings.HasPrefix(typ, "short"),
 		strings.HasPrefix(typ, "unsigned"):
 		if s, ok := pyIntText(raw); ok {
-			return value{k: kNum, s: s}
+			return json.Number(s)
 		}
-		return strValue(raw)
+		return raw
 	case strings.HasPrefix(typ, "num"), strings.HasPrefix(typ, "float"):
 		if f, ok := pyFloat(raw); ok {
-			return value{k: kNum, s: floatJSON(f)}
+			return json.Number(floatJSON(f))
 		}
-		return strValue(raw)
+		return raw
 	case typ == "boolean" || typ == "bool" || typ == "binary":
-		return value{k: kBool, b: low == "true"}
+		return low == "true"
 	}
 	container := typ == "object" || typ == "array" || typ == "arr" ||
 		strings.HasPrefix(typ, "dict") || strings.HasPrefix(typ, "list")
 	if container {
 		if v, ok := parseJSON(raw, false); ok {
-			if v.k == kStr {
-				if lv, ok := pyLiteral(v.s); ok {
+			if s, ok := v.(string); ok {
+				if lv, ok := pyLiteral(s); ok {
 					return lv
 				}
 			}
@@ -202,10 +202,10 @@ func convertParam(raw, name string, props map[string]ParamType) value {
 	}
 	v, ok := pyLiteral(raw)
 	if !ok {
-		return strValue(raw)
+		return raw
 	}
-	if container && v.k == kStr {
-		if lv, ok := pyLiteral(v.s); ok {
+	if s, ok := v.(string); container && ok {
+		if lv, ok := pyLiteral(s); ok {
 			return lv
 		}
 	}

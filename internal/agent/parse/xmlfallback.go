@@ -1,6 +1,10 @@
 package parse
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/kilnrl/kiln/internal/ojson"
+)
 
 // xmlFallback is the adapter's own parser (spec 6.2, parse_xml_tool_uses):
 // every `<tool_call>\s*<function=NAME>BODY</function>\s*</tool_call>`
@@ -60,8 +64,8 @@ func matchXMLBlock(text string, s int) (name, inner string, end int, ok bool) {
 // xmlParams collects `<parameter=P>value</parameter>` (shortest value,
 // P up to the first '>') as {P: strip(value)}; a repeated P keeps its first
 // position and its last value.
-func xmlParams(inner string) value {
-	var b objectBuilder
+func xmlParams(inner string) *ojson.Object {
+	b := &ojson.Object{}
 	pos := 0
 	for {
 		s := indexFrom(inner, paramOpen, pos)
@@ -72,12 +76,12 @@ func xmlParams(inner string) value {
 		ne := indexFrom(inner, ">", ns)
 		if ne > ns {
 			if c := indexFrom(inner, paramClose, ne+1); c >= 0 {
-				b.set(inner[ns:ne], strValue(pyStrip(inner[ne+1:c])))
+				b.Set(inner[ns:ne], pyStrip(inner[ne+1:c]))
 				pos = c + len(paramClose)
 				continue
 			}
 		}
 		pos = s + 1
 	}
-	return b.value()
+	return b
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"iter"
 	mrand "math/rand/v2"
 	"time"
 
@@ -89,11 +90,14 @@ const (
 	ContentTypeSSE  = "text/event-stream"
 )
 
-// SSEHeaders are the headers of a streamed reply (§4.7, §5.5).
-var SSEHeaders = map[string]string{
-	"Content-Type":  ContentTypeSSE,
-	"Cache-Control": "no-cache",
-	"Connection":    "keep-alive",
+// SSEHeaders yields the headers of a streamed reply (§4.7, §5.5), name
+// and value, in a fixed order.
+func SSEHeaders() iter.Seq2[string, string] {
+	return func(yield func(string, string) bool) {
+		_ = yield("Content-Type", ContentTypeSSE) &&
+			yield("Cache-Control", "no-cache") &&
+			yield("Connection", "keep-alive")
+	}
 }
 
 // ContentType is the Content-Type of req's reply.
@@ -104,11 +108,13 @@ func ContentType(req *Request) string {
 	return ContentTypeJSON
 }
 
-// Fixed bodies of the auxiliary routes (§4.1, §1.1).
-var (
-	CountTokensBody = []byte(`{"input_tokens":0}`) // POST /v1/messages/count_tokens
-	OKBody          = []byte(`{"ok":true}`)        // GET /healthz, GET /v1/models
-)
+// Fixed bodies of the auxiliary routes (§4.1, §1.1), fresh on each call.
+
+// CountTokensBody is the body of POST /v1/messages/count_tokens.
+func CountTokensBody() []byte { return []byte(`{"input_tokens":0}`) }
+
+// OKBody is the body of GET /healthz and GET /v1/models.
+func OKBody() []byte { return []byte(`{"ok":true}`) }
 
 // WriteReply writes rep as req's protocol answers it: JSON, or the SSE
 // event sequence when req.Stream.
