@@ -1,5 +1,5 @@
 // Package dataset implements kiln's versioned datasets on top of a
-// store.Store (DESIGN §2).
+// store.Store (docs/design.md §2).
 //
 // A dataset is a name in a store; it has immutable versions. A version is a
 // set of shard files and a manifest, laid out as

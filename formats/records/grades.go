@@ -23,7 +23,7 @@ const (
 
 // Grade is one row of the grades kind (Parquet): the verdict of the task's
 // official tests on one agent run's patch (kiln-grade). The ids are the
-// rollout's (DESIGN §3); grades are the source of truth for rewards.
+// rollout's (docs/records.md §1); grades are the source of truth for rewards.
 type Grade struct {
 	RolloutID  int64  `parquet:"rollout_id" json:"rollout_id"`
 	Index      int64  `parquet:"index" json:"index"`

@@ -1,4 +1,4 @@
-// Package records defines kiln's record kinds (DESIGN §3): their schemas,
+// Package records defines kiln's record kinds (docs/records.md §1): their schemas,
 // their encodings at rest (Parquet for tables of records, Arrow IPC for token
 // data), validation on write, and a JSON view of every row for show/export.
 // Each kind lives in its own file; adding a kind means adding a file and a

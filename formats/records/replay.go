@@ -5,7 +5,7 @@ import (
 	"github.com/apache/arrow-go/v18/arrow/array"
 )
 
-// Replay is the optional sampler replay data over a run of outputs (spec
+// Replay is the optional sampler replay data over a run of outputs (docs/assembly.md
 // §2.3): the same eight columns in turns (over a turn's outputs) and in
 // trajectories (over a segment's response region). Each is nil when absent.
 type Replay struct {

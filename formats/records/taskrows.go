@@ -7,7 +7,7 @@ import (
 )
 
 // Reference rows are the JSONL interchange format of the reference Python
-// stack: {"prompt": ..., "label": ..., "metadata": {...}} (spec-data-grade
+// stack: {"prompt": ..., "label": ..., "metadata": {...}} (docs/data-and-grading.md
 // §1.5-1.7). A row becomes a Task losslessly:
 //
 //   - metadata keys with a column of their own move into it when their value
@@ -175,12 +175,12 @@ func (t *Task) ReferenceRow() (json.RawMessage, error) {
 			}
 		case "eval_cmd":
 			if v, ok := g.get("eval_cmd"); ok {
-				// Where the reference writes it (§1.5): after problem_statement.
+				// Where the reference writes it (docs/data-and-grading.md §1.5): after problem_statement.
 				md.setAfter("problem_statement", "eval_cmd", v)
 			}
 		case "swebench":
 			// The reference's swebench protocol reads these rows from
-			// metadata.remote_env_info (§1.7); kiln's test command and log
+			// metadata.remote_env_info (docs/data-and-grading.md §1.7); kiln's test command and log
 			// parser ride along.
 			rei := object{}
 			if raw, ok := md.get("remote_env_info"); ok {

@@ -10,7 +10,7 @@ import (
 )
 
 // TestReferenceRowEvalCmdOrder: a task with an eval_cmd grading exports
-// metadata in the reference's §1.5 key order, eval_cmd after
+// metadata in the reference's key order (docs/data-and-grading.md §1.5), eval_cmd after
 // problem_statement.
 func TestReferenceRowEvalCmdOrder(t *testing.T) {
 	task := Task{TaskID: "A", Prompt: `[{"role":"user","content":"P"}]`, Metadata: "{}",

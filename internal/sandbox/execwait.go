@@ -12,7 +12,7 @@ import (
 // within its budget.
 const BudgetExceeded = -1
 
-// Wait describes a detached long command for ExecAndWait (spec §3.5).
+// Wait describes a detached long command for ExecAndWait (docs/data-and-grading.md §3.5).
 type Wait struct {
 	// Shell is the command (bash).
 	Shell string

@@ -42,7 +42,7 @@ type Options struct {
 	ArtifactFiles []string
 	// BootLimiter bounds concurrent boots across sandboxes sharing it (nil:
 	// unbounded). BootAttempts > 1 retries a failed boot after 1 + attempt +
-	// U[0,1) seconds (spec §3.6; graders use 1).
+	// U[0,1) seconds (docs/data-and-grading.md §3.6; graders use 1).
 	BootLimiter  *Limiter
 	BootAttempts int
 	// HelperPath is the kiln-sandbox-helper binary (bwrap only); if "" it is
@@ -123,7 +123,7 @@ func boot1(ctx context.Context, o Options, boot func(context.Context, Options) (
 	return boot(ctx, o)
 }
 
-// Limiter is a counting semaphore bounding concurrent boots (spec §3.6
+// Limiter is a counting semaphore bounding concurrent boots (docs/data-and-grading.md §3.6
 // SWE_BOOT_CONCURRENCY). Boot holds a slot while the provider boots; a
 // caller whose "boot" includes more (the reference counts the coding CLI's
 // install too) holds one itself with Acquire/Release around all of it and

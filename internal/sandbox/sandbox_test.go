@@ -159,7 +159,7 @@ func TestFiles(t *testing.T) {
 	sb := sandboxtest.Boot(t, helper, sandbox.Options{})
 	ctx := context.Background()
 
-	// Default limits (spec: memory_mb 2048), read from the host side of the
+	// Default limits (2 GiB, the reference's memory_mb 2048; docs/data-and-grading.md §3.3), read from the host side of the
 	// cgroup the commands run in.
 	res, err := sb.Exec(ctx, sandbox.Cmd{Shell: "grep -E ':(memory|pids):' /proc/self/cgroup", Check: true})
 	if err != nil {

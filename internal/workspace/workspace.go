@@ -1,5 +1,5 @@
 // Package workspace prepares an agent's workspace in a sandbox and captures
-// the agent's edits as a patch (spec-data-grade §4).
+// the agent's edits as a patch (docs/data-and-grading.md §4).
 //
 // Capture is by tree snapshots: the workspace's files are written into a git
 // tree through a temporary index before the agent runs (the baseline) and
@@ -72,7 +72,7 @@ func PreCommandsBody(v any) string {
 
 // EnsureAgentUser makes the unprivileged agent user exist, gives it its home
 // and workdir (recursively) and lets every user run git in any repository
-// (spec §3.2). It runs as root with a 60 s timeout; failure is an error.
+// (docs/data-and-grading.md §3.2). It runs as root with a 60 s timeout; failure is an error.
 func EnsureAgentUser(ctx context.Context, sb sandbox.Sandbox, workdir string) error {
 	a := sandbox.Agent
 	cmd := fmt.Sprintf("(id %s >/dev/null 2>&1 || useradd -m -s /bin/bash %s) && chown -R %s:%s /home/%s %s && git config --system --add safe.directory '*' && id %s",
@@ -84,7 +84,7 @@ func EnsureAgentUser(ctx context.Context, sb sandbox.Sandbox, workdir string) er
 }
 
 // Prepare readies workdir for the agent and returns the baseline tree id
-// (spec §4.1): agent user, setup commands, the problem file, then the
+// (docs/data-and-grading.md §4.1): agent user, setup commands, the problem file, then the
 // snapshot, so that everything before the agent is part of the baseline.
 func Prepare(ctx context.Context, sb sandbox.Sandbox, workdir string, s Setup) (string, error) {
 	if err := EnsureAgentUser(ctx, sb, workdir); err != nil {
@@ -123,7 +123,7 @@ func Prepare(ctx context.Context, sb sandbox.Sandbox, workdir string, s Setup) (
 var treeID = regexp.MustCompile(`^([0-9a-f]{40}|[0-9a-f]{64})$`)
 
 // Snapshot writes the current content of workdir into a git tree and returns
-// its id (spec §4.2). It seeds a temporary index (GIT_INDEX_FILE) from HEAD
+// its id (docs/data-and-grading.md §4.2). It seeds a temporary index (GIT_INDEX_FILE) from HEAD
 // and adds everything but the problem file and the harness directory, so
 // HEAD and the real index stay byte-identical; only new objects are written.
 // It runs as agent. Not a git repository, an unborn HEAD or any git failure
@@ -153,7 +153,7 @@ func Snapshot(ctx context.Context, sb sandbox.Sandbox, workdir string) (string, 
 }
 
 // Diff snapshots workdir again and returns the binary diff from baseline to
-// it, verbatim ("" when nothing changed) (spec §4.3). The flags are exactly
+// it, verbatim ("" when nothing changed) (docs/data-and-grading.md §4.3). The flags are exactly
 // the reference's (`git diff --binary`); renames follow git's defaults.
 func Diff(ctx context.Context, sb sandbox.Sandbox, workdir, baseline string) (string, error) {
 	if !treeID.MatchString(baseline) {

@@ -30,7 +30,7 @@ func run(t *testing.T, sb sandbox.Sandbox, user, shell string) string {
 	return string(res.Stdout)
 }
 
-// imageRepo builds the §4.5 starting point: a committed source.py, then the
+// imageRepo builds the docs/data-and-grading.md §4.5 starting point: a committed source.py, then the
 // image-shipped state (an unstaged edit and an untracked file), owned by the
 // agent; and a copy of it all as the fresh grader.
 func imageRepo(t *testing.T, sb sandbox.Sandbox) {
@@ -53,7 +53,7 @@ func gitState(t *testing.T, sb sandbox.Sandbox) string {
 	return run(t, sb, sandbox.Agent, `cd '`+agentRepo+`' && sha256sum .git/index && cat .git/HEAD && git rev-parse HEAD`)
 }
 
-// apply is the grader's apply_diff (spec §5.2), as agent.
+// apply is the grader's apply_diff (docs/data-and-grading.md §5.2), as agent.
 func apply(t *testing.T, sb sandbox.Sandbox, patch string) {
 	t.Helper()
 	ctx := context.Background()
@@ -68,7 +68,7 @@ func apply(t *testing.T, sb sandbox.Sandbox, patch string) {
 	}
 }
 
-// TestCapture is spec §6 case 23: one run per edit state.
+// TestCapture is docs/data-and-grading.md §6 case 23: one run per edit state.
 func TestCapture(t *testing.T) {
 	for _, state := range []string{"unstaged", "staged", "committed"} {
 		t.Run(state, func(t *testing.T) {
@@ -132,7 +132,7 @@ func TestCapture(t *testing.T) {
 	}
 }
 
-// TestCoverage is spec §6 case 24 plus the rest of what a patch must carry.
+// TestCoverage is docs/data-and-grading.md §6 case 24 plus the rest of what a patch must carry.
 func TestCoverage(t *testing.T) {
 	ctx := context.Background()
 	sb := sandboxtest.Boot(t, helper, sandbox.Options{})

@@ -74,7 +74,7 @@ func TestFixtureGradingCommands(t *testing.T) {
 					"--bind", repo, fx.Workdir, "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev",
 					"--unshare-all", "--die-with-parent", "--chdir", fx.Workdir,
 					"--setenv", "HOME", "/root", "--setenv", "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-					// As the grader runs it (spec §5.3): cd WORKDIR && <eval_cmd>.
+					// As the grader runs it (docs/data-and-grading.md §5.3): cd WORKDIR && <eval_cmd>.
 					"bash", "-c", "cd "+fx.Workdir+" && "+g.EvalCmd)
 				ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 				defer cancel()

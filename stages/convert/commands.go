@@ -85,7 +85,7 @@ the log and in the version's metrics) and left out, unless
 		command(env, "swepro", "convert SWE-bench Pro rows, embedding their run and parser scripts",
 			"--data FILE|DIR [--scripts DIR] --out NAME",
 			`Reads SWE-bench Pro rows (Parquet or JSONL): flat rows (the SWE-bench Pro
-dataset's columns) or reference rows with metadata.swepro (§1.7). Required:
+dataset's columns) or reference rows with metadata.swepro (docs/data-and-grading.md §1.7). Required:
 instance_id, problem_statement, fail_to_pass and pass_to_pass (lists or
 JSON-encoded lists), the image (image, image_name, or dockerhub_tag under
 jefzda/sweap-images) and the two scripts: the row's run_script_path and

@@ -232,7 +232,7 @@ type walkResult struct {
 	ungradeable []string // ids left out (or kept, with --keep-ungradeable) as ungradeable
 }
 
-// walk runs the reference's checks in its order (spec-data-grade §1.3) and
+// walk runs the reference's checks in its order (docs/data-and-grading.md §1.3) and
 // calls fn for every selected, converted row in input order: skip rows not
 // selected (before the duplicate check, so duplicates outside the selection
 // go unnoticed); fail on a duplicate id; convert (mapping, grading command,

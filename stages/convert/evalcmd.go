@@ -10,7 +10,7 @@ import (
 )
 
 // errEscapes is the reference's error text for a test patch naming a path
-// outside the repository (spec-data-grade §1.4).
+// outside the repository (docs/data-and-grading.md §1.4).
 var errEscapes = errors.New("Test patch escapes repository")
 
 // diffHeader matches a `diff --git a/<A> b/<B>` header the way the reference
@@ -133,7 +133,7 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'"'"'`) + "'"
 }
 
-// evalCmd builds the MiMo grading command (spec-data-grade §1.4): under a
+// evalCmd builds the MiMo grading command (docs/data-and-grading.md §1.4): under a
 // login bash with set -e, reset every path the test patch touches to HEAD
 // (or delete it when HEAD lacks it), apply the test patch, run the test
 // command. Its exit status is the verdict. The result is

@@ -39,7 +39,7 @@ func TestSplitLinesMatchesPython(t *testing.T) {
 	}
 }
 
-// TestTouchedPaths is spec-data-grade §6 cases 4 and 5 at the parser.
+// TestTouchedPaths is docs/data-and-grading.md §6 cases 4 and 5 at the parser.
 func TestTouchedPaths(t *testing.T) {
 	cases := []struct {
 		name, patch string

@@ -134,7 +134,7 @@ func swebenchTask(_ context.Context, s *rowSource, f *fields) (converted, error)
 	return c, nil
 }
 
-// sweproGrading is the payload of grading kind "swepro" (spec-data-grade
+// sweproGrading is the payload of grading kind "swepro" (docs/data-and-grading.md
 // §1.7, §5.4), with the run and parser scripts embedded: they are read at
 // convert time, so the task needs no host paths at grading time.
 type sweproGrading struct {
@@ -272,7 +272,7 @@ func sweproScriptPaths(dir, id string, spec *fields) ([2]string, error) {
 	return out, nil
 }
 
-// promptText is the problem statement a reference prompt gives (§1.6): a
+// promptText is the problem statement a reference prompt gives (docs/data-and-grading.md §1.6): a
 // string as is; for a message list, the first user message's text.
 func promptText(raw json.RawMessage) (string, bool) {
 	if isNull(raw) {
@@ -318,7 +318,7 @@ func promptText(raw json.RawMessage) (string, bool) {
 // verbatim (the grader writes it to a file and runs it with python in the
 // workdir; exit 0 is solved). Required: instance_id (or a reference row's
 // label), problem_statement (else a reference row's prompt, read as the
-// reference does, §1.6), image (or image_url), workdir and a non-empty
+// reference does, docs/data-and-grading.md §1.6), image (or image_url), workdir and a non-empty
 // f2p_script;
 // repo is optional (the split unit when present). A reference row's prompt
 // is kept as written.

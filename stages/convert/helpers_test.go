@@ -49,7 +49,7 @@ type extraInfo struct {
 // instance is an instance_json object; nil fields are left out.
 type instance map[string]any
 
-// basic returns a valid instance (spec-data-grade §6 case 1) with id.
+// basic returns a valid instance (docs/data-and-grading.md §6 case 1) with id.
 func basic(id string) instance {
 	return instance{
 		"instance_id": id, "problem_statement": "Fix the widget.", "docker_image": "example.invalid/mimo:" + id,
@@ -57,7 +57,7 @@ func basic(id string) instance {
 	}
 }
 
-// t1 is the §6 test patch T1.
+// t1 is the docs/data-and-grading.md §6 test patch T1.
 const t1 = "diff --git a/tests/test_x.py b/tests/test_x.py\nnew file mode 100644\n--- /dev/null\n+++ b/tests/test_x.py\n@@ -0,0 +1 @@\n+assert True\n"
 
 func mappingLine(id string) string {

@@ -21,7 +21,7 @@ import (
 	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
-// mimoSource reads the MiMo code subset (spec-data-grade §1.1): the
+// mimoSource reads the MiMo code subset (docs/data-and-grading.md §1.1): the
 // extra_info.instance_json column of DIR/code.parquet and the image mapping
 // DIR/image-mapping.jsonl. DIR may be an s3:// prefix; the Parquet file is
 // then downloaded once to a temporary file (Parquet needs random access).
@@ -297,7 +297,7 @@ type mimoGrading struct {
 	// OtherKeys are the instance_json keys the conversion does not use
 	// (dataset_type, verifier_timeout_sec, ...), kept losslessly. They live
 	// here, not in the metadata column, so that kiln export writes exactly
-	// the reference's row (spec-data-grade §1.5).
+	// the reference's row (docs/data-and-grading.md §1.5).
 	OtherKeys map[string]json.RawMessage `json:"other_keys,omitempty"`
 }
 
@@ -337,7 +337,7 @@ func promptOf(statement string) (string, error) {
 	return marshal([]message{{Role: "user", Content: statement}})
 }
 
-// task builds the task of spec-data-grade §1.5: the prompt is exactly the
+// task builds the task of docs/data-and-grading.md §1.5: the prompt is exactly the
 // public problem statement; the test patch and command reach only the
 // grading payload; eval_user is root (MiMo images set up their toolchains in
 // root's login profile; only the fresh grader runs as root).

@@ -18,7 +18,7 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
-// Spec-data-grade §6 cases 2 and 3: the exact grading commands.
+// docs/data-and-grading.md §6 cases 2 and 3: the exact grading commands.
 const (
 	evalCmdT1    = "bash -lc 'set -e\nif git cat-file -e HEAD:tests/test_x.py 2>/dev/null; then git checkout HEAD -- tests/test_x.py; else git rm -f --cached -- tests/test_x.py >/dev/null 2>&1 || true; rm -f -- tests/test_x.py; fi\nprintf %s ZGlmZiAtLWdpdCBhL3Rlc3RzL3Rlc3RfeC5weSBiL3Rlc3RzL3Rlc3RfeC5weQpuZXcgZmlsZSBtb2RlIDEwMDY0NAotLS0gL2Rldi9udWxsCisrKyBiL3Rlc3RzL3Rlc3RfeC5weQpAQCAtMCwwICsxIEBACithc3NlcnQgVHJ1ZQo= | base64 -d > /tmp/mimo-tests.patch\ngit apply --verbose /tmp/mimo-tests.patch\nbash /testbed/mimo_test_command.sh'"
 	evalCmdEmpty = "bash -lc 'set -e\nprintf %s '\"'\"''\"'\"' | base64 -d > /tmp/mimo-tests.patch\ngit apply --verbose /tmp/mimo-tests.patch\necho '\"'\"'hi'\"'\"''"
@@ -35,7 +35,7 @@ func with(in instance, kv ...any) instance {
 	return out
 }
 
-// TestSpecConverterCases runs spec-data-grade §6 cases 1-10 through
+// TestSpecConverterCases runs docs/data-and-grading.md §6 cases 1-10 through
 // kiln-convert mimo and checks the result through kiln export tasks, as
 // equal JSON against golden files (testdata/<name>.jsonl; -update rewrites
 // them), and the version's summary metrics.
@@ -131,7 +131,7 @@ func jsonRound(m map[string]any) map[string]any {
 
 // golden compares kiln export's output with testdata/<name>.jsonl as equal
 // JSON, and the key order of the row and of its metadata (the reference's
-// §1.5 order: prompt, label, metadata; instance_id, image, workdir,
+// docs/data-and-grading.md §1.5 order: prompt, label, metadata; instance_id, image, workdir,
 // problem_statement, eval_cmd, eval_user, dataset).
 func golden(t *testing.T, name, raw string) {
 	t.Helper()

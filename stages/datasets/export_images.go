@@ -17,7 +17,7 @@ import (
 )
 
 // formatImagesJSON is kiln export's --format for an images dataset: the
-// reference stack's SUNABAKO_IMAGES map (spec-data-grade §2.2 step 8).
+// reference stack's SUNABAKO_IMAGES map (docs/data-and-grading.md §2.2 step 8).
 const formatImagesJSON = "images-json"
 
 // imagesRootFlag is export's --root: the bundle root the map's rootfs paths

@@ -60,7 +60,7 @@ func logSteps(t *testing.T, log []byte) map[string]step {
 	return out
 }
 
-// TestGradeSpecCasesInBwrap runs spec-data-grade §6 "Grading" cases 26-30
+// TestGradeSpecCasesInBwrap runs docs/data-and-grading.md §6 "Grading" cases 26-30
 // with real git in real bwrap sandboxes (case 25 boots nothing).
 func TestGradeSpecCasesInBwrap(t *testing.T) {
 	repo := map[string]string{"tests/test_a.py": "v1\n", "src.py": "bug\n"}

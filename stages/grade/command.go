@@ -76,7 +76,7 @@ What to grade (exactly one):
                     baseline passes are flagged on stderr and in the metrics
                     (rows with baseline=true and reward 1).
 
-Per patch (reference spec-data-grade §5.1): boot a sandbox from the task's
+Per patch (docs/data-and-grading.md §5.1): boot a sandbox from the task's
 bundle (--bundles, as kiln-images unpacked it on this node); give the
 workspace to the agent user; set up SWE-bench Pro's scripts and run its
 before_repo_set_cmd; run pre_commands (the base the agent started from);
@@ -245,7 +245,7 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 			if boots <= 0 {
 				boots = o.Jobs
 			}
-			// Grader boots are not retried (spec §3.6): a failed boot is an
+			// Grader boots are not retried (docs/data-and-grading.md §3.6): a failed boot is an
 			// infra_error row.
 			g = &Grader{Boot: sandbox.Boot, Timeout: o.Timeout,
 				Base: sandbox.Options{Provider: o.Provider, BootLimiter: sandbox.NewLimiter(boots), BootAttempts: 1, Log: env.Log}}
@@ -365,7 +365,7 @@ func planJobs(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles
 				if err := add(j, t); err != nil {
 					return err
 				}
-				// The rollout's group is the task (DESIGN §3): keep its ids.
+				// The rollout's group is the task (docs/records.md §1): keep its ids.
 				j.row.GroupIndex = r.GroupIndex
 				return nil
 			})

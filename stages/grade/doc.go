@@ -1,7 +1,6 @@
 // Package grade is kiln-grade: it grades agent patches with each task's
 // official tests, every patch in a fresh sandbox booted from the task's
-// image bundle, and writes a grades dataset (DESIGN §3; reference
-// spec-data-grade §5).
+// image bundle, and writes a grades dataset (docs/records.md §1; docs/data-and-grading.md §5).
 //
 // The pieces:
 //   - Grader.Grade (grader.go) is one grading: sandbox, agent user, SWE-bench

@@ -19,10 +19,10 @@ import (
 // Default time limits of the grading steps.
 const (
 	DefaultTimeout       = 600 * time.Second // each grading command (--timeout)
-	DefaultApplyTimeout  = 120 * time.Second // applying the patch (spec §5.2)
-	DefaultSetupTimeout  = 600 * time.Second // pre_commands, before_repo_set_cmd (spec §4.1)
-	DefaultParserTimeout = 120 * time.Second // the SWE-bench Pro parser (spec §5.4)
-	userSetupTimeout     = 60 * time.Second  // ensure_agent_user (spec §3.2)
+	DefaultApplyTimeout  = 120 * time.Second // applying the patch (docs/data-and-grading.md §5.2)
+	DefaultSetupTimeout  = 600 * time.Second // pre_commands, before_repo_set_cmd (docs/data-and-grading.md §4.1)
+	DefaultParserTimeout = 120 * time.Second // the SWE-bench Pro parser (docs/data-and-grading.md §5.4)
+	userSetupTimeout     = 60 * time.Second  // ensure_agent_user (docs/data-and-grading.md §3.2)
 )
 
 // Target is what grading one patch needs to know about its task.
@@ -61,7 +61,7 @@ type Grader struct {
 	// ("/tmp" if ""); tests that run commands on the host change it.
 	Scratch string
 	// SWEProDir is where SWE-bench Pro's scripts go
-	// ("/workspace/swepro_eval" if "", spec §5.4).
+	// ("/workspace/swepro_eval" if "", docs/data-and-grading.md §5.4).
 	SWEProDir string
 
 	closing sync.WaitGroup
@@ -138,10 +138,10 @@ func (g *Grader) sweproDir() string {
 // errTimedOut marks a step that ran out of time.
 var errTimedOut = errors.New("timed out")
 
-// Grade grades one patch on one task (spec §5.1): a fresh sandbox from the
+// Grade grades one patch on one task (docs/data-and-grading.md §5.1): a fresh sandbox from the
 // task's image; the agent user; SWE-bench Pro's scripts and
 // before_repo_set_cmd; pre_commands (the base the agent started from); the
-// patch applied (§5.2, with the worktree reset between methods); exactly
+// patch applied (docs/data-and-grading.md §5.2, with the worktree reset between methods); exactly
 // one grading path. Every outcome, a crash or a timeout included, is an
 // Outcome with a failure class; only a cancelled ctx makes Grade's result
 // meaningless (the caller drops it).
@@ -283,7 +283,7 @@ func (r *run) grade(ctx context.Context, patch string) Outcome {
 		return infra(fmt.Errorf("task %q cannot be graded: %s", t.TaskID, t.Invalid))
 	}
 	if t.Grading == nil {
-		// Spec §5.1 step 1: no grading path is reward 0, applied, and no
+		// docs/data-and-grading.md §5.1 step 1: no grading path is reward 0, applied, and no
 		// sandbox is created.
 		return Outcome{Applied: true, ExitCode: -1, Failure: records.FailureNoGrading,
 			Error: "the task has no grading payload (eval_cmd, swebench, swepro or f2p)"}
@@ -322,10 +322,10 @@ func (r *run) grade(ctx context.Context, patch string) Outcome {
 	return graded
 }
 
-// setup re-creates the base the agent started from (spec §5.1 steps 3-5).
+// setup re-creates the base the agent started from (docs/data-and-grading.md §5.1 steps 3-5).
 func (r *run) setup(ctx context.Context) error {
 	t, wd := r.t, shellQuote(r.t.Workdir)
-	// ensure_agent_user (spec §3.2): the workspace is the agent's and git
+	// ensure_agent_user (docs/data-and-grading.md §3.2): the workspace is the agent's and git
 	// accepts it.
 	r.sb.step = "ensure_agent_user"
 	if err := workspace.EnsureAgentUser(ctx, r.sb, t.Workdir); err != nil {
@@ -349,7 +349,7 @@ func (r *run) setup(ctx context.Context) error {
 			return err
 		}
 		if sp.BeforeRepoSetCmd != "" {
-			// Spec §4.1: run as agent; its failure is ignored.
+			// docs/data-and-grading.md §4.1: run as agent; its failure is ignored.
 			setupDir := path.Join(path.Dir(r.g.sweproDir()), "swepro_setup")
 			if _, err := r.check(ctx, "before_repo_set_dir", sandbox.Root,
 				"mkdir -p "+setupDir+" && chown agent:agent "+setupDir, userSetupTimeout); err != nil {
@@ -376,7 +376,7 @@ func (r *run) setup(ctx context.Context) error {
 	return nil
 }
 
-// Apply methods, in the order they are tried (spec §5.2).
+// Apply methods, in the order they are tried (docs/data-and-grading.md §5.2).
 const (
 	ApplyEmpty    = "empty"
 	ApplyGit      = "git_apply"
@@ -464,7 +464,7 @@ func verdict(res sandbox.Result, passed bool) Outcome {
 }
 
 // evalCmd runs the task's eval_cmd in the workdir as its eval_user
-// (spec §5.3): exit 0 is reward 1.
+// (docs/data-and-grading.md §5.3): exit 0 is reward 1.
 func (r *run) evalCmd(ctx context.Context) Outcome {
 	user := r.t.EvalUser
 	if user == "" {
@@ -478,7 +478,7 @@ func (r *run) evalCmd(ctx context.Context) Outcome {
 }
 
 // f2p writes the task's pytest file and runs it with python in the
-// workdir as agent (spec §1.7): exit 0 is reward 1.
+// workdir as agent (docs/data-and-grading.md §1.7): exit 0 is reward 1.
 func (r *run) f2p(ctx context.Context) Outcome {
 	f := r.g.scratch("__cagent_f2p__.py")
 	if err := r.write(ctx, f, []byte(r.t.Grading.F2PScript), sandbox.Agent); err != nil {
@@ -496,7 +496,7 @@ func (r *run) f2p(ctx context.Context) Outcome {
 
 const testPatchFailed = 98
 
-// swebench grades a SWE-bench-style task by test name, as root (spec
+// swebench grades a SWE-bench-style task by test name, as root (docs/data-and-grading.md
 // §5.5): the files the test patch touches are reset to the base commit
 // (so edits the patch made to them are discarded) and the test patch
 // applied, then the test command runs and its output is parsed; reward 1
@@ -601,7 +601,7 @@ func requiredPassed(statuses map[string]string, f2p, p2p []string, passed func(s
 	return ok, string(b)
 }
 
-// swepro runs SWE-bench Pro's run script and parser (spec §5.4): reward 1
+// swepro runs SWE-bench Pro's run script and parser (docs/data-and-grading.md §5.4): reward 1
 // iff the required tests are non-empty and all PASSED in result.json. The
 // run script's exit code is ignored.
 func (r *run) swepro(ctx context.Context) Outcome {

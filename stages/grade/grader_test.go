@@ -18,7 +18,7 @@ import (
 	"github.com/kilnrl/kiln/internal/sandbox"
 )
 
-// mimoEvalCmd builds a MiMo grading command as spec §1.4 describes
+// mimoEvalCmd builds a MiMo grading command as docs/data-and-grading.md §1.4 describes
 // (kiln-convert writes the real ones): reset the test patch's paths, apply
 // it, run the test command.
 func mimoEvalCmd(testPatch, testCommand string) string {
@@ -45,7 +45,7 @@ func userOf(cmds []sandbox.Cmd, substr string) (string, bool) {
 	return "", false
 }
 
-// Spec §6 case 25: no grading path is (0, applied) and no sandbox.
+// docs/data-and-grading.md §6 case 25: no grading path is (0, applied) and no sandbox.
 func TestGradeNoGradingPath(t *testing.T) {
 	g, boots := hostGrader(t, time.Minute)
 	out := g.Grade(context.Background(), &Target{TaskID: "t", Workdir: "/nowhere"}, "diff --git a/x b/x\n")
@@ -55,7 +55,7 @@ func TestGradeNoGradingPath(t *testing.T) {
 	assert.Equal(t, 0, boots.n, "no sandbox may be created")
 }
 
-// Spec §6 case 26: eval_cmd verdicts and the user it runs as.
+// docs/data-and-grading.md §6 case 26: eval_cmd verdicts and the user it runs as.
 func TestGradeEvalCmdVerdicts(t *testing.T) {
 	repo := gitRepo(t, map[string]string{"a.txt": "a\n"})
 	cases := []struct {
@@ -91,7 +91,7 @@ func TestGradeEvalCmdVerdicts(t *testing.T) {
 	}
 }
 
-// Spec §6 case 27: an unappliable diff is (0, not applied) and eval_cmd
+// docs/data-and-grading.md §6 case 27: an unappliable diff is (0, not applied) and eval_cmd
 // never runs.
 func TestGradeUnappliableDiff(t *testing.T) {
 	repo := gitRepo(t, map[string]string{"a.txt": "a\n"})
@@ -108,7 +108,7 @@ func TestGradeUnappliableDiff(t *testing.T) {
 	assert.Equal(t, "a\n", string(b))
 }
 
-// Spec §6 case 28: the MiMo command resets the official test paths, so an
+// docs/data-and-grading.md §6 case 28: the MiMo command resets the official test paths, so an
 // agent's edits to them and files it created there are discarded before
 // the test patch applies.
 func TestGradeMiMoResetSemantics(t *testing.T) {
@@ -136,7 +136,7 @@ func TestGradeMiMoResetSemantics(t *testing.T) {
 	}
 }
 
-// Spec §6 case 29: SWE-bench Pro rewards from result.json; the run
+// docs/data-and-grading.md §6 case 29: SWE-bench Pro rewards from result.json; the run
 // script's exit code is ignored.
 func TestGradeSWEPro(t *testing.T) {
 	repo := gitRepo(t, map[string]string{"a.txt": "a\n"})
@@ -185,7 +185,7 @@ func TestGradeSWEPro(t *testing.T) {
 	})
 }
 
-// Spec §6 case 30: the empty diff on an unmodified task fails with an exit
+// docs/data-and-grading.md §6 case 30: the empty diff on an unmodified task fails with an exit
 // in [1, 123]; a grader command past its timeout is exit 124, reward 0,
 // failure timeout, not an error, within the timeout plus a little.
 func TestGradeBaselineAndTimeout(t *testing.T) {

@@ -18,7 +18,7 @@ const (
 )
 
 // Grading is a task's grading payload, decoded from the tasks grading
-// column (written by kiln-convert; spec-data-grade §1.4-§1.7).
+// column (written by kiln-convert; docs/data-and-grading.md §1.4-§1.7).
 type Grading struct {
 	Kind string `json:"kind"`
 	// eval_cmd: a shell command run in the workdir as the task's eval_user;
@@ -39,7 +39,7 @@ type Grading struct {
 	SWEPro *SWEPro `json:"swepro"`
 }
 
-// SWEPro is the payload of a SWE-bench Pro task (spec §1.7, §5.4).
+// SWEPro is the payload of a SWE-bench Pro task (docs/data-and-grading.md §1.7, §5.4).
 type SWEPro struct {
 	BeforeRepoSetCmd  string   `json:"before_repo_set_cmd"`
 	SelectedTestFiles []string `json:"selected_test_files"`
@@ -51,7 +51,7 @@ type SWEPro struct {
 
 // ParseGrading decodes and checks a grading column. A nil column is no
 // grading path (nil, nil): such tasks are graded reward 0 without a
-// sandbox, as the reference does (spec §5.1 step 1).
+// sandbox, as the reference does (docs/data-and-grading.md §5.1 step 1).
 func ParseGrading(col *string) (*Grading, error) {
 	if col == nil || strings.TrimSpace(*col) == "" || strings.TrimSpace(*col) == "null" {
 		return nil, nil
@@ -214,7 +214,7 @@ func unquoteGitPath(s string) string {
 	return s
 }
 
-// preCommandsBody builds the pre_commands script body (spec §4.1): a
+// preCommandsBody builds the pre_commands script body (docs/data-and-grading.md §4.1): a
 // string has each literal two-character "\n" turned into a newline; a list
 // is joined with newlines after dropping empty items. "" means none.
 func preCommandsBody(col *string) (string, error) {

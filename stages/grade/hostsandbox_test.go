@@ -19,7 +19,7 @@ import (
 )
 
 // hostSandbox is a sandbox.Sandbox that runs commands with bash on the
-// host, for the grading-logic tests (spec §6 "Grading" drives the
+// host, for the grading-logic tests (docs/data-and-grading.md §6 "Grading" drives the
 // reference's grader through a shell fake the same way). It records every
 // command; user management (useradd, chown to agent) is recorded but not
 // run, since the host has no agent user. Tests point the workdir and the

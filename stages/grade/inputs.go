@@ -132,7 +132,7 @@ func (ts *targets) get(t *records.Task) (*Target, error) {
 	case im.Workdir != nil && *im.Workdir != "":
 		tg.Workdir = *im.Workdir
 	default:
-		tg.Workdir = "/testbed" // the reference's default (spec §2.2)
+		tg.Workdir = "/testbed" // the reference's default (docs/data-and-grading.md §2.2)
 	}
 	return tg, nil
 }

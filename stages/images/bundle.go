@@ -32,7 +32,7 @@ const (
 	HookBeforeRename = "images:before-rename" // the temporary bundle is complete, not yet in place
 )
 
-// ImageJSON is bundle/image.json, beside rootfs/ (spec-data-grade §2.3):
+// ImageJSON is bundle/image.json, beside rootfs/ (docs/data-and-grading.md §2.3):
 // the first five fields are the reference's contract, the rest is kiln's.
 type ImageJSON struct {
 	Image          string `json:"image"` // the reference that first imported the bundle

@@ -97,7 +97,7 @@ func TestImportRecordsImagesAndExportsMap(t *testing.T) {
 	assert.Equal(t, "/", got[1]["config_workdir"], "an unset WorkingDir is /")
 	assert.Equal(t, "/work", got[1]["workdir"])
 
-	// The bundle: rootfs and image.json (spec §2.3 fields).
+	// The bundle: rootfs and image.json (docs/data-and-grading.md §2.3 fields).
 	bundle := filepath.Join(f.root, "sha256", alphaHex)
 	b, err := os.ReadFile(filepath.Join(bundle, "rootfs", "testbed", "marker"))
 	require.NoError(t, err)
@@ -191,7 +191,7 @@ func TestImportRefusesMismatchedBundle(t *testing.T) {
 	}
 }
 
-// The spec-data-grade §6 image-import cases (11, 13-15), as they apply to
+// The docs/data-and-grading.md §6 image-import cases (11, 13-15), as they apply to
 // digest-named bundles (12, tag validation, is moot: bundles are not named
 // by tag; any reference a source can resolve is accepted).
 func TestSpecImageImportCases(t *testing.T) {
