@@ -41,14 +41,15 @@ func (v *Version) Ref() Ref { return Ref{Name: v.Dataset, Version: v.Version} }
 // Kind is the version's record kind.
 func (v *Version) Kind() records.Kind { return v.kind }
 
-// Open resolves a reference and reads its manifest.
+// Open resolves a reference (a bare name through Resolve) and reads its
+// manifest.
 func Open(ctx context.Context, st store.Store, ref Ref) (*Version, error) {
 	if ref.Version == "" {
-		newest, err := Newest(ctx, st, ref.Name)
+		version, err := Resolve(ctx, st, ref.Name)
 		if err != nil {
 			return nil, err
 		}
-		ref.Version = newest
+		ref.Version = version
 	}
 	return openVersion(ctx, st, ref.Name, ref.Version)
 }
@@ -92,7 +93,9 @@ func openVersion(ctx context.Context, st store.Store, name, version string) (*Ve
 }
 
 // Newest returns the version of name whose manifest the store committed
-// last (by the store's own clock; ties broken by the version id).
+// last (by the store's own clock; ties broken by the version id). It lists
+// the dataset's versions; a bare name means Resolve's version, which is
+// Newest's only for a dataset without a latest pointer.
 func Newest(ctx context.Context, st store.Store, name string) (string, error) {
 	if err := CheckName(name); err != nil {
 		return "", err

@@ -7,10 +7,11 @@ import (
 )
 
 // Ref names a dataset, and optionally one version of it: "name" means the
-// newest committed version, "name@version" exactly that one.
+// version its latest pointer names, the one last made (see Resolve),
+// "name@version" exactly that one.
 type Ref struct {
 	Name    string
-	Version string // "" = newest
+	Version string // "" = latest
 }
 
 var (

@@ -67,6 +67,7 @@ const (
 	HookRowsReceipted = "rows-receipted"
 	HookPartReceipted = "part-receipted"
 	HookBeforeCommit  = "before-commit"
+	HookBeforeLatest  = "before-latest" // committed (or found committed), latest not yet moved
 )
 
 // Writer writes one part of one version. It is not safe for concurrent use.
@@ -298,17 +299,26 @@ type Result struct {
 	// Pending: this part is receipted but others are not yet; the last part
 	// to finish commits.
 	Pending bool
+	// Existed: the version was already committed when the writer started,
+	// so nothing was written but the latest pointer.
+	Existed bool
 	Version *Version
+	// Latest is the dataset's latest pointer after the move (nil when
+	// Pending).
+	Latest *Latest
 }
 
 // Commit finishes this part and, if every part is now finished, commits the
 // version. Exactly one process commits a version; the others get the
-// committed version back. metrics are stage metrics for this part (numbers
-// are summed across parts).
+// committed version back. Then, whoever committed it and also when it was
+// committed already (a rerun, a late part), it moves the dataset's latest
+// pointer to the version (MoveLatest); an error there leaves the version
+// committed and the pointer where it was, and a rerun moves it. metrics are
+// stage metrics for this part (numbers are summed across parts).
 func (w *Writer) Commit(ctx context.Context, metrics map[string]any) (Result, error) {
 	ref := w.Ref()
 	if w.existing != nil {
-		return Result{Ref: ref, Version: w.existing}, nil
+		return w.moveLatest(ctx, Result{Ref: ref, Existed: true, Version: w.existing})
 	}
 	host, _ := os.Hostname()
 	if !w.partDone {
@@ -352,7 +362,18 @@ func (w *Writer) Commit(ctx context.Context, metrics map[string]any) (Result, er
 	if err != nil {
 		return Result{}, err
 	}
-	return Result{Ref: ref, Committed: committed, Version: v}, nil
+	return w.moveLatest(ctx, Result{Ref: ref, Committed: committed, Version: v})
+}
+
+// moveLatest moves the latest pointer to the committed res.Ref.
+func (w *Writer) moveLatest(ctx context.Context, res Result) (Result, error) {
+	w.hook(HookBeforeLatest)
+	l, err := MoveLatest(ctx, w.st, res.Ref, ThisProcess(w.spec.Identity.Stage))
+	if err != nil {
+		return Result{}, fmt.Errorf("dataset %s is committed, but its latest pointer was not moved (rerun to move it): %w", res.Ref, err)
+	}
+	res.Latest = l
+	return res, nil
 }
 
 // partReceipts reads the receipts of every part of this version's split.

@@ -75,8 +75,9 @@ func PartFromEnv(getenv func(string) string) (dataset.Part, error) {
 }
 
 // ResolveInputs parses input references and pins each to a version: an
-// unpinned name becomes its newest version now, so the whole run (and its
-// version id) sees one consistent input. A sharded run refuses unpinned
+// unpinned name becomes the version it means now (its latest pointer, see
+// dataset.Resolve), so the whole run (and its version id) sees one
+// consistent input. A sharded run refuses unpinned
 // inputs, since its parts start at different times.
 func ResolveInputs(ctx context.Context, st store.Store, refs []string, part dataset.Part) ([]dataset.Ref, error) {
 	var out []dataset.Ref
@@ -89,7 +90,7 @@ func ResolveInputs(ctx context.Context, st store.Store, refs []string, part data
 			if part.Count > 1 {
 				return nil, Usagef("input %q is not pinned: a sharded run (--shard %s) needs name@version inputs so every part reads the same data; `kiln ls %s` shows its versions", s, part, r.Name)
 			}
-			if r.Version, err = dataset.Newest(ctx, st, r.Name); err != nil {
+			if r.Version, err = dataset.Resolve(ctx, st, r.Name); err != nil {
 				return nil, err
 			}
 		}

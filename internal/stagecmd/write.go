@@ -78,6 +78,8 @@ func report(log *slog.Logger, res dataset.Result, part dataset.Part) {
 		log.Info("part written; the version commits when its last part lands", "ref", res.Ref.String(), "part", part.String())
 	case res.Committed:
 		log.Info("committed", "ref", res.Ref.String(), "rows", res.Version.Rows, "bytes", res.Version.Bytes, "shards", len(res.Version.Shards))
+	case res.Existed:
+		// An ordinary rerun: Write said "already committed"; nothing to add.
 	default:
 		log.Info("another run committed this version first; reporting it", "ref", res.Ref.String())
 	}
