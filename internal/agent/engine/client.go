@@ -67,10 +67,11 @@ type Options struct {
 	// BaseURL of the vLLM server (or router), e.g. http://127.0.0.1:8000.
 	// Required; a trailing slash is dropped.
 	BaseURL string
-	// HTTPClient; nil means kiln's own HTTP/1.1 transport for http:// URLs
-	// (persistent connections, up to 1024 idle, no proxy: the engine is
-	// reached directly) and net/http's pooled transport for https://.
-	// Set it to route engine calls through a proxy or add TLS settings.
+	// HTTPClient; nil means net/http's Transport tuned for the engine (see
+	// newHTTPClient): HTTP/1.1, up to 1024 idle connections, no proxy, no
+	// redirects followed. Set it to route engine calls through a proxy or
+	// add TLS settings; the no-resend rule (see Client.do) then holds only
+	// as far as its Transport and CheckRedirect keep it.
 	HTTPClient *http.Client
 	// Model is sent as "model" when non-empty; it must be a served model
 	// name or a loaded LoRA name (else vLLM answers 404).
@@ -89,12 +90,9 @@ type Options struct {
 
 // Client talks to one vLLM-compatible engine. It is safe for concurrent use.
 type Client struct {
-	opts     Options
-	base     string
-	basePath string       // the base URL's path, for h1
-	hc       *http.Client // set when h1 is nil
-	h1       *h1Pool      // plain-http engines without Options.HTTPClient
-	bufs     bufPool      // request and reply bodies
+	opts Options
+	base string
+	hc   *http.Client
 
 	probeMu    sync.Mutex // serialises lazy probes
 	mu         sync.Mutex
@@ -111,7 +109,7 @@ func New(opts Options) (*Client, error) {
 	}
 	u, err := url.Parse(strings.TrimSpace(opts.BaseURL))
 	if err != nil {
-		return nil, fmt.Errorf("engine: Options.BaseURL %q: %v", opts.BaseURL, err)
+		return nil, fmt.Errorf("engine: Options.BaseURL %q: %w", opts.BaseURL, err)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return nil, fmt.Errorf("engine: Options.BaseURL %q: scheme must be http or https", opts.BaseURL)
@@ -135,16 +133,8 @@ func New(opts Options) (*Client, error) {
 		return nil, errors.New("engine: Options.APIKey contains a line break")
 	}
 	c := &Client{opts: opts, base: strings.TrimRight(u.String(), "/"), hc: opts.HTTPClient, contextLen: opts.ContextLength}
-	switch {
-	case c.hc == nil && u.Scheme == "http":
-		c.h1 = newH1Pool(u.Host, maxIdleConns, &c.bufs)
-		c.basePath = strings.TrimRight(u.EscapedPath(), "/")
-	case c.hc == nil:
-		// The default transport keeps 2 idle connections per host, so an
-		// adapter serving many sessions would reconnect on most calls.
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.MaxIdleConns, tr.MaxIdleConnsPerHost = maxIdleConns, maxIdleConns
-		c.hc = &http.Client{Transport: tr}
+	if c.hc == nil {
+		c.hc = newHTTPClient()
 	}
 	switch opts.Mode {
 	case ModeGenerate:
@@ -162,9 +152,43 @@ func (c *Client) ContextLength() int {
 	return c.contextLen
 }
 
-// maxIdleConns bounds the idle connections kept to the engine: one per
-// concurrent request at the adapter's usual session counts.
-const maxIdleConns = 1024
+// Transport settings for the engine's own client.
+const (
+	// maxIdleConns bounds the idle connections kept to the engine: one per
+	// concurrent request at the adapter's usual session counts (net/http's
+	// default of 2 per host would reconnect on most calls).
+	maxIdleConns = 1024
+	// idleConnTimeout drops connections idle longer than this; servers
+	// close theirs sooner anyway (uvicorn's keep-alive is 5 s), which the
+	// Transport notices and drops them.
+	idleConnTimeout = 90 * time.Second
+)
+
+// newHTTPClient is the client used when Options.HTTPClient is nil: net/http's
+// default dialing and TLS settings with
+//
+//   - HTTP/1.1 only: vLLM (uvicorn) speaks nothing else, and HTTP/2's
+//     Transport re-sends a request after some stream resets (see Client.do);
+//   - no proxy: the engine is reached directly;
+//   - no compression asked for: replies are read as the engine writes them;
+//   - idle pools sized for many concurrent sessions (maxIdleConns,
+//     idleConnTimeout);
+//   - redirects not followed: a 3xx is an *HTTPError, as any non-2xx, and a
+//     307/308 would otherwise send a generate body again elsewhere.
+func newHTTPClient() *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Proxy = nil
+	tr.Protocols = new(http.Protocols)
+	tr.Protocols.SetHTTP1(true)
+	tr.ForceAttemptHTTP2 = false
+	tr.DisableCompression = true
+	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = maxIdleConns, maxIdleConns
+	tr.IdleConnTimeout = idleConnTimeout
+	return &http.Client{
+		Transport:     tr,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
 
 // maxResponse bounds a reply body (routed-experts arrays can be large).
 const maxResponse = 1 << 30
@@ -174,28 +198,32 @@ type httpReply struct {
 	body   []byte
 }
 
-// release recycles the reply's body; nothing may use it afterwards (values
-// parsed from it are copies).
-func (c *Client) release(r *httpReply) {
-	c.bufs.put(r.body)
-	r.body = nil
-}
-
-// do sends one request. body nil means GET. It retries only a request the
-// server cannot have seen (h1Pool).
+// do sends one request and reads its reply whole. body nil means GET.
+//
+// Cancellation: the request runs under ctx (bounded by
+// Options.RequestTimeout); when ctx ends, net/http's HTTP/1.1 Transport
+// closes the connection, which is how vLLM learns to abort a generation
+// (§5.5), and the call fails with ctx.Err(). A call whose ctx has already
+// ended sends nothing.
+//
+// No resend: the client itself never retries, and a POST (generate,
+// tokenize, detokenize) is never sent twice by the Transport either.
+// net/http re-sends a request on a reused connection that failed only when
+// (a) nothing of it was written to the connection (the server cannot have
+// seen it), or (b) the request is replayable: GET, HEAD, OPTIONS or TRACE,
+// or a rewindable one carrying an Idempotency-Key or X-Idempotency-Key
+// header. The client sets neither header (hdr holds only x-session-id), so
+// a POST that may have reached the engine — a server that read it and
+// dropped the connection may have acted on it — fails to the caller;
+// only the probe's GETs may be re-sent. HTTP/2, whose Transport also
+// re-sends after some stream resets, is not used (newHTTPClient).
 func (c *Client) do(ctx context.Context, method, path string, body []byte, hdr map[string]string) (*httpReply, error) {
 	if c.opts.RequestTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.opts.RequestTimeout)
 		defer cancel()
 	}
-	var r *httpReply
-	var err error
-	if c.h1 != nil {
-		r, err = c.doH1(ctx, method, path, body, hdr)
-	} else {
-		r, err = c.doHTTP(ctx, method, path, body, hdr)
-	}
+	r, err := c.roundTrip(ctx, method, path, body, hdr)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("engine: %s %s aborted: %w", method, c.base+path, ctx.Err())
@@ -208,22 +236,10 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, hdr m
 	return r, nil
 }
 
-func (c *Client) doH1(ctx context.Context, method, path string, body []byte, hdr map[string]string) (*httpReply, error) {
-	req := h1Request{method: method, path: c.basePath + path, body: body}
-	if c.opts.APIKey != "" {
-		req.headers = append(req.headers, [2]string{"Authorization", "Bearer " + c.opts.APIKey})
+func (c *Client) roundTrip(ctx context.Context, method, path string, body []byte, hdr map[string]string) (*httpReply, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err // sent now, the request would only be aborted
 	}
-	for k, v := range hdr {
-		req.headers = append(req.headers, [2]string{k, v})
-	}
-	status, b, err := c.h1.roundTrip(ctx, &req)
-	if err != nil {
-		return nil, err
-	}
-	return &httpReply{status: status, body: b}, nil
-}
-
-func (c *Client) doHTTP(ctx context.Context, method, path string, body []byte, hdr map[string]string) (*httpReply, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -236,17 +252,30 @@ func (c *Client) doHTTP(ctx context.Context, method, path string, body []byte, h
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("Accept", "application/json")
+	req.Header.Set("User-Agent", "kiln")
 	if c.opts.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+c.opts.APIKey)
 	}
 	for k, v := range hdr {
+		// net/http refuses these too, naming the header canonicalized;
+		// the check here names it as the caller gave it.
+		if k == "" || strings.ContainsAny(k, "\r\n: ") || strings.ContainsAny(v, "\r\n") {
+			return nil, fmt.Errorf("header %q: %q is not a valid header line", k, v)
+		}
 		req.Header.Set(k, v)
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // do names the method and URL itself
+		}
 		return nil, err
 	}
 	defer resp.Body.Close()
+	if resp.ContentLength > maxResponse {
+		return nil, fmt.Errorf("reply larger than %d bytes", maxResponse)
+	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse+1))
 	if err != nil {
 		return nil, fmt.Errorf("reading reply: %w", err)
@@ -255,6 +284,16 @@ func (c *Client) doHTTP(ctx context.Context, method, path string, body []byte, h
 		return nil, fmt.Errorf("reply larger than %d bytes", maxResponse)
 	}
 	return &httpReply{status: resp.StatusCode, body: b}, nil
+}
+
+// Watch returns ctx unchanged and a stop function that does nothing.
+//
+// Deprecated: it shared one cancellation registration among a run of calls
+// on kiln's own HTTP/1.1 transport. On net/http's Transport each call is
+// cancelled through its own context (see Client.do), so there is nothing
+// to share; callers may drop Watch.
+func Watch(ctx context.Context) (_ context.Context, stop func()) {
+	return ctx, func() {}
 }
 
 // httpError builds the HTTPError for a non-2xx reply (vllm-wire.md §1: decide

@@ -260,11 +260,9 @@ func (c *Client) Generate(ctx context.Context, req GenerateRequest) (Generation,
 		hdr = map[string]string{"x-session-id": req.SessionID}
 	}
 	r, err := c.do(ctx, http.MethodPost, string(route), body, hdr)
-	c.bufs.put(body)
 	if err != nil {
 		return Generation{}, err
 	}
-	defer c.release(r)
 	if r.status/100 != 2 {
 		e := c.httpError(http.MethodPost, string(route), r)
 		if route == RouteGenerate && routeMissing(r) {
@@ -357,138 +355,28 @@ func (c *Client) generateBody(req *GenerateRequest, maxTokens int) ([]byte, erro
 		zero := 0
 		sp.RoutedExpertsPromptStart = &zero
 	}
-	// The prompt ids (thousands) are written directly, then the rest:
-	// by appendRest as encoding/json writes it, or by encoding/json where
-	// appendRest declines (stop strings, logit bias, strings to escape).
+	// The prompt ids are written first, through the memo (a render it
+	// read is written as the reply's bytes of it), then the rest of the
+	// body by encoding/json.
 	type restFields struct {
 		SamplingParams wireSampling `json:"sampling_params"`
 		Model          string       `json:"model,omitempty"`
 		RequestID      string       `json:"request_id,omitempty"`
 		CacheSalt      string       `json:"cache_salt,omitempty"`
 	}
-	b := c.bufs.get(512 + 7*len(req.PromptIDs))
-	b = append(b, `{"token_ids":`...)
-	b = req.Memo.appendPrompt(b, req.PromptIDs)
-	b = append(b, ',')
-	if out, ok := appendRest(b, &sp, c.opts.Model, req.RequestID, req.CacheSalt); ok {
-		return out, nil
-	}
 	rest, err := marshal(restFields{sp, c.opts.Model, req.RequestID, req.CacheSalt})
 	if err != nil {
 		return nil, err
 	}
+	b := make([]byte, 0, len(rest)+16+7*len(req.PromptIDs))
+	b = append(b, `{"token_ids":`...)
+	b = req.Memo.appendPrompt(b, req.PromptIDs)
+	b = append(b, ',')
 	return append(b, rest[1:]...), nil
 }
 
-// appendRest appends a generate body's fields after token_ids — the
-// sampling params, model, request id, cache salt and the closing brace —
-// exactly as encoding/json (without HTML escaping) writes them. ok is
-// false, and b is to be written by encoding/json instead, for what it does
-// not write: stop strings, a logit bias, a string with anything but
-// printable ASCII other than quote and backslash, a non-finite number.
-func appendRest(b []byte, sp *wireSampling, model, requestID, cacheSalt string) (_ []byte, ok bool) {
-	if len(sp.Stop) > 0 || len(sp.LogitBias) > 0 || !plainString(model) || !plainString(requestID) || !plainString(cacheSalt) {
-		return b, false
-	}
-	ok = true
-	num := func(key string, v *float64) {
-		if v == nil {
-			return
-		}
-		if math.IsNaN(*v) || math.IsInf(*v, 0) {
-			ok = false
-			return
-		}
-		b = append(b, key...)
-		b = appendJSONFloat(b, *v)
-	}
-	boolean := func(key string, v bool) {
-		b = append(b, key...)
-		b = strconv.AppendBool(b, v)
-	}
-	b = append(b, `"sampling_params":{"max_tokens":`...)
-	b = strconv.AppendInt(b, int64(sp.MaxTokens), 10)
-	num(`,"temperature":`, sp.Temperature)
-	num(`,"top_p":`, sp.TopP)
-	if sp.TopK != nil {
-		b = append(b, `,"top_k":`...)
-		b = strconv.AppendInt(b, int64(*sp.TopK), 10)
-	}
-	num(`,"min_p":`, sp.MinP)
-	if sp.Seed != nil {
-		b = append(b, `,"seed":`...)
-		b = strconv.AppendInt(b, *sp.Seed, 10)
-	}
-	if sp.IncludeStopStrInOutput != nil {
-		boolean(`,"include_stop_str_in_output":`, *sp.IncludeStopStrInOutput)
-	}
-	if len(sp.StopTokenIDs) > 0 {
-		b = append(b, `,"stop_token_ids":`...)
-		b = appendIDs(b, sp.StopTokenIDs)
-	}
-	if sp.IgnoreEOS {
-		b = append(b, `,"ignore_eos":true`...)
-	}
-	if sp.MinTokens != 0 {
-		b = append(b, `,"min_tokens":`...)
-		b = strconv.AppendInt(b, int64(sp.MinTokens), 10)
-	}
-	b = append(b, `,"logprobs":`...)
-	b = strconv.AppendInt(b, int64(sp.Logprobs), 10)
-	num(`,"presence_penalty":`, sp.PresencePenalty)
-	num(`,"frequency_penalty":`, sp.FrequencyPenalty)
-	num(`,"repetition_penalty":`, sp.RepetitionPenalty)
-	boolean(`,"skip_special_tokens":`, sp.SkipSpecialTokens)
-	boolean(`,"spaces_between_special_tokens":`, sp.SpacesBetweenSpecialTokens)
-	if sp.Detokenize != nil {
-		boolean(`,"detokenize":`, *sp.Detokenize)
-	}
-	if sp.ReturnSamplingMask {
-		b = append(b, `,"return_sampling_mask":true`...)
-	}
-	if sp.RoutedExpertsPromptStart != nil {
-		b = append(b, `,"routed_experts_prompt_start":`...)
-		b = strconv.AppendInt(b, int64(*sp.RoutedExpertsPromptStart), 10)
-	}
-	b = append(b, '}')
-	for _, f := range [...]struct{ key, v string }{{`,"model":"`, model}, {`,"request_id":"`, requestID}, {`,"cache_salt":"`, cacheSalt}} {
-		if f.v != "" {
-			b = append(append(append(b, f.key...), f.v...), '"')
-		}
-	}
-	return append(b, '}'), ok
-}
-
-// plainString reports whether encoding/json writes s as it is between
-// quotes: printable ASCII without a quote or a backslash.
-func plainString(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
-			return false
-		}
-	}
-	return true
-}
-
-// appendJSONFloat appends a finite float64 as encoding/json writes it:
-// the shortest form, in exponent notation below 1e-6 and from 1e21, with
-// a one-digit negative exponent not zero-padded.
-func appendJSONFloat(b []byte, f float64) []byte {
-	format := byte('f')
-	if a := math.Abs(f); a != 0 && (a < 1e-6 || a >= 1e21) {
-		format = 'e'
-	}
-	b = strconv.AppendFloat(b, f, format, -1, 64)
-	if format == 'e' {
-		if n := len(b); n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
-			b[n-2] = b[n-1]
-			b = b[:n-1]
-		}
-	}
-	return b
-}
-
-// appendIDs appends ids as a JSON array (null for nil, as encoding/json).
+// appendIDs appends ids as a JSON array, as encoding/json writes an
+// []int32 (null for nil).
 func appendIDs(b []byte, ids []int32) []byte {
 	if ids == nil {
 		return append(b, "null"...)
@@ -498,40 +386,9 @@ func appendIDs(b []byte, ids []int32) []byte {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		if id < 0 {
-			b = strconv.AppendInt(b, int64(id), 10)
-			continue
-		}
-		b = appendUint32(b, uint32(id))
+		b = strconv.AppendInt(b, int64(id), 10)
 	}
 	return append(b, ']')
-}
-
-// digitPairs holds "00".."99".
-const digitPairs = "00010203040506070809101112131415161718192021222324252627282930313233343536373839" +
-	"40414243444546474849505152535455565758596061626364656667686970717273747576777879" +
-	"8081828384858687888990919293949596979899"
-
-// appendUint32 is strconv.AppendUint for the prompt ids of a generate body,
-// two digits a step and without its call overhead.
-func appendUint32(b []byte, v uint32) []byte {
-	var buf [10]byte
-	i := len(buf)
-	for v >= 100 {
-		q := v / 100
-		r := (v - q*100) * 2
-		i -= 2
-		buf[i], buf[i+1] = digitPairs[r], digitPairs[r+1]
-		v = q
-	}
-	if v >= 10 {
-		i -= 2
-		buf[i], buf[i+1] = digitPairs[v*2], digitPairs[v*2+1]
-	} else {
-		i--
-		buf[i] = byte('0' + v)
-	}
-	return append(b, buf[i:]...)
 }
 
 func (c *Client) completionsBody(req *GenerateRequest, maxTokens int) ([]byte, error) {

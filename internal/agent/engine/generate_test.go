@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
-	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -384,7 +382,7 @@ func TestSamplingChecks(t *testing.T) {
 	// A negative prompt id is refused, memo or not: a memo vouches only
 	// for the very ids it read.
 	var memo Memo
-	render, _, ok := memo.scan([]byte(`[5,6,7]`), 0)
+	render, ok := memo.scan([]byte(`[5,6,7]`))
 	require.True(t, ok)
 	for _, m := range []*Memo{nil, &memo} {
 		_, err = c.Generate(bg, GenerateRequest{PromptIDs: []int32{5, -6, 7}, Memo: m, Sampling: SamplingParams{MaxTokens: 1}})
@@ -470,111 +468,4 @@ func TestRequestTimeout(t *testing.T) {
 	c := newClient(t, srv.URL, Options{Mode: ModeGenerate, ContextLength: 10, RequestTimeout: 50 * time.Millisecond})
 	_, err := c.Generate(bg, GenerateRequest{PromptIDs: []int32{1}, Sampling: SamplingParams{MaxTokens: 1}})
 	assert.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
-}
-
-// appendRest writes what encoding/json writes, for every combination of
-// set and unset fields and values of every magnitude, and declines what it
-// does not write.
-func TestAppendRestLikeEncodingJSON(t *testing.T) {
-	rng := rand.New(rand.NewPCG(3, 4))
-	float := func() *float64 {
-		if rng.IntN(3) == 0 {
-			return nil
-		}
-		v := []float64{0, 1, -0.5, 0.7, 1e-7, 1.5e-6, 1e20, 1e21, 123456789.125, -2.5e-9}[rng.IntN(10)]
-		if rng.IntN(2) == 0 {
-			v = (rng.Float64()*2 - 1) * math.Pow(10, float64(rng.IntN(50)-25))
-		}
-		return &v
-	}
-	str := func() string { // plain three times in four
-		if rng.IntN(4) > 0 {
-			return []string{"", "qwen3", "r-1", "Qwen/Qwen3-8B", "<&>"}[rng.IntN(5)]
-		}
-		return []string{"a\"b", "é", "tab\there", "x\\y"}[rng.IntN(4)]
-	}
-	type rest struct {
-		SamplingParams wireSampling `json:"sampling_params"`
-		Model          string       `json:"model,omitempty"`
-		RequestID      string       `json:"request_id,omitempty"`
-		CacheSalt      string       `json:"cache_salt,omitempty"`
-	}
-	written, declined := 0, 0
-	for range 20000 {
-		sp := wireSampling{MaxTokens: rng.IntN(70000), Temperature: float(), TopP: float(), MinP: float(),
-			Logprobs: rng.IntN(21), PresencePenalty: float(), FrequencyPenalty: float(), RepetitionPenalty: float(),
-			IgnoreEOS: rng.IntN(2) == 0, MinTokens: rng.IntN(3), SkipSpecialTokens: rng.IntN(2) == 0,
-			SpacesBetweenSpecialTokens: rng.IntN(2) == 0, ReturnSamplingMask: rng.IntN(2) == 0}
-		if rng.IntN(2) == 0 {
-			k := rng.IntN(3) - 1
-			sp.TopK = &k
-		}
-		if rng.IntN(2) == 0 {
-			s := rng.Int64() - rng.Int64()
-			sp.Seed = &s
-		}
-		if rng.IntN(3) == 0 {
-			sp.StopTokenIDs = []int32{151645, int32(rng.IntN(1000))}
-		}
-		if rng.IntN(2) == 0 {
-			d := rng.IntN(2) == 0
-			sp.Detokenize = &d
-		}
-		if rng.IntN(3) == 0 {
-			inc := rng.IntN(2) == 0
-			sp.IncludeStopStrInOutput = &inc
-		}
-		if rng.IntN(10) == 0 {
-			sp.Stop = []string{"</tool_call>"}
-		}
-		if rng.IntN(10) == 0 {
-			sp.LogitBias = map[int32]float64{5: -100}
-		}
-		if rng.IntN(3) == 0 {
-			z := rng.IntN(2)
-			sp.RoutedExpertsPromptStart = &z
-		}
-		r := rest{sp, str(), str(), str()}
-		want, err := marshal(r)
-		require.NoError(t, err)
-		got, ok := appendRest([]byte("{"), &r.SamplingParams, r.Model, r.RequestID, r.CacheSalt)
-		if !ok {
-			declined++
-			continue
-		}
-		written++
-		require.Equal(t, string(want), string(got))
-	}
-	assert.Greater(t, written, 5000)
-	assert.Greater(t, declined, 1000)
-	for _, v := range []float64{math.NaN(), math.Inf(1)} {
-		_, ok := appendRest(nil, &wireSampling{Temperature: &v}, "", "", "")
-		assert.False(t, ok, "a non-finite %v is left to encoding/json's error", v)
-	}
-}
-
-// BenchmarkGenerateRest writes a turn's sampling params as the adapter
-// sends them, with encoding/json beside it.
-func BenchmarkGenerateRest(b *testing.B) {
-	temp, topP, topK := 1.0, 1.0, -1
-	detok := false
-	sp := wireSampling{MaxTokens: 4096, Temperature: &temp, TopP: &topP, TopK: &topK, Logprobs: 1, Detokenize: &detok}
-	buf := make([]byte, 0, 512)
-	b.Run("kiln", func(b *testing.B) {
-		for b.Loop() {
-			if _, ok := appendRest(buf[:0], &sp, "qwen3", "", ""); !ok {
-				b.Fatal("declined")
-			}
-		}
-	})
-	b.Run("encoding-json", func(b *testing.B) {
-		for b.Loop() {
-			if _, err := marshal(struct {
-				SamplingParams wireSampling `json:"sampling_params"`
-				Model          string       `json:"model,omitempty"`
-			}{sp, "qwen3"}); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
 }

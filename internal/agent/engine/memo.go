@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"slices"
 	"sync"
 )
@@ -37,36 +38,48 @@ type Memo struct {
 	mu sync.Mutex
 	// /tokenize: the remembered list's bytes ('[' through ']') and ids
 	// (never written once remembered).
-	raw  []byte
-	ids  []int32
-	tail []int32 // scratch: the ids of a reply after the shared ones
+	raw []byte
+	ids []int32
 	// The messages and tools of the last /tokenize body, found well formed
 	// (the slices, not copies: see checked).
 	msgs, tools []json.RawMessage
 }
 
-// scan reads the id list at b[i] as scanIDs does, taking the ids it shares
-// with the remembered list from it, and remembers this list unless it is a
-// prefix of that one. A nil memo is scanIDs.
-func (m *Memo) scan(b []byte, i int) ([]int32, int, bool) {
+// scan reads raw, a /tokenize reply's "tokens" value, as an id list
+// (non-negative int32s) with encoding/json, taking the ids it shares with
+// the remembered list from it, and remembers this list unless it is a
+// prefix of that one. ok is false for anything but such a list; nothing is
+// remembered then. A nil memo reads the whole list.
+func (m *Memo) scan(raw []byte) (_ []int32, ok bool) {
+	raw = bytes.TrimSpace(raw)
 	if m == nil {
-		return scanIDs(b, i)
+		return decodeIDs(raw)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	from, k := i, 0
-	p := commonPrefix(b[i:], m.raw)
-	if c := bytes.LastIndexByte(b[i:i+p], ','); c >= 0 {
-		from, k = i+c+1, bytes.Count(b[i:i+c+1], []byte{','})
+	// The ids before the last comma the reply shares with the remembered
+	// list are the remembered ones (k of them); the rest, from just after
+	// that comma, is decoded as a list of its own. raw[:from] is then the
+	// remembered list's own prefix up to a comma ("[a,b,"), so raw is a
+	// list exactly when "[" + raw[from:] is a list of at least one id.
+	p := commonPrefix(raw, m.raw)
+	from, k := 0, 0
+	if c := bytes.LastIndexByte(raw[:p], ','); c >= 0 {
+		from, k = c+1, bytes.Count(raw[:c+1], []byte{','})
 	}
-	tail, end, ok := scanIDsFrom(m.tail, b, i, from)
+	var tail []int32
+	if from == 0 {
+		tail, ok = decodeIDs(raw)
+	} else {
+		tail, ok = decodeIDs(append([]byte{'['}, raw[from:]...))
+		ok = ok && len(tail) > 0
+	}
 	if !ok {
-		return nil, end, false
+		return nil, false
 	}
-	m.tail = tail
 	n := k + len(tail)
 	if n == 0 {
-		return []int32{}, end, true
+		return []int32{}, true
 	}
 	// q: how far the reply agrees with the remembered ids (the tail
 	// re-reads the id whose comma was not yet shared).
@@ -75,7 +88,7 @@ func (m *Memo) scan(b []byte, i int) ([]int32, int, bool) {
 		q++
 	}
 	if q == n {
-		return m.ids[:n:n], end, true // the remembered list, or a prefix of it
+		return m.ids[:n:n], true // the remembered list, or a prefix of it
 	}
 	var ids []int32
 	if q == len(m.ids) && n <= cap(m.ids) {
@@ -94,12 +107,27 @@ func (m *Memo) scan(b []byte, i int) ([]int32, int, bool) {
 	// Only the bytes past the shared ones are copied into raw, which grows
 	// by half again (append grows large slices by a quarter: a copy of
 	// the whole list every turn or two).
-	p = min(p, end-i)
-	if need := end - i; need > cap(m.raw) {
+	if need := len(raw); need > cap(m.raw) {
 		m.raw = append(make([]byte, 0, need+need/2), m.raw[:p]...)
 	}
-	m.raw, m.ids = append(m.raw[:p], b[i+p:end]...), ids
-	return ids[:n:n], end, true
+	m.raw, m.ids = append(m.raw[:p], raw[p:]...), ids
+	return ids[:n:n], true
+}
+
+// decodeIDs reads raw as a JSON list of non-negative int32 ids.
+func decodeIDs(raw []byte) ([]int32, bool) {
+	var vals []int64
+	if json.Unmarshal(raw, &vals) != nil || vals == nil {
+		return nil, false
+	}
+	ids := make([]int32, len(vals))
+	for i, v := range vals {
+		if v < 0 || v > math.MaxInt32 {
+			return nil, false
+		}
+		ids[i] = int32(v)
+	}
+	return ids, true
 }
 
 // appendPrompt appends ids as a JSON array, as appendIDs does; when ids

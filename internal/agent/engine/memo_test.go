@@ -63,10 +63,10 @@ func TestMemo(t *testing.T) {
 			}
 			earlier = append(earlier, slices.Clone(ids))
 			body := []byte(format(ids, sep))
-			want, _, _, _, ok1 := scanTokenize(body, nil)
-			got, count, _, _, ok2 := scanTokenize(body, &memo)
-			if !ok1 || !ok2 || !slices.Equal(got, want) || !slices.Equal(got, ids) || count != len(ids) {
-				t.Fatalf("seed %d step %d: memo gave %v (ok %v), plain %v (ok %v), sent %v", seed, step, got, ok2, want, ok1, ids)
+			want, _, err1 := readTokenize(body, nil)
+			got, _, err2 := readTokenize(body, &memo)
+			if err1 != nil || err2 != nil || !slices.Equal(got, want) || !slices.Equal(got, ids) {
+				t.Fatalf("seed %d step %d: memo gave %v (%v), plain %v (%v), sent %v", seed, step, got, err2, want, err1, ids)
 			}
 			if cap(got) != len(got) {
 				t.Fatalf("seed %d step %d: result of %d ids has capacity %d: an append to it would write shared memory", seed, step, len(got), cap(got))
@@ -96,7 +96,7 @@ func TestMemoSharesGrowth(t *testing.T) {
 	for k := range 1000 {
 		conv = append(conv, int32(k%251))
 	}
-	first, _, ok := memo.scan(list(conv), 0)
+	first, ok := memo.scan(list(conv))
 	if !ok {
 		t.Fatal("first render refused")
 	}
@@ -104,7 +104,7 @@ func TestMemoSharesGrowth(t *testing.T) {
 	arrays := map[*int32]bool{}
 	for turn := range 20 {
 		conv = append(conv, int32(turn), 7, 8, 9)
-		got, _, ok := memo.scan(list(conv), 0)
+		got, ok := memo.scan(list(conv))
 		if !ok || !slices.Equal(got, conv) {
 			t.Fatalf("turn %d: %v %v", turn, ok, got)
 		}
@@ -117,7 +117,7 @@ func TestMemoSharesGrowth(t *testing.T) {
 	}
 	edited := slices.Clone(conv)
 	edited[500] = 9999
-	got, _, ok := memo.scan(list(edited), 0)
+	got, ok := memo.scan(list(edited))
 	if !ok || !slices.Equal(got, edited) || &got[0] == &first[0] {
 		t.Fatalf("edited render: ok %v, same array %v", ok, &got[0] == &first[0])
 	}
@@ -134,7 +134,7 @@ func TestMemoSharesGrowth(t *testing.T) {
 func TestMemoKeepsLongest(t *testing.T) {
 	var memo Memo
 	scan := func(s string) ([]int32, bool) {
-		ids, _, ok := memo.scan([]byte(s), 0)
+		ids, ok := memo.scan([]byte(s))
 		return ids, ok
 	}
 	if _, ok := scan(`[10,20,30,40]`); !ok {
@@ -168,9 +168,9 @@ func TestMemoKeepsLongest(t *testing.T) {
 func TestMemoPrompt(t *testing.T) {
 	var memo Memo
 	reply := []byte(`{"count":4,"tokens":[7, 80,  9,1000],"max_model_len":64}`)
-	render, _, _, _, ok := scanTokenize(reply, &memo)
-	if !ok {
-		t.Fatal("reply refused")
+	render, _, err := readTokenize(reply, &memo)
+	if err != nil {
+		t.Fatalf("reply refused: %v", err)
 	}
 	decode := func(body []byte) []int32 {
 		var ids []int32

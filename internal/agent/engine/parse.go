@@ -62,9 +62,6 @@ type wireChoice struct {
 	RoutedExperts json.RawMessage `json:"routed_experts"`
 }
 
-// choiceFields are wireChoice's keys, in field order (the fast path).
-var choiceFields = []string{"token_ids", "logprobs", "finish_reason", "stop_reason", "sampling_mask", "routed_experts"}
-
 type wireEntry struct {
 	TokenID     json.RawMessage `json:"token_id"`
 	Token       json.RawMessage `json:"token"`
@@ -123,21 +120,6 @@ func decodeTop(route string, body []byte) (wireResponse, wireChoice, error) {
 	if len(t) == 0 || t[0] != '{' {
 		return resp, wireChoice{}, replyErr(route, ReasonBadJSON, "reply is not a JSON object: %s", clip(body, 200))
 	}
-	// Fast path: split the top level by structure only, so the large
-	// prompt_token_ids echo is skipped, not decoded, and the one choice is
-	// decoded once. Anything unusual goes through encoding/json below,
-	// which also words the errors.
-	if top, ok := splitObject(t); ok {
-		resp = wireResponse{Choices: top["choices"], Usage: top["usage"], Model: top["model"],
-			Created: top["created"], OutputMode: top["output_mode"], PromptTokenIDs: top["prompt_token_ids"]}
-		if elems, ok := splitArray(resp.Choices); ok && len(elems) == 1 {
-			var f [6]json.RawMessage
-			if fieldsInto(elems[0], choiceFields, f[:]) {
-				return resp, wireChoice{TokenIDs: f[0], Logprobs: f[1], FinishReason: f[2], StopReason: f[3],
-					SamplingMask: f[4], RoutedExperts: f[5]}, nil
-			}
-		}
-	}
 	if err := json.Unmarshal(t, &resp); err != nil {
 		return resp, wireChoice{}, replyErr(route, ReasonBadJSON, "%v: %s", err, clip(body, 200))
 	}
@@ -165,11 +147,6 @@ func decodeTop(route string, body []byte) (wireResponse, wireChoice, error) {
 func tokenIDList(route, what string, raw json.RawMessage) ([]int32, error) {
 	if isNull(raw) {
 		return nil, replyErr(route, ReasonMissingTokenIDs, "%s missing", what)
-	}
-	if t := bytes.TrimSpace(raw); len(t) > 0 {
-		if ids, end, ok := scanIDs(t, 0); ok && end == len(t) {
-			return ids, nil
-		}
 	}
 	var items []json.RawMessage
 	if err := json.Unmarshal(raw, &items); err != nil {
@@ -244,9 +221,7 @@ func entryID(route, where string, e *wireEntry) (id int32, ok bool, err error) {
 	}
 	if !isNull(e.Token) {
 		var s string
-		if t := bytes.TrimSpace(e.Token); len(t) >= 2 && t[0] == '"' && t[len(t)-1] == '"' && bytes.IndexByte(t, '\\') < 0 {
-			s = string(t[1 : len(t)-1]) // no escapes: the common case, without a decoder
-		} else if json.Unmarshal(e.Token, &s) != nil {
+		if json.Unmarshal(e.Token, &s) != nil {
 			s = ""
 		}
 		if strings.HasPrefix(s, "token_id:") {
@@ -308,12 +283,9 @@ func checkUsage(route string, raw json.RawMessage, n int, g *Generation) error {
 	if isNull(raw) {
 		return nil
 	}
-	u, ok := scanUsage(raw)
-	if !ok {
-		var err error
-		if u, err = usageJSON(route, raw); err != nil {
-			return err
-		}
+	u, err := usageJSON(route, raw)
+	if err != nil {
+		return err
 	}
 	if !u.fields {
 		return nil
@@ -323,6 +295,14 @@ func checkUsage(route string, raw json.RawMessage, n int, g *Generation) error {
 	}
 	g.PromptTokens, g.CachedTokens = u.prompt, u.cached
 	return nil
+}
+
+// usageCounts is what checkUsage reads of a usage object.
+type usageCounts struct {
+	fields     bool // the object has a field (it is not {})
+	completion int  // 0 when absent or null
+	prompt     int  // -1 when absent or null
+	cached     int  // prompt_tokens_details.cached_tokens; -1 when absent or null
 }
 
 // usageJSON reads any usage value with encoding/json: an object, or an
@@ -357,28 +337,9 @@ func usageJSON(route string, raw json.RawMessage) (usageCounts, error) {
 }
 
 // parseGenerate reads and validates a POST /inference/v1/generate reply
-// (shapes A, B, C of vllm-wire.md §5.4).
+// (shapes A, B, C of vllm-wire.md §5.4) with encoding/json, and words every
+// error.
 func parseGenerate(body []byte, req *GenerateRequest) (Generation, error) {
-	const route = string(RouteGenerate)
-	if req.Sampling.Logprobs <= 0 {
-		if r, ok := fastGenerate(body); ok && !namesOtherIDs(r.entryIDs, r.ids) {
-			g := Generation{Route: RouteGenerate, OutputIDs: r.ids, LogProbs: r.lps}
-			var err error
-			if g.FinishReason, err = finishReason(route, r.ch.FinishReason); err != nil {
-				return Generation{}, err
-			}
-			if g.StopReason, err = stopReason(route, r.ch.StopReason); err != nil {
-				return Generation{}, err
-			}
-			return finishGenerate(route, g, r.resp, r.ch, req, r.intIDs)
-		}
-	}
-	return parseGenerateSlow(body, req)
-}
-
-// parseGenerateSlow reads any generate reply shape with encoding/json where
-// the structure is unusual, and words every error.
-func parseGenerateSlow(body []byte, req *GenerateRequest) (Generation, error) {
 	const route = string(RouteGenerate)
 	resp, ch, err := decodeTop(route, body)
 	if err != nil {
@@ -401,10 +362,7 @@ func parseGenerateSlow(body []byte, req *GenerateRequest) (Generation, error) {
 	var lp struct {
 		Content json.RawMessage `json:"content"`
 	}
-	var content [1]json.RawMessage
-	if fieldsInto(ch.Logprobs, logprobsFields, content[:]) {
-		lp.Content = content[0]
-	} else if err := json.Unmarshal(ch.Logprobs, &lp); err != nil {
+	if err := json.Unmarshal(ch.Logprobs, &lp); err != nil {
 		return Generation{}, replyErr(route, ReasonMissingLogprobs, "choices[0].logprobs is not an object: %v", err)
 	}
 	if isNull(lp.Content) {
@@ -444,23 +402,6 @@ func parseGenerateSlow(body []byte, req *GenerateRequest) (Generation, error) {
 		}
 	}
 	return finishGenerate(route, g, resp, ch, req, intIDs)
-}
-
-// logprobsFields is the one key of choices[0].logprobs the reply is read for.
-var logprobsFields = []string{"content"}
-
-// entryFields are wireEntry's keys, in field order (the fast path).
-var entryFields = []string{"token_id", "token", "logprob", "top_logprobs"}
-
-// namesOtherIDs reports whether an entry names an id other than the output
-// id at its position (-1: the entry names none).
-func namesOtherIDs(entryIDs, ids []int32) bool {
-	for i, id := range entryIDs {
-		if id >= 0 && id != ids[i] {
-			return true
-		}
-	}
-	return false
 }
 
 // finishGenerate checks usage, names the shape and reads the optional

@@ -9,8 +9,6 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-
-	"github.com/kilnrl/kiln/internal/agent/jsonskim"
 )
 
 // ChatRequest is the chat form of POST /tokenize (vllm-wire.md §2.2).
@@ -49,7 +47,6 @@ func (c *Client) TokenizeChat(ctx context.Context, req ChatRequest) ([]int32, er
 	if err != nil {
 		return nil, err
 	}
-	defer c.bufs.put(body)
 	return c.tokenize(ctx, body, req.Memo)
 }
 
@@ -60,7 +57,7 @@ func (c *Client) tokenizeBody(req ChatRequest) ([]byte, error) {
 	if req.AddGenerationPrompt && req.ContinueFinalMessage {
 		return nil, errors.New("engine: TokenizeChat: AddGenerationPrompt and ContinueFinalMessage are exclusive (vLLM answers 400 to both)")
 	}
-	b := bytes.NewBuffer(c.bufs.get(256 + bodySize(req.Messages) + bodySize(req.Tools)))
+	b := bytes.NewBuffer(make([]byte, 0, 256+bodySize(req.Messages)+bodySize(req.Tools)))
 	b.WriteByte('{')
 	if c.opts.Model != "" {
 		m, _ := marshal(c.opts.Model)
@@ -126,14 +123,10 @@ func bodySize(vals []json.RawMessage) int {
 	return n
 }
 
-// validValue: raw is one JSON value whose first byte is open ('{' or '['),
-// checked for structure (balanced brackets, closed strings) — the messages
-// of every turn pass here twice, and a full grammar check of each was a
-// twentieth of the adapter's CPU. The engine checks the grammar and answers
-// a 400 with its message (an HTTPError) to what this lets through.
+// validValue: raw is one JSON value whose first byte is open ('{' or '[').
 func validValue(raw json.RawMessage, open byte) bool {
 	t := bytes.TrimSpace(raw)
-	return len(t) > 0 && t[0] == open && jsonskim.Value(t, 0) == len(t)
+	return len(t) > 0 && t[0] == open && json.Valid(t)
 }
 
 func (c *Client) tokenize(ctx context.Context, body []byte, memo *Memo) ([]int32, error) {
@@ -142,40 +135,62 @@ func (c *Client) tokenize(ctx context.Context, body []byte, memo *Memo) ([]int32
 	if err != nil {
 		return nil, err
 	}
-	defer c.release(r)
 	if r.status/100 != 2 {
 		return nil, c.httpError(http.MethodPost, path, r)
 	}
-	if ids, count, hasCount, maxLen, ok := scanTokenize(r.body, memo); ok {
-		if hasCount && count != len(ids) {
-			return nil, replyErr(path, ReasonLengthMismatch, "count %d but %d tokens", count, len(ids))
-		}
-		c.learnContext(maxLen)
-		return ids, nil
+	ids, maxLen, err := readTokenize(r.body, memo)
+	if err != nil {
+		return nil, err
 	}
+	c.learnContext(maxLen)
+	return ids, nil
+}
+
+// readTokenize reads a /tokenize reply: its ids (through memo, see Memo)
+// and max_model_len (0 when absent).
+func readTokenize(body []byte, memo *Memo) (ids []int32, maxLen int, err error) {
+	var resp struct {
+		Count       *int            `json:"count"`
+		MaxModelLen int             `json:"max_model_len"`
+		Tokens      json.RawMessage `json:"tokens"`
+	}
+	if json.Unmarshal(body, &resp) == nil && !isNull(resp.Tokens) {
+		if ids, ok := memo.scan(resp.Tokens); ok {
+			if resp.Count != nil && *resp.Count != len(ids) {
+				return nil, 0, replyErr("/tokenize", ReasonLengthMismatch, "count %d but %d tokens", *resp.Count, len(ids))
+			}
+			return ids, resp.MaxModelLen, nil
+		}
+	}
+	return readTokenizeIDs(body)
+}
+
+// readTokenizeIDs reads a /tokenize reply the memo did not take (tokens
+// missing or not a list of int32 ids) as int64 ids, and words the error.
+func readTokenizeIDs(body []byte) ([]int32, int, error) {
+	const path = "/tokenize"
 	var resp struct {
 		Count       *int    `json:"count"`
 		MaxModelLen int     `json:"max_model_len"`
 		Tokens      []int64 `json:"tokens"`
 	}
-	if err := json.Unmarshal(r.body, &resp); err != nil {
-		return nil, replyErr(path, ReasonBadJSON, "%v: %s", err, clip(r.body, 200))
+	if err := json.Unmarshal(body, &resp); err != nil {
+		return nil, 0, replyErr(path, ReasonBadJSON, "%v: %s", err, clip(body, 200))
 	}
 	if resp.Tokens == nil {
-		return nil, replyErr(path, ReasonMissingTokenIDs, "no tokens list")
+		return nil, 0, replyErr(path, ReasonMissingTokenIDs, "no tokens list")
 	}
 	if resp.Count != nil && *resp.Count != len(resp.Tokens) {
-		return nil, replyErr(path, ReasonLengthMismatch, "count %d but %d tokens", *resp.Count, len(resp.Tokens))
+		return nil, 0, replyErr(path, ReasonLengthMismatch, "count %d but %d tokens", *resp.Count, len(resp.Tokens))
 	}
 	ids := make([]int32, len(resp.Tokens))
 	for i, t := range resp.Tokens {
 		if t < 0 || t > math.MaxInt32 {
-			return nil, replyErr(path, ReasonBadTokenID, "tokens[%d] = %d", i, t)
+			return nil, 0, replyErr(path, ReasonBadTokenID, "tokens[%d] = %d", i, t)
 		}
 		ids[i] = int32(t)
 	}
-	c.learnContext(resp.MaxModelLen)
-	return ids, nil
+	return ids, resp.MaxModelLen, nil
 }
 
 // Detokenize decodes ids with POST /detokenize. vLLM keeps special tokens in
@@ -190,33 +205,34 @@ func (c *Client) Detokenize(ctx context.Context, ids []int32) (string, error) {
 	if ids == nil {
 		ids = []int32{} // "tokens":[], not null
 	}
-	body := c.bufs.get(32 + len(c.opts.Model) + 11*len(ids))
-	defer func() { c.bufs.put(body) }()
-	body = append(body, '{')
-	if c.opts.Model != "" {
-		m, _ := marshal(c.opts.Model)
-		body = append(append(append(body, `"model":`...), m...), ',')
+	body, err := marshal(struct {
+		Model  string  `json:"model,omitempty"`
+		Tokens []int32 `json:"tokens"`
+	}{c.opts.Model, ids})
+	if err != nil {
+		return "", err
 	}
-	body = append(appendIDs(append(body, `"tokens":`...), ids), '}')
 	r, err := c.do(ctx, http.MethodPost, path, body, nil)
 	if err != nil {
 		return "", err
 	}
-	defer c.release(r)
 	if r.status/100 != 2 {
 		return "", c.httpError(http.MethodPost, path, r)
 	}
-	if text, ok := scanDetokenize(r.body); ok {
-		return text, nil
-	}
+	return readDetokenize(r.body)
+}
+
+// readDetokenize reads a /detokenize reply's "prompt" string.
+func readDetokenize(body []byte) (string, error) {
+	const path = "/detokenize"
 	var resp struct {
 		Prompt *string `json:"prompt"`
 	}
-	if err := json.Unmarshal(r.body, &resp); err != nil {
-		return "", replyErr(path, ReasonBadJSON, "%v: %s", err, clip(r.body, 200))
+	if err := json.Unmarshal(body, &resp); err != nil {
+		return "", replyErr(path, ReasonBadJSON, "%v: %s", err, clip(body, 200))
 	}
 	if resp.Prompt == nil {
-		return "", replyErr(path, ReasonBadJSON, "no prompt string in %s", clip(r.body, 200))
+		return "", replyErr(path, ReasonBadJSON, "no prompt string in %s", clip(body, 200))
 	}
 	return *resp.Prompt, nil
 }

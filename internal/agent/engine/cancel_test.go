@@ -15,10 +15,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Calls under a Watch keep the contract of calls without one: a call whose
-// context ends is aborted (the engine sees its connection close) and fails
-// with the context's error, and its connection is never reused.
-func TestWatch(t *testing.T) {
+// Cancellation by context (the adapter's Watch returns its context as it
+// is, so calls under it are plain calls): a call whose context ends is aborted (the engine
+// sees its connection close) and fails with the context's error, and its
+// connection is never reused; calls that finish leave their connection for
+// the next.
+func TestCancellation(t *testing.T) {
 	// blocking answers "/slow" only when its request context ends (the
 	// client closed the connection), telling closed; other paths at once.
 	type server struct {
@@ -54,7 +56,7 @@ func TestWatch(t *testing.T) {
 	// test ends with cancel.
 	watched := func(t *testing.T) (s *server, c *Client, ctx context.Context, cancel context.CancelFunc) {
 		s = start(t)
-		c = h1Client(t, s.url)
+		c = engineClient(t, s.url)
 		parent, cancel := context.WithCancel(context.Background())
 		ctx, stop := Watch(parent)
 		t.Cleanup(func() { stop(); cancel() })
@@ -134,7 +136,7 @@ func TestWatch(t *testing.T) {
 
 	t.Run("after stop the context's end leaves connections alone", func(t *testing.T) {
 		s := start(t)
-		c := h1Client(t, s.url)
+		c := engineClient(t, s.url)
 		parent, cancel := context.WithCancel(context.Background())
 		ctx, stop := Watch(parent)
 		require.NoError(t, call(ctx, c, "/fast"))

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,18 +34,36 @@ func countingServer(t *testing.T, handler http.HandlerFunc) (*httptest.Server, *
 	return srv, &conns
 }
 
-func h1Client(t *testing.T, base string) *Client {
+// engineClient is a client on the engine's own net/http client.
+func engineClient(t *testing.T, base string) *Client {
 	t.Helper()
 	c, err := New(Options{BaseURL: base})
 	require.NoError(t, err)
-	require.NotNil(t, c.h1, "an http:// engine without Options.HTTPClient uses the h1 transport")
 	return c
 }
 
-// The transport's contract, case by case: what is sent, what is read and
-// when a connection is kept.
-func TestH1Transport(t *testing.T) {
+// The transport's contract, case by case: what is sent, what is read,
+// when a connection is kept, and that a POST is never sent twice.
+func TestTransport(t *testing.T) {
 	ctx := context.Background()
+
+	t.Run("tuned for many sessions", func(t *testing.T) {
+		c := engineClient(t, "http://127.0.0.1:1")
+		tr, ok := c.hc.Transport.(*http.Transport)
+		require.True(t, ok, "net/http's Transport")
+		assert.Equal(t, maxIdleConns, tr.MaxIdleConnsPerHost)
+		assert.Equal(t, maxIdleConns, tr.MaxIdleConns)
+		assert.Equal(t, idleConnTimeout, tr.IdleConnTimeout)
+		assert.Nil(t, tr.Proxy, "the engine is reached directly")
+		require.NotNil(t, tr.Protocols)
+		assert.True(t, tr.Protocols.HTTP1() && !tr.Protocols.HTTP2() && !tr.Protocols.UnencryptedHTTP2(), "HTTP/1.1 only")
+		assert.NotNil(t, c.hc.CheckRedirect, "redirects are not followed")
+
+		own := &http.Client{}
+		c2, err := New(Options{BaseURL: "http://127.0.0.1:1", HTTPClient: own})
+		require.NoError(t, err)
+		assert.Same(t, own, c2.hc, "Options.HTTPClient is used as given")
+	})
 
 	t.Run("request and reuse", func(t *testing.T) {
 		var seen atomic.Value
@@ -64,7 +81,6 @@ func TestH1Transport(t *testing.T) {
 			assert.Equal(t, 200, r.status)
 			assert.Equal(t, `{"ok":1}`, string(r.body))
 			assert.Equal(t, fmt.Sprintf(`POST /prefix/tokenize {"n":%d}|application/json|Bearer k|s1|7`, i), seen.Load())
-			c.release(r)
 		}
 		r, err := c.do(ctx, http.MethodGet, "/version", nil, nil)
 		require.NoError(t, err)
@@ -80,7 +96,7 @@ func TestH1Transport(t *testing.T) {
 				w.(http.Flusher).Flush() // no Content-Length: chunked
 			}
 		})
-		c := h1Client(t, srv.URL)
+		c := engineClient(t, srv.URL)
 		for range 3 {
 			ids, err := c.tokenize(ctx, []byte(`{}`), nil)
 			require.NoError(t, err)
@@ -97,7 +113,7 @@ func TestH1Transport(t *testing.T) {
 			fmt.Fprint(w, `{}`)
 		})
 		srv.Config.SetKeepAlivesEnabled(true)
-		c := h1Client(t, srv.URL)
+		c := engineClient(t, srv.URL)
 		for i := range 3 {
 			_, err := c.do(ctx, http.MethodGet, "/health", nil, nil)
 			require.NoError(t, err, "request %d", i)
@@ -118,15 +134,13 @@ func TestH1Transport(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		idle := len(c.h1.idle)
-		require.GreaterOrEqual(t, idle, 2, "concurrent requests left idle connections")
 		before := conns.Load()
+		require.GreaterOrEqual(t, before, int64(5), "concurrent requests opened connections of their own")
 		srv.CloseClientConnections()
 		time.Sleep(20 * time.Millisecond)
 		_, err := c.do(ctx, http.MethodPost, "/tokenize", []byte(`{}`), nil)
 		require.NoError(t, err)
 		assert.Equal(t, before+1, conns.Load(), "one new connection")
-		assert.Equal(t, 1, len(c.h1.idle), "the closed connections were dropped")
 	})
 
 	t.Run("connection close", func(t *testing.T) {
@@ -134,7 +148,7 @@ func TestH1Transport(t *testing.T) {
 			w.Header().Set("Connection", "close")
 			fmt.Fprint(w, `{}`)
 		})
-		c := h1Client(t, srv.URL)
+		c := engineClient(t, srv.URL)
 		for range 3 {
 			_, err := c.do(ctx, http.MethodGet, "/health", nil, nil)
 			require.NoError(t, err)
@@ -146,7 +160,7 @@ func TestH1Transport(t *testing.T) {
 		srv, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, `{"error":{"message":"bad things"}}`, http.StatusBadRequest)
 		})
-		c := h1Client(t, srv.URL)
+		c := engineClient(t, srv.URL)
 		_, err := c.tokenize(ctx, []byte(`{}`), nil)
 		var he *HTTPError
 		require.ErrorAs(t, err, &he)
@@ -156,7 +170,7 @@ func TestH1Transport(t *testing.T) {
 
 	t.Run("header with a line break", func(t *testing.T) {
 		srv, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) { t.Error("request reached the server") })
-		c := h1Client(t, srv.URL)
+		c := engineClient(t, srv.URL)
 		_, err := c.do(ctx, http.MethodPost, "/x", []byte(`{}`), map[string]string{"x-session-id": "a\r\nEvil: 1"})
 		require.ErrorContains(t, err, `"x-session-id"`)
 	})
@@ -191,7 +205,7 @@ func TestH1Transport(t *testing.T) {
 				}()
 			}
 		}()
-		c := h1Client(t, "http://"+ln.Addr().String())
+		c := engineClient(t, "http://"+ln.Addr().String())
 		_, err = c.do(ctx, http.MethodPost, "/inference/v1/generate", []byte(`{}`), nil)
 		require.NoError(t, err)
 		_, err = c.do(ctx, http.MethodPost, "/inference/v1/generate", []byte(`{}`), nil)
@@ -200,35 +214,27 @@ func TestH1Transport(t *testing.T) {
 		assert.Equal(t, int64(2), requests.Load(), "not retried")
 		_, err = c.do(ctx, http.MethodPost, "/inference/v1/generate", []byte(`{}`), nil)
 		require.NoError(t, err, "the next request dials anew")
+		assert.Equal(t, int64(3), requests.Load())
 	})
-}
 
-// TestBufPool: every buffer holds what it was asked for, whatever came back
-// to the pool before, and one of the right size is found again.
-func TestBufPool(t *testing.T) {
-	var bp bufPool
-	for _, n := range []int{0, 1, 4095, 4096, 4097, 30000, 1 << 20, 4 << 20, 5 << 20} {
-		b := bp.get(n)
-		if len(b) != 0 || cap(b) < n {
-			t.Fatalf("get(%d): len %d cap %d", n, len(b), cap(b))
-		}
-		bp.put(append(b, make([]byte, n+n/2)...)) // grown past its class: pooled by what it holds
-	}
-	for _, n := range []int{100, 9000, 30000, 70000, 1 << 20} {
-		b := bp.get(n)
-		if cap(b) < n {
-			t.Fatalf("get(%d) after puts: cap %d", n, cap(b))
-		}
-		if c := cap(b); c > 4*max(n, 4096) {
-			t.Errorf("get(%d): a buffer of %d bytes, from a class far above n", n, c)
-		}
-	}
-
-	// Once warm, drawing and returning a buffer allocates nothing (the
-	// collector, which empties pools, held off meanwhile).
-	defer debug.SetGCPercent(debug.SetGCPercent(-1))
-	bp.put(bp.get(5000))
-	if allocs := testing.AllocsPerRun(100, func() { bp.put(bp.get(5000)) }); allocs != 0 {
-		t.Errorf("a get and put allocated %v times", allocs)
-	}
+	t.Run("redirect not followed", func(t *testing.T) {
+		var generates, elsewhere atomic.Int64
+		srv, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.ReadAll(r.Body)
+			if r.URL.Path == "/inference/v1/generate" {
+				generates.Add(1)
+				http.Redirect(w, r, "/elsewhere", http.StatusTemporaryRedirect)
+				return
+			}
+			elsewhere.Add(1)
+			fmt.Fprint(w, `{}`)
+		})
+		c := newClient(t, srv.URL, Options{Mode: ModeGenerate, ContextLength: 10})
+		_, err := c.Generate(ctx, GenerateRequest{PromptIDs: []int32{1}, Sampling: SamplingParams{MaxTokens: 1}})
+		var he *HTTPError
+		require.ErrorAs(t, err, &he)
+		assert.Equal(t, http.StatusTemporaryRedirect, he.Status)
+		assert.Equal(t, int64(1), generates.Load())
+		assert.Equal(t, int64(0), elsewhere.Load(), "the generate body was not sent again")
+	})
 }
