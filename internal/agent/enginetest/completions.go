@@ -32,7 +32,7 @@ func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request, body 
 	case len(raw) == 0:
 		writeError(w, schemaError("prompt", "1 validation error:\n  prompt: Field required"))
 		return
-	case unmarshalInts(raw, &one) == nil && one != nil:
+	case json.Unmarshal(raw, &one) == nil && one != nil:
 		prompts = [][]int{one}
 	case json.Unmarshal(raw, &many) == nil && many != nil:
 		prompts = many

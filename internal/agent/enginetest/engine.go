@@ -372,16 +372,10 @@ func readBody(r *http.Request) ([]byte, error) {
 	return body[:n], err
 }
 
-// decodeBody decodes a JSON object body into raw fields.
+// decodeBody decodes a JSON object body into raw fields (the last of
+// duplicate keys wins). Like json.Decoder, it reads the first value only
+// and ignores what follows it.
 func decodeBody(body []byte) (map[string]json.RawMessage, *apiError) {
-	if m, ok := splitObject(body); ok {
-		return m, nil
-	}
-	return decodeBodySlow(body)
-}
-
-// decodeBodySlow is decodeBody by encoding/json.
-func decodeBodySlow(body []byte) (map[string]json.RawMessage, *apiError) {
 	var m map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&m); err != nil || m == nil {

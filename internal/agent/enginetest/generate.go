@@ -376,7 +376,7 @@ func (e *Engine) handleGenerate(w http.ResponseWriter, r *http.Request, body []b
 		return
 	}
 	var prompt []int
-	if raw, ok := m["token_ids"]; !ok || unmarshalInts(raw, &prompt) != nil {
+	if raw, ok := m["token_ids"]; !ok || json.Unmarshal(raw, &prompt) != nil {
 		writeError(w, schemaError("token_ids", "1 validation error:\n  token_ids: Field required (a list of integers)"))
 		return
 	}

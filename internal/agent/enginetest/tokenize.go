@@ -91,7 +91,7 @@ func (e *Engine) handleDetokenize(w http.ResponseWriter, body []byte) {
 	}
 	var ids []int
 	raw, ok := m["tokens"]
-	if !ok || unmarshalInts(raw, &ids) != nil || ids == nil {
+	if !ok || json.Unmarshal(raw, &ids) != nil || ids == nil {
 		writeError(w, schemaError("tokens", "1 validation error:\n  tokens: Field required (a list of integers)"))
 		return
 	}
