@@ -1,119 +1,21 @@
 package enginetest
 
 import (
-	"bytes"
 	"encoding/json"
 	"unicode/utf8"
 
 	"github.com/kilnrl/kiln/internal/agent/jsonskim"
 )
 
-// The engine decodes every request body, and the bulk of those bodies is
-// token id lists and chat messages. Their decoding has fast paths here for
-// the shapes clients send. Contract of each: it gives exactly what the
-// encoding/json path beside it gives, or it declines (false) and that path
-// runs, with its own errors' wording. The engine stands in for a GPU server
-// in tests and benchmarks, where its CPU time is noise in what they measure.
+// fastOrdered is the one decoding fast path left here, parseOrdered's
+// (ojson.go): it gives exactly what decodeOrdered gives, or it declines
+// (false) and decodeOrdered runs, with its own errors' wording. It goes
+// with ojson.go, which moves to the shared ordered-JSON package; every
+// other request field is decoded by encoding/json.
 
 // fastMaxDepth is below encoding/json's nesting limit (10000): deeper text
 // is left to encoding/json, which reports it.
 const fastMaxDepth = 9000
-
-// splitObject is decodeBody's fast path: body's top-level object as raw
-// values by key (the last of duplicate keys wins). Like json.Decoder, it
-// reads the first value only and ignores what follows it.
-func splitObject(b []byte) (map[string]json.RawMessage, bool) {
-	i := jsonskim.Space(b, 0)
-	if i >= len(b) || b[i] != '{' {
-		return nil, false
-	}
-	m := map[string]json.RawMessage{}
-	if i = jsonskim.Space(b, i+1); i < len(b) && b[i] == '}' {
-		return m, true
-	}
-	for {
-		if i >= len(b) || b[i] != '"' {
-			return nil, false
-		}
-		end, plain := skipString(b, i)
-		if end < 0 || !plain {
-			return nil, false
-		}
-		key := string(b[i+1 : end-1])
-		if i = jsonskim.Space(b, end); i >= len(b) || b[i] != ':' {
-			return nil, false
-		}
-		i = jsonskim.Space(b, i+1)
-		vend := skipValue(b, i, 1)
-		if vend < 0 {
-			return nil, false
-		}
-		m[key] = b[i:vend:vend]
-		if i = jsonskim.Space(b, vend); i >= len(b) {
-			return nil, false
-		}
-		switch b[i] {
-		case '}':
-			return m, true
-		case ',':
-			i = jsonskim.Space(b, i+1)
-		default:
-			return nil, false
-		}
-	}
-}
-
-// unmarshalInts is json.Unmarshal(raw, dst) for a list of integers.
-func unmarshalInts(raw []byte, dst *[]int) error {
-	if ids, ok := parseInts(raw); ok {
-		*dst = ids
-		return nil
-	}
-	return json.Unmarshal(raw, dst)
-}
-
-// parseInts reads a JSON array of integers of at most 18 digits each.
-func parseInts(b []byte) ([]int, bool) {
-	i := jsonskim.Space(b, 0)
-	if i >= len(b) || b[i] != '[' {
-		return nil, false
-	}
-	ids := make([]int, 0, bytes.Count(b, []byte{','})+1)
-	if i = jsonskim.Space(b, i+1); i < len(b) && b[i] == ']' {
-		return ids, jsonskim.Space(b, i+1) == len(b)
-	}
-	for {
-		neg := i < len(b) && b[i] == '-'
-		if neg {
-			i++
-		}
-		start := i
-		n := 0
-		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			n = n*10 + int(b[i]-'0')
-			i++
-		}
-		digits := i - start
-		if digits == 0 || digits > 18 || (digits > 1 && b[start] == '0') {
-			return nil, false
-		}
-		if neg {
-			n = -n
-		}
-		ids = append(ids, n)
-		if i = jsonskim.Space(b, i); i >= len(b) {
-			return nil, false
-		}
-		switch b[i] {
-		case ']':
-			return ids, jsonskim.Space(b, i+1) == len(b)
-		case ',':
-			i = jsonskim.Space(b, i+1)
-		default: // a fraction, an exponent or not a number
-			return nil, false
-		}
-	}
-}
 
 // fastOrdered is parseOrdered's fast path.
 func fastOrdered(b []byte) (any, bool) {
@@ -230,98 +132,6 @@ func stringValue(b []byte, i int) (string, int) {
 		return "", -1
 	}
 	return s, end
-}
-
-// skipValue returns the index after the valid JSON value at b[i], or -1.
-func skipValue(b []byte, i, depth int) int {
-	if i >= len(b) {
-		return -1
-	}
-	switch c := b[i]; {
-	case c == '{' || c == '[':
-		if depth > fastMaxDepth {
-			return -1
-		}
-		if c == '[' {
-			if end := skipIDs(b, i); end > 0 {
-				return end
-			}
-		}
-		closer := byte('}')
-		if c == '[' {
-			closer = ']'
-		}
-		if i = jsonskim.Space(b, i+1); i < len(b) && b[i] == closer {
-			return i + 1
-		}
-		for {
-			if c == '{' {
-				if i >= len(b) || b[i] != '"' {
-					return -1
-				}
-				if i, _ = skipString(b, i); i < 0 {
-					return -1
-				}
-				if i = jsonskim.Space(b, i); i >= len(b) || b[i] != ':' {
-					return -1
-				}
-				i = jsonskim.Space(b, i+1)
-			}
-			if i = skipValue(b, i, depth+1); i < 0 {
-				return -1
-			}
-			if i = jsonskim.Space(b, i); i >= len(b) {
-				return -1
-			}
-			switch b[i] {
-			case closer:
-				return i + 1
-			case ',':
-				i = jsonskim.Space(b, i+1)
-			default:
-				return -1
-			}
-		}
-	case c == '"':
-		end, _ := skipString(b, i)
-		return end
-	case c == '-' || (c >= '0' && c <= '9'):
-		return skipNumber(b, i)
-	default:
-		for _, l := range [...]string{"true", "false", "null"} {
-			if len(b)-i >= len(l) && string(b[i:i+len(l)]) == l {
-				return i + len(l)
-			}
-		}
-		return -1
-	}
-}
-
-// skipIDs returns the index after the array at b[i] if it is a compact
-// list of non-negative integers (what token id lists are), else -1.
-func skipIDs(b []byte, i int) int {
-	i++
-	if i < len(b) && b[i] == ']' {
-		return i + 1
-	}
-	for i < len(b) {
-		start := i
-		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			i++
-		}
-		if i == start || i == len(b) || (i-start > 1 && b[start] == '0') {
-			return -1
-		}
-		switch b[i] {
-		case ']':
-			return i + 1
-		case ',':
-			i++
-		default:
-			return -1
-		}
-	}
-	return -1
 }
 
 // skipString returns the index after the valid JSON string at b[i] (a
