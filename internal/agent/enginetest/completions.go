@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 // handleCompletions serves POST /v1/completions with token-id prompts (the
@@ -94,18 +96,18 @@ func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request, body 
 		}
 		promptTotal += len(p)
 		completionTotal += len(res.ids)
-		choice := obj("index", i, "text", res.text, "logprobs", completionLogprobs(res, asIDs, f),
+		choice := ojson.Obj("index", i, "text", res.text, "logprobs", completionLogprobs(res, asIDs, f),
 			"finish_reason", res.finish, "stop_reason", res.stopReason)
 		if retIDs {
-			choice.set("token_ids", res.ids)
+			choice.Set("token_ids", res.ids)
 		} else {
-			choice.set("token_ids", nil)
+			choice.Set("token_ids", nil)
 		}
-		choice.set("prompt_logprobs", nil)
+		choice.Set("prompt_logprobs", nil)
 		if retIDs {
-			choice.set("prompt_token_ids", p)
+			choice.Set("prompt_token_ids", p)
 		} else {
-			choice.set("prompt_token_ids", nil)
+			choice.Set("prompt_token_ids", nil)
 		}
 		choices = append(choices, choice)
 	}
@@ -117,9 +119,9 @@ func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request, body 
 			return
 		}
 	}
-	writeJSONResponse(w, 200, obj("id", id, "object", "text_completion", "created", e.opts.Created, "model", e.opts.ModelName,
+	writeJSONResponse(w, 200, ojson.Obj("id", id, "object", "text_completion", "created", e.opts.Created, "model", e.opts.ModelName,
 		"choices", choices,
-		"usage", obj("prompt_tokens", promptTotal, "total_tokens", promptTotal+completionTotal, "completion_tokens", completionTotal, "prompt_tokens_details", nil),
+		"usage", ojson.Obj("prompt_tokens", promptTotal, "total_tokens", promptTotal+completionTotal, "completion_tokens", completionTotal, "prompt_tokens_details", nil),
 		"kv_transfer_params", nil))
 }
 
@@ -153,9 +155,9 @@ func completionLogprobs(res *genResult, asIDs bool, f Fault) any {
 		if res.k >= 0 {
 			cands = cands[:min(len(cands), res.k+1)]
 		}
-		d := &object{}
+		d := &ojson.Object{}
 		for _, c := range cands {
-			d.set(tokStr(c.id), c.lp)
+			d.Set(tokStr(c.id), c.lp)
 		}
 		tops = append(tops, d)
 	}
@@ -165,5 +167,5 @@ func completionLogprobs(res *genResult, asIDs bool, f Fault) any {
 	case f == FaultExtraLogprob && len(lps) > 0:
 		lps = append(lps, lps[len(lps)-1])
 	}
-	return obj("text_offset", offsets, "token_logprobs", lps, "tokens", toks, "top_logprobs", tops)
+	return ojson.Obj("text_offset", offsets, "token_logprobs", lps, "tokens", toks, "top_logprobs", tops)
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 // ResponseShape selects which documented non-streaming response of
@@ -297,9 +299,14 @@ func (e *Engine) route(w *countingWriter, r *http.Request, body []byte, info *re
 		"/v1/completions": {http.MethodPost, func() { e.handleCompletions(w, r, body, info) }},
 		"/v1/models":      {http.MethodGet, func() { e.handleModels(w) }},
 		"/health":         {http.MethodGet, func() { e.handleHealth(w) }},
-		"/version":        {http.MethodGet, func() { writeJSONResponse(w, 200, obj("version", e.opts.Version)) }},
-		"/load":           {http.MethodGet, func() { e.mu.Lock(); n := e.inflight; e.mu.Unlock(); writeJSONResponse(w, 200, obj("server_load", n)) }},
-		"/openapi.json":   {http.MethodGet, func() { e.handleOpenAPI(w) }},
+		"/version":        {http.MethodGet, func() { writeJSONResponse(w, 200, ojson.Obj("version", e.opts.Version)) }},
+		"/load": {http.MethodGet, func() {
+			e.mu.Lock()
+			n := e.inflight
+			e.mu.Unlock()
+			writeJSONResponse(w, 200, ojson.Obj("server_load", n))
+		}},
+		"/openapi.json": {http.MethodGet, func() { e.handleOpenAPI(w) }},
 	}
 	if e.opts.Generate != GenerateDisabled {
 		routes["/inference/v1/generate"] = route{http.MethodPost, func() { e.handleGenerate(w, r, body, info) }}
@@ -348,11 +355,11 @@ func schemaError(param, format string, a ...any) *apiError {
 }
 
 func writeError(w http.ResponseWriter, err *apiError) {
-	writeJSONResponse(w, err.status, obj("error", obj("message", err.message, "type", err.typ, "param", err.param, "code", err.status)))
+	writeJSONResponse(w, err.status, ojson.Obj("error", ojson.Obj("message", err.message, "type", err.typ, "param", err.param, "code", err.status)))
 }
 
 func writeJSONResponse(w http.ResponseWriter, status int, v any) {
-	writeRaw(w, status, encodeJSON(v))
+	writeRaw(w, status, ojson.Marshal(v))
 }
 
 func writeRaw(w http.ResponseWriter, status int, body []byte) {
@@ -412,37 +419,37 @@ func (e *Engine) handleHealth(w http.ResponseWriter) {
 }
 
 func (e *Engine) handleModels(w http.ResponseWriter) {
-	card := obj(
+	card := ojson.Obj(
 		"id", e.opts.ModelName, "object", "model", "created", e.opts.Created, "owned_by", "vllm",
 		"root", e.opts.ModelRoot, "parent", nil, "max_model_len", e.opts.MaxModelLen,
-		"permission", []any{obj(
+		"permission", []any{ojson.Obj(
 			"id", "modelperm-enginetest", "object", "model_permission", "created", e.opts.Created,
 			"allow_create_engine", false, "allow_sampling", true, "allow_logprobs", true,
 			"allow_search_indices", false, "allow_view", true, "allow_fine_tuning", false,
 			"organization", "*", "group", nil, "is_blocking", false)},
 	)
-	writeJSONResponse(w, 200, obj("object", "list", "data", []any{card}))
+	writeJSONResponse(w, 200, ojson.Obj("object", "list", "data", []any{card}))
 }
 
 func (e *Engine) handleOpenAPI(w http.ResponseWriter) {
-	paths := &object{}
+	paths := &ojson.Object{}
 	for _, p := range e.routePaths() {
 		m := "post"
 		switch p {
 		case "/health", "/load", "/openapi.json", "/v1/models", "/version", "/tokenizer_info":
 			m = "get"
 		}
-		paths.set(p, obj(m, obj()))
+		paths.Set(p, ojson.Obj(m, ojson.Obj()))
 	}
-	writeJSONResponse(w, 200, obj("openapi", "3.1.0", "info", obj("title", "enginetest", "version", e.opts.Version), "paths", paths))
+	writeJSONResponse(w, 200, ojson.Obj("openapi", "3.1.0", "info", ojson.Obj("title", "enginetest", "version", e.opts.Version), "paths", paths))
 }
 
 func (e *Engine) handleTokenizerInfo(w http.ResponseWriter) {
-	dec := &object{}
+	dec := &ojson.Object{}
 	for _, t := range addedTokens {
-		dec.set(fmt.Sprint(t.ID), t.Content)
+		dec.Set(fmt.Sprint(t.ID), t.Content)
 	}
-	writeJSONResponse(w, 200, obj(
+	writeJSONResponse(w, 200, ojson.Obj(
 		"tokenizer_class", "Qwen2Tokenizer",
 		"add_bos_token", false, "add_prefix_space", false,
 		"added_tokens_decoder", dec,

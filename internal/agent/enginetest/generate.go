@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 // SamplingParams are the sampling parameters the engine honours
@@ -455,7 +457,7 @@ func (e *Engine) nextID() string {
 	return fmt.Sprintf("%032x", e.ids)
 }
 
-func (e *Engine) generateResponse(res *genResult, prompt []int, reqID string, returnTokenIDs bool, f Fault) *object {
+func (e *Engine) generateResponse(res *genResult, prompt []int, reqID string, returnTokenIDs bool, f Fault) *ojson.Object {
 	shape := e.opts.Shape
 	label := func(id int) any {
 		if shape == ShapeTokenIDs {
@@ -483,17 +485,17 @@ func (e *Engine) generateResponse(res *genResult, prompt []int, reqID string, re
 			for _, c := range cands {
 				switch shape {
 				case ShapeTokenIDs:
-					tops = append(tops, obj("token_id", c.id, "logprob", c.lp, "rank", c.rank))
+					tops = append(tops, ojson.Obj("token_id", c.id, "logprob", c.lp, "rank", c.rank))
 				case ShapeScaleOut:
-					tops = append(tops, obj("token", label(c.id), "logprob", c.lp, "bytes", nil))
+					tops = append(tops, ojson.Obj("token", label(c.id), "logprob", c.lp, "bytes", nil))
 				case ShapeDisagg:
-					tops = append(tops, obj("token", label(id), "logprob", c.lp, "bytes", nil))
+					tops = append(tops, ojson.Obj("token", label(id), "logprob", c.lp, "bytes", nil))
 				}
 			}
 			if shape == ShapeTokenIDs {
-				content = append(content, obj("token_id", id, "logprob", lp, "rank", res.ranks[i], "top_logprobs", tops))
+				content = append(content, ojson.Obj("token_id", id, "logprob", lp, "rank", res.ranks[i], "top_logprobs", tops))
 			} else {
-				content = append(content, obj("token", label(id), "logprob", lp, "bytes", nil, "top_logprobs", tops))
+				content = append(content, ojson.Obj("token", label(id), "logprob", lp, "bytes", nil, "top_logprobs", tops))
 			}
 		}
 		switch {
@@ -505,7 +507,7 @@ func (e *Engine) generateResponse(res *genResult, prompt []int, reqID string, re
 		if content == nil {
 			content = []any{}
 		}
-		logprobs = obj("content", content)
+		logprobs = ojson.Obj("content", content)
 	}
 	n := len(res.ids)
 	usageN := n
@@ -514,47 +516,47 @@ func (e *Engine) generateResponse(res *genResult, prompt []int, reqID string, re
 	}
 	var details any
 	if e.opts.EnablePromptTokensDetails {
-		details = obj("cached_tokens", res.cached)
+		details = ojson.Obj("cached_tokens", res.cached)
 	}
-	usage := obj("prompt_tokens", len(prompt), "total_tokens", len(prompt)+usageN, "completion_tokens", usageN, "prompt_tokens_details", details)
-	choice := &object{}
-	choice.set("index", 0)
+	usage := ojson.Obj("prompt_tokens", len(prompt), "total_tokens", len(prompt)+usageN, "completion_tokens", usageN, "prompt_tokens_details", details)
+	choice := &ojson.Object{}
+	choice.Set("index", 0)
 	if shape != ShapeTokenIDs {
-		choice.set("logprobs", logprobs)
+		choice.Set("logprobs", logprobs)
 	}
-	choice.set("finish_reason", res.finish)
+	choice.Set("finish_reason", res.finish)
 	if shape != ShapeDisagg {
-		choice.set("stop_reason", res.stopReason)
+		choice.Set("stop_reason", res.stopReason)
 	}
 	if f != FaultMissingTokenIDs {
-		choice.set("token_ids", res.ids)
+		choice.Set("token_ids", res.ids)
 	}
 	if shape == ShapeTokenIDs {
-		choice.set("logprobs", logprobs)
+		choice.Set("logprobs", logprobs)
 	}
 	if shape != ShapeDisagg {
-		choice.set("routed_experts", nil)
+		choice.Set("routed_experts", nil)
 	}
 	if shape == ShapeTokenIDs {
-		choice.set("sampling_mask", nil)
-		choice.set("weight_versions", nil)
+		choice.Set("sampling_mask", nil)
+		choice.Set("weight_versions", nil)
 	}
 	switch shape {
 	case ShapeDisagg:
-		resp := obj("request_id", e.nextID(), "choices", []any{choice}, "prompt_logprobs", nil, "kv_transfer_params", nil)
+		resp := ojson.Obj("request_id", e.nextID(), "choices", []any{choice}, "prompt_logprobs", nil, "kv_transfer_params", nil)
 		if f == FaultUsageMismatch {
-			resp.set("usage", usage)
+			resp.Set("usage", usage)
 		}
 		return resp
 	case ShapeScaleOut:
-		return obj("request_id", engineRequestID(reqID, e), "model", e.opts.ModelName, "created", e.opts.Created,
+		return ojson.Obj("request_id", engineRequestID(reqID, e), "model", e.opts.ModelName, "created", e.opts.Created,
 			"choices", []any{choice}, "usage", usage, "prompt_logprobs", nil, "kv_transfer_params", nil)
 	default:
 		var promptIDs any
 		if returnTokenIDs {
 			promptIDs = prompt
 		}
-		return obj("request_id", engineRequestID(reqID, e), "output_mode", "tokens", "model", e.opts.ModelName,
+		return ojson.Obj("request_id", engineRequestID(reqID, e), "output_mode", "tokens", "model", e.opts.ModelName,
 			"created", e.opts.Created, "choices", []any{choice}, "usage", usage,
 			"prompt_token_ids", promptIDs, "mm_placeholders", nil, "metrics", nil,
 			"prompt_logprobs", nil, "prompt_token_id_logprobs", nil,

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 // ToolCallStyle selects how assistant tool calls (and the tool-use
@@ -136,7 +138,7 @@ func (t ChatTemplate) render(msgs []tmplMessage, tools []any, o RenderOptions) (
 			b.WriteString("# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>")
 		}
 		for _, tool := range tools {
-			b.WriteString("\n" + pyJSON(tool))
+			b.WriteString("\n" + tojson(tool))
 		}
 		if t.ToolCallStyle == Qwen3CoderXML {
 			b.WriteString("\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified format: an inner <function=...></function> block must be nested within <tool_call></tool_call> XML tags\n- Required parameters MUST be specified\n- You may provide optional reasoning for your function call in natural language BEFORE the function call, but NOT after\n- If there is no function call available, do not make a function call\n</IMPORTANT><|im_end|>\n")
@@ -182,17 +184,16 @@ func (t ChatTemplate) render(msgs []tmplMessage, tools []any, o RenderOptions) (
 					b.WriteString("\n")
 				}
 				if t.ToolCallStyle == Qwen3CoderXML {
-					args, ok := c.args.(*object)
+					args, ok := c.args.(*ojson.Object)
 					if !ok {
 						return "", fmt.Errorf("tool call %q: arguments must be a JSON object for the XML tool-call format", c.name)
 					}
 					b.WriteString("<tool_call>\n<function=" + c.name + ">\n")
-					for k, key := range args.keys {
-						v := args.vals[k]
+					for key, v := range args.All() {
 						var s string
 						switch v.(type) {
-						case *object, []any:
-							s = pyJSON(v)
+						case *ojson.Object, []any:
+							s = tojson(v)
 						default:
 							s = pyStr(v)
 						}
@@ -200,7 +201,7 @@ func (t ChatTemplate) render(msgs []tmplMessage, tools []any, o RenderOptions) (
 					}
 					b.WriteString("</function>\n</tool_call>")
 				} else {
-					b.WriteString("<tool_call>\n{\"name\": \"" + c.name + "\", \"arguments\": " + pyJSON(c.args) + "}\n</tool_call>")
+					b.WriteString("<tool_call>\n{\"name\": \"" + c.name + "\", \"arguments\": " + tojson(c.args) + "}\n</tool_call>")
 				}
 			}
 			b.WriteString("<|im_end|>\n")
@@ -226,7 +227,7 @@ func (t ChatTemplate) render(msgs []tmplMessage, tools []any, o RenderOptions) (
 }
 
 func parseMessages(data []byte) ([]tmplMessage, error) {
-	v, err := parseOrdered(data)
+	v, err := ojson.Decode(data)
 	if err != nil {
 		return nil, fmt.Errorf("messages: %v", err)
 	}
@@ -236,16 +237,16 @@ func parseMessages(data []byte) ([]tmplMessage, error) {
 	}
 	out := make([]tmplMessage, 0, len(arr))
 	for i, e := range arr {
-		o, ok := e.(*object)
+		o, ok := e.(*ojson.Object)
 		if !ok {
 			return nil, fmt.Errorf("messages[%d]: must be an object", i)
 		}
 		var m tmplMessage
-		role, _ := o.get("role")
+		role, _ := o.Get("role")
 		if m.role, ok = role.(string); !ok {
 			return nil, fmt.Errorf("messages[%d].role: required string", i)
 		}
-		c, _ := o.get("content")
+		c, _ := o.Get("content")
 		switch cv := c.(type) {
 		case nil:
 		case string:
@@ -253,12 +254,12 @@ func parseMessages(data []byte) ([]tmplMessage, error) {
 		case []any:
 			var texts []string
 			for j, p := range cv {
-				po, ok := p.(*object)
+				po, ok := p.(*ojson.Object)
 				if !ok {
 					return nil, fmt.Errorf("messages[%d].content[%d]: must be an object", i, j)
 				}
-				typ, _ := po.get("type")
-				txt, _ := po.get("text")
+				typ, _ := po.Get("type")
+				txt, _ := po.Get("text")
 				s, ok := txt.(string)
 				if typ != "text" || !ok {
 					return nil, fmt.Errorf("messages[%d].content[%d]: only text parts are supported", i, j)
@@ -270,42 +271,42 @@ func parseMessages(data []byte) ([]tmplMessage, error) {
 			return nil, fmt.Errorf("messages[%d].content: must be a string, a list of parts or null", i)
 		}
 		for _, key := range []string{"reasoning_content", "reasoning"} {
-			if r, ok := o.get(key); ok {
+			if r, ok := o.Get(key); ok {
 				if s, ok := r.(string); ok {
 					m.reasoning = &s
 					break
 				}
 			}
 		}
-		if tc, ok := o.get("tool_calls"); ok && tc != nil {
+		if tc, ok := o.Get("tool_calls"); ok && tc != nil {
 			calls, ok := tc.([]any)
 			if !ok {
 				return nil, fmt.Errorf("messages[%d].tool_calls: must be a list", i)
 			}
 			for j, ce := range calls {
-				co, ok := ce.(*object)
+				co, ok := ce.(*ojson.Object)
 				if !ok {
 					return nil, fmt.Errorf("messages[%d].tool_calls[%d]: must be an object", i, j)
 				}
 				fn := co
-				if f, ok := co.get("function"); ok {
-					if fn, ok = f.(*object); !ok {
+				if f, ok := co.Get("function"); ok {
+					if fn, ok = f.(*ojson.Object); !ok {
 						return nil, fmt.Errorf("messages[%d].tool_calls[%d].function: must be an object", i, j)
 					}
 				}
-				name, _ := fn.get("name")
+				name, _ := fn.Get("name")
 				ns, ok := name.(string)
 				if !ok {
 					return nil, fmt.Errorf("messages[%d].tool_calls[%d].function.name: required string", i, j)
 				}
-				args, _ := fn.get("arguments")
+				args, _ := fn.Get("arguments")
 				switch a := args.(type) {
 				case nil:
-					args = &object{}
+					args = &ojson.Object{}
 				case string:
 					if strings.TrimSpace(a) == "" {
-						args = &object{}
-					} else if args, err = parseOrdered([]byte(a)); err != nil {
+						args = &ojson.Object{}
+					} else if args, err = ojson.Decode([]byte(a)); err != nil {
 						return nil, fmt.Errorf("messages[%d].tool_calls[%d].function.arguments: %v", i, j, err)
 					}
 				}
@@ -322,7 +323,7 @@ func parseTools(data []byte) ([]any, error) {
 	if len(data) == 0 {
 		return nil, nil
 	}
-	v, err := parseOrdered(data)
+	v, err := ojson.Decode(data)
 	if err != nil {
 		return nil, fmt.Errorf("tools: %v", err)
 	}
@@ -335,41 +336,41 @@ func parseTools(data []byte) ([]any, error) {
 	}
 	out := make([]any, 0, len(arr))
 	for i, e := range arr {
-		o, ok := e.(*object)
+		o, ok := e.(*ojson.Object)
 		if !ok {
 			return nil, fmt.Errorf("tools[%d]: must be an object", i)
 		}
-		f, _ := o.get("function")
-		fo, ok := f.(*object)
+		f, _ := o.Get("function")
+		fo, ok := f.(*ojson.Object)
 		if !ok {
 			return nil, fmt.Errorf("tools[%d].function: required object", i)
 		}
-		if n, ok := fo.get("name"); !ok || !isString(n) {
+		if n, ok := fo.Get("name"); !ok || !isString(n) {
 			return nil, fmt.Errorf("tools[%d].function.name: required string", i)
 		}
-		nf := &object{}
+		nf := &ojson.Object{}
 		for _, k := range []string{"name", "description", "parameters"} {
-			v, _ := fo.get(k)
-			nf.set(k, v)
+			v, _ := fo.Get(k)
+			nf.Set(k, v)
 		}
-		for j, k := range fo.keys {
-			if _, done := nf.get(k); !done {
-				nf.set(k, fo.vals[j])
+		for k, v := range fo.All() {
+			if _, done := nf.Get(k); !done {
+				nf.Set(k, v)
 			}
 		}
-		typ, ok := o.get("type")
+		typ, ok := o.Get("type")
 		if !ok {
 			typ = "function"
 		}
 		if typ != "function" {
 			return nil, fmt.Errorf("tools[%d].type: must be \"function\"", i)
 		}
-		nt := &object{}
-		nt.set("type", typ)
-		nt.set("function", nf)
-		for j, k := range o.keys {
+		nt := &ojson.Object{}
+		nt.Set("type", typ)
+		nt.Set("function", nf)
+		for k, v := range o.All() {
 			if k != "type" && k != "function" {
-				nt.set(k, o.vals[j])
+				nt.Set(k, v)
 			}
 		}
 		out = append(out, nt)
@@ -378,6 +379,28 @@ func parseTools(data []byte) ([]any, error) {
 }
 
 func isString(v any) bool { _, ok := v.(string); return ok }
+
+// pyStr renders a scalar like Jinja's |string filter on the Python value
+// (str(True) == "True", str(None) == "None"); numbers and containers as
+// json.dumps writes them.
+func pyStr(v any) string {
+	switch t := v.(type) {
+	case nil:
+		return "None"
+	case bool:
+		if t {
+			return "True"
+		}
+		return "False"
+	case string:
+		return t
+	}
+	return tojson(v)
+}
+
+// tojson is the tojson filter of transformers' chat-template environment:
+// json.dumps(v, ensure_ascii=False).
+func tojson(v any) string { return string(ojson.AppendPy(nil, v, false)) }
 
 // kwargsFromJSON decodes chat_template_kwargs.
 func kwargsFromJSON(raw json.RawMessage) (map[string]any, error) {

@@ -3,6 +3,8 @@ package enginetest
 import (
 	"encoding/json"
 	"net/http"
+
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 const untrustedTemplateMsg = "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with untrusted chat template."
@@ -74,7 +76,7 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, body []byte) {
 		}
 		strs = s
 	}
-	writeJSONResponse(w, 200, obj("count", len(ids), "max_model_len", e.opts.MaxModelLen, "tokens", ids, "token_strs", strs))
+	writeJSONResponse(w, 200, ojson.Obj("count", len(ids), "max_model_len", e.opts.MaxModelLen, "tokens", ids, "token_strs", strs))
 }
 
 // handleDetokenize serves POST /detokenize (§3): special tokens are kept;
@@ -103,5 +105,5 @@ func (e *Engine) handleDetokenize(w http.ResponseWriter, body []byte) {
 		}
 		return
 	}
-	writeJSONResponse(w, 200, obj("prompt", Decode(ids)))
+	writeJSONResponse(w, 200, ojson.Obj("prompt", Decode(ids)))
 }
