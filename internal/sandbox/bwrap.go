@@ -508,7 +508,7 @@ func (s *bwrapSandbox) Close() error {
 	s.closeOnce.Do(func() {
 		var errs []error
 		if s.opts.Artifacts != nil {
-			if err := saveArtifacts(context.Background(), s, s.opts, s.rec); err != nil {
+			if err := saveArtifacts(s, s.opts, s.rec); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -557,14 +557,22 @@ func (s *bwrapSandbox) teardown() error {
 
 // saveArtifacts copies the command records and the configured in-sandbox
 // files to the sink; unreadable files are skipped (they may legitimately not
-// exist), write failures are returned.
-func saveArtifacts(ctx context.Context, sb Sandbox, o Options, rec *recorder) error {
+// exist), and so are those left when o.ArtifactTimeout runs out; write
+// failures are returned.
+func saveArtifacts(sb Sandbox, o Options, rec *recorder) error {
 	var errs []error
 	if err := rec.save(o.Artifacts); err != nil {
 		errs = append(errs, fmt.Errorf("sandbox %s: %w", sb.ID(), err))
 	}
-	for _, f := range o.ArtifactFiles {
+	ctx, cancel := context.WithTimeout(context.Background(), o.ArtifactTimeout)
+	defer cancel()
+	for i, f := range o.ArtifactFiles {
 		data, err := sb.ReadFile(ctx, f)
+		if err != nil && ctx.Err() != nil {
+			o.Log.Warn("sandbox artifact files not saved: ArtifactTimeout ran out", "sandbox", sb.ID(),
+				"timeout", o.ArtifactTimeout, "files", o.ArtifactFiles[i:])
+			break
+		}
 		if err != nil {
 			o.Log.Debug("sandbox artifact file not saved", "sandbox", sb.ID(), "file", f, "err", err)
 			continue

@@ -151,7 +151,7 @@ func (s *localSandbox) Close() error {
 	s.closeOnce.Do(func() {
 		var errs []error
 		if s.opts.Artifacts != nil {
-			errs = append(errs, saveArtifacts(context.Background(), s, s.opts, s.rec))
+			errs = append(errs, saveArtifacts(s, s.opts, s.rec))
 		}
 		s.rec.close()
 		errs = append(errs, os.RemoveAll(s.state))

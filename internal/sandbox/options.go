@@ -40,6 +40,13 @@ type Options struct {
 	// files/<base name>.
 	Artifacts     ArtifactSink
 	ArtifactFiles []string
+	// ArtifactTimeout bounds the time Close spends reading ArtifactFiles out
+	// of the sandbox, all of them together (DefaultArtifactTimeout if 0 or
+	// less), so that a stuck sandbox (a FIFO, a hung filesystem) cannot hold
+	// Close up: the files not read by then are not saved, with a warning in
+	// the log, and Close goes on to kill the sandbox. Writes to Artifacts are
+	// not bounded by it; a sink bounds its own.
+	ArtifactTimeout time.Duration
 	// BootLimiter bounds concurrent boots across sandboxes sharing it (nil:
 	// unbounded). BootAttempts > 1 retries a failed boot after 1 + attempt +
 	// U[0,1) seconds (docs/data-and-grading.md §3.6; graders use 1).
@@ -73,6 +80,9 @@ func (o *Options) withDefaults() Options {
 	}
 	if c.EndpointPort == 0 {
 		c.EndpointPort = DefaultEndpointPort
+	}
+	if c.ArtifactTimeout <= 0 {
+		c.ArtifactTimeout = DefaultArtifactTimeout
 	}
 	if c.BootAttempts < 1 {
 		c.BootAttempts = 1

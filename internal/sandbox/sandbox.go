@@ -45,6 +45,8 @@ const (
 	DefaultMemoryBytes  = 2048 << 20
 	DefaultPidsMax      = 1024
 	DefaultEndpointPort = 18080
+	// DefaultArtifactTimeout bounds Close's reading of ArtifactFiles.
+	DefaultArtifactTimeout = 60 * time.Second
 	// TimeoutExitCode is the exit code of a command that ran out of time.
 	TimeoutExitCode = 124
 )
@@ -73,10 +75,11 @@ type Sandbox interface {
 	// Endpoint is the in-sandbox address (host:port) of the forwarded
 	// Options.Endpoint, e.g. "127.0.0.1:18080", or "" when there is none.
 	Endpoint() string
-	// Close saves the artifacts (if Options.Artifacts is set), then kills
-	// every process of the sandbox and removes all of its state. It always
-	// does the killing, even when saving fails; the error reports the
-	// failure. Calling Close again returns the first call's error.
+	// Close saves the artifacts (if Options.Artifacts is set; reading
+	// ArtifactFiles out of the sandbox takes at most Options.ArtifactTimeout),
+	// then kills every process of the sandbox and removes all of its state.
+	// It always does the killing, even when saving fails; the error reports
+	// the failure. Calling Close again returns the first call's error.
 	Close() error
 }
 

@@ -273,6 +273,41 @@ func TestArtifacts(t *testing.T) {
 		}
 		assertNoLeak(t, state)
 	})
+	t.Run("a stuck file does not hold close up", func(t *testing.T) {
+		// Reading a FIFO nobody writes blocks until ArtifactTimeout ends it;
+		// Close warns, skips the rest and still kills the sandbox.
+		adir := filepath.Join(t.TempDir(), "a")
+		var log bytes.Buffer
+		state := t.TempDir()
+		sb, err := sandbox.Boot(ctx, sandbox.Options{Rootfs: sandboxtest.Require(t), HelperPath: helper, StateDir: state,
+			Artifacts: sandbox.DirSink(adir), ArtifactFiles: []string{"/tmp/stuck", "/tmp/after"}, ArtifactTimeout: time.Second,
+			Log: slog.New(slog.NewTextHandler(&log, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sb.Exec(ctx, sandbox.Cmd{Shell: "mkfifo /tmp/stuck && echo x > /tmp/after", Check: true}); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if err := sb.Close(); err != nil {
+			t.Fatalf("close: %v", err)
+		}
+		if d := time.Since(start); d > 30*time.Second {
+			t.Fatalf("close took %s with a 1s ArtifactTimeout", d)
+		}
+		assertNoLeak(t, state)
+		if _, err := os.Stat(filepath.Join(adir, "commands.jsonl")); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{"stuck", "after"} {
+			if _, err := os.Stat(filepath.Join(adir, "files", f)); !os.IsNotExist(err) {
+				t.Errorf("files/%s saved after the timeout: %v", f, err)
+			}
+		}
+		if !strings.Contains(log.String(), "ArtifactTimeout ran out") || !strings.Contains(log.String(), "/tmp/after") {
+			t.Errorf("no warning naming the files left: %s", log.String())
+		}
+	})
 	t.Run("close still kills when saving fails", func(t *testing.T) {
 		adir := filepath.Join(t.TempDir(), "a")
 		state := t.TempDir()
