@@ -17,6 +17,12 @@ type member struct {
 // checks this against encoding/json), in one pass and without copying the
 // values: MiMo rows are tens of KB of JSON, and decoding them was the
 // largest part of the conversion.
+//
+// It stays beside internal/ojson rather than in it: ojson's decoder builds
+// every value (what this scanner exists to avoid) and its skimmers take
+// scalars by extent without validating them (what this scanner must do,
+// since a row's JSON is untrusted input to convert). Keys are decoded by
+// the one shared unquoter (unquoteJSON, ojson.Unquote).
 func scanObject(data []byte) ([]member, error) {
 	s := scanner{data: data}
 	s.space()
