@@ -223,11 +223,12 @@ func TestLogShowsInputs(t *testing.T) {
 		lg := kiln(t, "log", "--store", sc.uri, res.Ref.String())
 		require.Equal(t, 0, lg.Code, lg.Stderr)
 		lines := strings.Split(strings.TrimSpace(lg.Stdout), "\n")
-		require.Len(t, lines, 3, lg.Stdout)
+		require.Len(t, lines, 4, lg.Stdout)
 		assert.Contains(t, lines[0], res.Ref.String()+" (trajectories, 1 rows) by rollout 1")
 		assert.Contains(t, lines[1], "└── "+in.String()+" (tasks, 4 rows) by import-tasks")
 		assert.Contains(t, lines[2], "    └── rows: /")
 		assert.Contains(t, lines[2], "formats/records/testdata/reference-rows.jsonl")
+		assert.Contains(t, lines[3], "latest of trajectories/step-0: "+res.Ref.String()+" (this version), moved by rollout on ")
 
 		exp := kiln(t, "export", "--store", sc.uri, "trajectories/step-0")
 		require.Equal(t, 0, exp.Code, exp.Stderr)

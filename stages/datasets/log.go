@@ -2,6 +2,7 @@ package datasets
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -18,9 +19,12 @@ func logCommand(env *Env) *cli.Command {
 		Name:      "log",
 		Usage:     "show the lineage of a version as a tree",
 		ArgsUsage: "REF",
-		Description: `Prints REF and, below it, the versions and external files it was computed
-from, recursively: which stage made each version, with which code, from what.
-A version reached twice is expanded once.`,
+		Description: `Prints REF (name = the version its latest pointer names, the one last made;
+name@version = exactly that one) and, below it, the versions and external
+files it was computed from, recursively: which stage made each version, with
+which code, from what. A version reached twice is expanded once. The last
+line says which version REF's dataset's latest pointer names and who moved it
+when.`,
 		Flags: []cli.Flag{stagecmd.StoreFlag()},
 		Action: func(c *cli.Context) error {
 			if err := stagecmd.RequireArgs(c, 1, "REF"); err != nil {
@@ -38,7 +42,15 @@ A version reached twice is expanded once.`,
 			if err != nil {
 				return err
 			}
-			return lineage(c.Context, st, env.Stdout, v, "", map[string]bool{})
+			if err := lineage(c.Context, st, env.Stdout, v, "", map[string]bool{}); err != nil {
+				return err
+			}
+			l, err := dataset.ReadLatest(c.Context, st, v.Dataset)
+			if errors.Is(err, dataset.ErrNotFound) {
+				l, err = nil, nil
+			}
+			_, err = fmt.Fprintf(env.Stdout, "latest of %s: %s\n", v.Dataset, latestLine(v, l, err))
+			return err
 		},
 	}
 }

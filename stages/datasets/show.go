@@ -18,11 +18,15 @@ func showCommand(env *Env) *cli.Command {
 		Name:      "show",
 		Usage:     "describe a version and print its first rows",
 		ArgsUsage: "REF",
-		Description: `Prints the manifest summary of REF (name = newest version, name@version =
-exactly that one): kind, schema, rows, shards, producer, inputs, metrics, then
-its first --rows rows as JSON lines. Shards are checksummed as they are read.
+		Description: `Prints the manifest summary of REF (name = the version its latest pointer
+names, the one last made; name@version = exactly that one): kind, schema, rows,
+shards, producer, which version latest is and who moved it when, inputs,
+metrics, then its first --rows rows as JSON lines. Shards are checksummed as
+they are read.
 
---json prints one JSON object {"manifest": ..., "committed": ..., "rows": [...]}.`,
+--json prints one JSON object {"manifest": ..., "committed": ..., "latest": ...,
+"rows": [...]}; latest is null for a dataset without a pointer (one written
+before pointers existed: its bare name means its newest committed version).`,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
 			&cli.IntFlag{Name: "rows", Value: 5, Usage: "how many rows to print"},
@@ -40,6 +44,10 @@ its first --rows rows as JSON lines. Shards are checksummed as they are read.
 			if err != nil {
 				return err
 			}
+			latest, latestErr := dataset.ReadLatest(c.Context, st, v.Dataset)
+			if errors.Is(latestErr, dataset.ErrNotFound) {
+				latestErr = nil
+			}
 			rows := []json.RawMessage{}
 			if n := c.Int("rows"); n > 0 {
 				err := v.EachJSON(c.Context, func(row json.RawMessage) error {
@@ -54,7 +62,11 @@ its first --rows rows as JSON lines. Shards are checksummed as they are read.
 				}
 			}
 			if c.Bool("json") {
-				b, err := json.MarshalIndent(map[string]any{"manifest": v.Manifest, "committed": v.Committed.UTC(), "rows": rows}, "", "  ")
+				if latestErr != nil {
+					return latestErr
+				}
+				b, err := json.MarshalIndent(map[string]any{"manifest": v.Manifest, "committed": v.Committed.UTC(),
+					"latest": latestJSON(latest), "rows": rows}, "", "  ")
 				if err != nil {
 					return err
 				}
@@ -68,6 +80,7 @@ its first --rows rows as JSON lines. Shards are checksummed as they are read.
 			fmt.Fprintf(w, "rows       %d in %d shard(s), %d bytes, %d part(s)\n", m.Rows, len(m.Shards), m.Bytes, m.Parts)
 			fmt.Fprintf(w, "committed  %s\n", v.Committed.UTC().Format(time.RFC3339))
 			fmt.Fprintf(w, "producer   %s (code %s, build %s, host %s)\n", m.Producer.Stage, m.Producer.CodeVersion, m.Producer.Build, m.Producer.Host)
+			fmt.Fprintf(w, "latest     %s\n", latestLine(v, latest, latestErr))
 			if len(m.Producer.Args) > 0 {
 				b, _ := json.Marshal(m.Producer.Args)
 				fmt.Fprintf(w, "args       %s\n", b)
@@ -91,6 +104,35 @@ its first --rows rows as JSON lines. Shards are checksummed as they are read.
 			return nil
 		},
 	}
+}
+
+// latestLine says which version v's dataset's latest pointer names and who
+// moved it when (l nil: the dataset has no pointer).
+func latestLine(v *dataset.Version, l *dataset.Latest, err error) string {
+	switch {
+	case err != nil:
+		return fmt.Sprintf("unreadable: %v", err)
+	case l == nil:
+		return "no pointer: the bare name means the newest committed version"
+	}
+	which := "this version"
+	if l.Version != v.Version {
+		which = "not this version"
+	}
+	s := fmt.Sprintf("%s (%s), moved by %s at %s", l.Ref(), which, l.By, l.Moved.UTC().Format(time.RFC3339))
+	if l.Previous != "" {
+		s += " from " + l.Previous
+	}
+	return s
+}
+
+// latestJSON is the pointer as show --json prints it, nil without one.
+func latestJSON(l *dataset.Latest) any {
+	if l == nil {
+		return nil
+	}
+	return map[string]any{"version": l.Version, "ref": l.Ref().String(), "previous": l.Previous, "by": l.By,
+		"moved": l.Moved.UTC(), "moved_at": l.MovedAt.UTC()}
 }
 
 func externalID(e dataset.External) string {
