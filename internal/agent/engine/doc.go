@@ -23,8 +23,9 @@
 //     else max_model_len learned from /v1/models or /tokenize); a prompt that
 //     leaves no room is a *ContextOverflowError and reaches no engine.
 //     "logprobs" is always at least 1 (sampled-token logprobs). The session id
-//     goes in header x-session-id. No retries. Cancelling ctx closes the
-//     connection, which is how vLLM aborts a request (§5.5).
+//     goes in header x-session-id. No retries: neither the client nor its
+//     net/http Transport sends a generate twice (Client.do). Cancelling ctx
+//     closes the connection, which is how vLLM aborts a request (§5.5).
 //   - Replies (§5.4 shapes A, B, C; §6 legacy completions logprobs) are
 //     validated whole before anything is returned: choices present and
 //     single; token ids non-negative int32; logprobs present, finite and one
