@@ -258,6 +258,8 @@ func walk(ctx context.Context, src source, o Options, fn func(loc location, c co
 			return nil
 		}
 		if first, dup := seen[id]; dup {
+			// "Duplicate dataset instance ID", "Missing instance IDs" and "No code
+			// tasks found" are the reference's messages, capitalised as there.
 			return stagecmd.BadInputError{Err: fmt.Errorf("%s, instance %q: Duplicate dataset instance ID: %s (first at %s %d); remove one of the rows or select the other instances with --ids", loc, id, id, map[bool]string{false: "row", true: "line"}[first.Line], first.Row)}
 		}
 		seen[id] = loc

@@ -130,6 +130,7 @@ func readBundle(final, image, digest string) (ImageJSON, bool, error) {
 	if _, err := os.Lstat(final); errors.Is(err, fs.ErrNotExist) {
 		return info, false, nil
 	}
+	// "Existing bundle does not match" is the reference's message, capitalised.
 	b, err := os.ReadFile(filepath.Join(final, "image.json"))
 	if err != nil {
 		// %v, not %w: a bundle without image.json is damaged, not "not found" (exit 3).

@@ -135,6 +135,7 @@ func readTaskImages(ctx context.Context, v *dataset.Version) ([]taskImage, error
 			im := *t.Image
 			if i, ok := seen[im]; ok {
 				if !sameWorkdir(out[i].workdir, t.Workdir) {
+					// Capitalised: this and "No task images found" below are the reference's messages.
 					return stagecmd.BadInputError{Err: fmt.Errorf("Conflicting workdirs for image %s: task %q has %s, task %q has %s",
 						im, first[im], showWorkdir(out[i].workdir), t.TaskID, showWorkdir(t.Workdir))}
 				}
