@@ -14,8 +14,8 @@ import (
 // text cannot exhaust the stack: a container nested deeper fails.
 const MaxDepth = 10000
 
-// ErrTooDeep is the error of text nested deeper than MaxDepth.
-var ErrTooDeep = errors.New("JSON nested too deeply")
+// errTooDeep is the error of text nested deeper than MaxDepth.
+var errTooDeep = errors.New("JSON nested too deeply")
 
 // Decode decodes one JSON value (and nothing after it but white space). It
 // accepts what encoding/json accepts — the RFC 8259 grammar; invalid UTF-8
@@ -108,12 +108,12 @@ func (d *Decoder) Value(depth int) (any, error) {
 	switch c := d.b[d.i]; {
 	case c == '{':
 		if depth >= MaxDepth {
-			return nil, ErrTooDeep
+			return nil, errTooDeep
 		}
 		return d.object(depth)
 	case c == '[':
 		if depth >= MaxDepth {
-			return nil, ErrTooDeep
+			return nil, errTooDeep
 		}
 		return d.array(depth)
 	case c == '"':

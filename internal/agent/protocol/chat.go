@@ -44,7 +44,7 @@ func decodeChat(header http.Header, body []byte, cp *cachedParts, hd *historyDec
 			return Request{}, err
 		}
 	}
-	s, err := sampling(b, openAIMaxKeys, "stop")
+	s, err := sampling(b, openAIMaxKeys(), "stop")
 	if err != nil {
 		return Request{}, err
 	}

@@ -8,7 +8,9 @@ import (
 	"github.com/kilnrl/kiln/internal/ojson"
 )
 
-var openAIMaxKeys = []string{"max_completion_tokens", "max_tokens", "max_output_tokens"}
+// openAIMaxKeys are the OpenAI protocols' max-token keys, in precedence order:
+// the first non-null one counts.
+func openAIMaxKeys() []string { return []string{"max_completion_tokens", "max_tokens", "max_output_tokens"} }
 
 // DecodeResponses translates a stateless OpenAI Responses request
 // (§5.1–5.3): the client sends its full history with store=false. Stored
@@ -44,7 +46,7 @@ func decodeResponses(header http.Header, body []byte, cp *cachedParts, hd *histo
 	if truthy(b.Val("conversation")) {
 		return Request{}, badRequest("conversations are unsupported; send full input history with store=false")
 	}
-	s, err := sampling(b, openAIMaxKeys, "stop")
+	s, err := sampling(b, openAIMaxKeys(), "stop")
 	if err != nil {
 		return Request{}, err
 	}
