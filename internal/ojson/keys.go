@@ -156,4 +156,3 @@ func common(raw []byte) (string, bool) {
 	}
 	return "", false
 }
-

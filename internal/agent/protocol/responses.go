@@ -10,7 +10,9 @@ import (
 
 // openAIMaxKeys are the OpenAI protocols' max-token keys, in precedence order:
 // the first non-null one counts.
-func openAIMaxKeys() []string { return []string{"max_completion_tokens", "max_tokens", "max_output_tokens"} }
+func openAIMaxKeys() []string {
+	return []string{"max_completion_tokens", "max_tokens", "max_output_tokens"}
+}
 
 // DecodeResponses translates a stateless OpenAI Responses request
 // (§5.1–5.3): the client sends its full history with store=false. Stored
