@@ -158,10 +158,13 @@ const (
 	// concurrent request at the adapter's usual session counts (net/http's
 	// default of 2 per host would reconnect on most calls).
 	maxIdleConns = 1024
-	// idleConnTimeout drops connections idle longer than this; servers
-	// close theirs sooner anyway (uvicorn's keep-alive is 5 s), which the
-	// Transport notices and drops them.
-	idleConnTimeout = 90 * time.Second
+	// idleConnTimeout drops connections idle longer than this: just under
+	// vLLM's keep-alive timeout (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s by
+	// default), so the client closes an idle connection before the server
+	// does, and a generate is not sent into a close already on its way
+	// (that request fails, as it is not re-sent; see Client.do). A fresh
+	// connection after a long tool call costs a handshake.
+	idleConnTimeout = 4 * time.Second
 )
 
 // newHTTPClient is the client used when Options.HTTPClient is nil: net/http's
