@@ -9,6 +9,7 @@
 //	<name>/_v/<version>/parts/<part>-of-<parts>.json          part receipts
 //	<name>/_v/<version>/manifest.json                         the commit
 //	<name>/_v/<version>/attachments/...                       files stored beside the rows
+//	<name>/_latest.json                                       the latest pointer (Latest)
 //
 // Attachments (AttachmentKey) are what a stage stores beside its rows and
 // points to from them — grading logs, agent artifacts: a committed version
@@ -21,7 +22,11 @@
 // duplicate never replaces it); whichever writer then sees every part
 // receipted writes the manifest, also create-if-absent, so exactly one
 // commit happens. A version without a manifest does not exist for readers,
-// and every file the protocol leaves behind is found by GC.
+// and every file the protocol leaves behind is found by GC. After the
+// commit (and when a writer finds its version committed already), the
+// writer moves the dataset's latest pointer to the version by
+// compare-and-swap: a bare name means that version (Resolve). GC never
+// removes a committed version, so never the one the pointer names.
 //
 // Version ids are derived from what produced the data (Identity), so a
 // rerun of an identical stage finds its committed output instead of

@@ -42,6 +42,8 @@ const (
 // their manifest does not name (a losing attempt's shards, receipts) other
 // than the version's attachments, and the store's own leftovers. Files younger than the grace period are kept.
 // fn is called for each orphan, in key order, before it is removed.
+// Manifests and latest pointers are never removed, so neither is the
+// version a latest pointer names.
 func GC(ctx context.Context, st store.Store, opts GCOptions, fn func(Orphan)) error {
 	now := opts.Now
 	if now.IsZero() {

@@ -127,6 +127,12 @@ const moveAttempts = 100
 // is none), retried on conflict: concurrent moves of one name end with the
 // pointer at one of their versions, and a pointer is never torn. A pointer
 // that already names ref is left as it is. A malformed pointer is replaced.
+//
+// On a server whose GET may pair one version's bytes with a newer version's
+// ETag under concurrent replacement (versitygw v1.8.0's posix back end, see
+// storetest.Quirks), a move racing others may record the wrong Previous, or
+// see its own version and stop while a racing move lands: the pointer still
+// ends whole at one of the racing versions, each committed.
 func MoveLatest(ctx context.Context, st store.Store, ref Ref, by Mover) (*Latest, error) {
 	if !ref.Pinned() {
 		return nil, fmt.Errorf("moving latest of %s: the reference is not pinned to a version", ref)

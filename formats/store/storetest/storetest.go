@@ -267,11 +267,23 @@ func testETagNeverRepeats(t *testing.T, s store.Store) {
 		seen[info.ETag] = i
 		etags = append(etags, info.ETag)
 	}
+	// Deleting and creating the key again (same size, new content) must not
+	// bring an old ETag back either.
+	for i := 60; i < 70; i++ {
+		require.NoError(t, s.Delete(ctx, "aba"))
+		info, err := s.PutIfAbsent(ctx, "aba", bytes.NewReader([]byte(fmt.Sprintf("value %04d", i))), 10)
+		require.NoError(t, err, "PutIfAbsent after Delete")
+		if j, ok := seen[info.ETag]; ok {
+			t.Fatalf("write %d after a Delete got ETag %q, the ETag of write %d", i, info.ETag, j)
+		}
+		seen[info.ETag] = i
+		etags = append(etags, info.ETag)
+	}
 	for i, e := range etags[:len(etags)-1] {
 		_, err := s.PutIfMatch(ctx, "aba", bytes.NewReader([]byte("stale!")), 6, e)
 		require.ErrorIs(t, err, store.ErrPrecondition, "PutIfMatch with the ETag of write %d", i)
 	}
-	requireContent(t, s, "aba", []byte(fmt.Sprintf("value %04d", 59)))
+	requireContent(t, s, "aba", []byte(fmt.Sprintf("value %04d", 69)))
 }
 
 func testGetSnapshot(t *testing.T, s store.Store) {
