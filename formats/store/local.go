@@ -304,8 +304,8 @@ func (l *Local) Delete(ctx context.Context, key string) error {
 // and are never removed: removing a lock file another process holds would let
 // a third process lock a different inode. A lock file also holds its keys'
 // mtime floor (see Local): 8 bytes, big-endian Unix nanoseconds. Keys whose
-// names hash alike share a lock file and a floor, which keeps each key's
-// modification times increasing all the same.
+// names hash alike share a lock file (see lockFiles) and a floor, which
+// keeps each key's modification times increasing all the same.
 func (l *Local) lock(key string) (keyLock, error) {
 	dir := filepath.Join(l.root, localTmp, "locks")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -368,9 +368,13 @@ func (k keyLock) stamp(p, tmp string) (fs.FileInfo, error) {
 	return fi, err
 }
 
+// lockFiles is how many lock files a store has at most. Every write takes
+// a lock, so one file per key would grow without bound; keys that share a
+// file only wait for each other's rename, and share a floor.
+const lockFiles = 1 << 12
+
 func lockName(key string) string {
-	h := fnv64(key)
-	return fmt.Sprintf("%016x", h)
+	return fmt.Sprintf("b%03x", fnv64(key)%lockFiles)
 }
 
 func fnv64(s string) uint64 {
