@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net"
 	"strings"
@@ -20,7 +21,6 @@ import (
 	"github.com/kilnrl/kiln/formats/store"
 	"github.com/kilnrl/kiln/internal/agent/adapter"
 	"github.com/kilnrl/kiln/internal/agent/engine"
-	"github.com/kilnrl/kiln/internal/agent/h1server"
 	"github.com/kilnrl/kiln/internal/agent/parse"
 	"github.com/kilnrl/kiln/internal/stagecmd"
 )
@@ -62,6 +62,12 @@ event once it has the head. A streamed turn still unanswered after
 the reply's response.created, then response.in_progress events) until the
 reply follows in the same stream; a turn failing after that ends the
 stream with the protocol's error event.
+
+Connections: served by net/http, HTTP/1.1 without TLS; a request's head must
+arrive within 30 s of its first byte and hold at most 1 MiB, a body at most
+64 MiB; a kept-alive connection may idle 5 minutes between requests; each
+write of a reply must progress within a minute (a turn itself, and the
+silence between its keep-alives, may last as long as the generation).
 
 CPU: most of a turn's CPU is its five HTTP exchanges (the client's and four
 engine calls) and the garbage collector. On a host with memory to spare,
@@ -232,7 +238,7 @@ type recording struct {
 // serveAndRecord serves until ctx is cancelled, then finishes every session
 // and commits the turns and their trajectories.
 func serveAndRecord(ctx context.Context, ln net.Listener, srv *adapter.Server, rec recording) error {
-	hs := &h1server.Server{Handler: srv, ReadHeaderTimeout: 30 * time.Second}
+	hs := adapter.NewHTTPServer(srv, adapter.HTTPLimits{}, slog.NewLogLogger(rec.env.Log.Handler(), slog.LevelWarn))
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	select {

@@ -119,11 +119,16 @@
 //     limit and engine context length), 0 when neither is known.
 //
 // Serving: Server is an http.Handler. kiln-rollout adapter serves it with
-// package h1server — one goroutine per connection, responses written whole,
-// client hang-ups noticed by one epoll watcher instead of a goroutine per
-// request — whose connections read and write with raw system calls (package
-// rawsock, as the engine client's do). A request's context is its
-// connection's: it ends when the client hangs up or the connection closes.
+// net/http's server as NewHTTPServer builds it (HTTP/1.1 without TLS):
+// request heads bounded in time (HTTPLimits.ReadHeaderTimeout, 30 s) and
+// size (1 MiB, then 431), bodies to MaxBodyBytes, kept-alive connections
+// closed after 5 idle minutes, and a write timeout that bounds each write
+// of a reply rather than the request, so that a turn may generate for as
+// long as it takes. A request's context ends when the client hangs up
+// (net/http notices once the body has been read, which every turn does
+// first) or when its handler returns. TestRawRequestsLikeNetHTTP holds
+// that malformed requests are answered as a plain net/http server answers
+// them.
 //
 // Not implemented: score centering (§1.4 step 6, §2.4 rule 6), routing
 // replay (R3), the debug callback (§2.3 step 11), SSE keep-alives.

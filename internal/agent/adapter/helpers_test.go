@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,7 +17,6 @@ import (
 	"github.com/kilnrl/kiln/internal/agent/adapter"
 	"github.com/kilnrl/kiln/internal/agent/engine"
 	"github.com/kilnrl/kiln/internal/agent/enginetest"
-	"github.com/kilnrl/kiln/internal/agent/h1server"
 	"github.com/kilnrl/kiln/internal/agent/protocol"
 )
 
@@ -30,6 +30,12 @@ type fixture struct {
 // newFixture starts a scripted engine and an adapter in front of it. The
 // engine log is reset after the probe.
 func newFixture(t *testing.T, eo enginetest.Options, ao adapter.Options) *fixture {
+	t.Helper()
+	return newFixtureLimits(t, eo, ao, adapter.HTTPLimits{})
+}
+
+// newFixtureLimits is newFixture with the adapter's server under lim.
+func newFixtureLimits(t *testing.T, eo enginetest.Options, ao adapter.Options, lim adapter.HTTPLimits) *fixture {
 	t.Helper()
 	dir := t.TempDir()
 	require.NoError(t, enginetest.WriteTokenizerFiles(dir))
@@ -49,11 +55,23 @@ func newFixture(t *testing.T, eo enginetest.Options, ao adapter.Options) *fixtur
 	}
 	ad := adapter.New(ao)
 	// Served as kiln-rollout adapter serves it.
-	url, stop, err := h1server.ServeLoopback(ad)
-	require.NoError(t, err)
-	t.Cleanup(stop)
+	url := serveLoopback(t, ad, lim)
 	eng.Reset()
 	return &fixture{eng: eng, client: c, ad: ad, url: url}
+}
+
+// serveLoopback serves h on a new listener on 127.0.0.1 with the server
+// kiln-rollout adapter serves with (adapter.NewHTTPServer under lim) until
+// the test ends, and returns its base URL.
+func serveLoopback(t testing.TB, h http.Handler, lim adapter.HTTPLimits) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := adapter.NewHTTPServer(h, lim, nil)
+	served := make(chan struct{})
+	go func() { _ = srv.Serve(ln); close(served) }()
+	t.Cleanup(func() { srv.Close(); <-served })
+	return "http://" + ln.Addr().String()
 }
 
 type response struct {

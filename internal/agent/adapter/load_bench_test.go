@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -28,7 +29,6 @@ import (
 	"github.com/kilnrl/kiln/internal/agent/adapter"
 	"github.com/kilnrl/kiln/internal/agent/engine"
 	"github.com/kilnrl/kiln/internal/agent/enginetest"
-	"github.com/kilnrl/kiln/internal/agent/h1server"
 	"github.com/kilnrl/kiln/internal/agent/protocol"
 )
 
@@ -78,14 +78,32 @@ import (
 // echoes the message assembled from the events. With -short only
 // sessions=8 × 5 turns runs, saturated, at 200 turns/s and streamed (for
 // CI at -benchtime=1x).
+//
+// The last case, engine=200ms-2s, is a realistic engine: each generate
+// call takes a random 200 ms to 2 s (the other engine calls answer at
+// once), 256 sessions of 8 turns, closed loop, no relay. Its figures are
+// the adapter's added latency per turn — each turn's latency less the
+// engine handler's time on that session's own exchanges (sessions are told
+// apart by their x-session-id and by the session name every request and
+// reply carries), so every turn counts — and the adapter's CPU as a share
+// of a core (cpu-share-of-core: its CPU over the wall time) and of a turn's
+// wall time (cpu-share-of-turn: CPU per turn over the mean turn latency).
+// With -short it is 8 sessions × 2 turns of 20–200 ms.
 func BenchmarkAdapterLoad(b *testing.B) {
+	realistic := loadConfig{sessions: 256, turns: 8, engineLatency: [2]time.Duration{200 * time.Millisecond, 2 * time.Second}}
 	cases := []loadConfig{{sessions: 64, turns: 20}, {sessions: 256, turns: 20}, {sessions: 64, turns: 20, rate: 100}, {sessions: 16, turns: 100},
-		{sessions: 64, turns: 20, stream: true}}
+		{sessions: 64, turns: 20, stream: true}, realistic}
 	if testing.Short() {
-		cases = []loadConfig{{sessions: 8, turns: 5}, {sessions: 8, turns: 5, rate: 200}, {sessions: 8, turns: 5, stream: true}}
+		realistic = loadConfig{sessions: 8, turns: 2, engineLatency: [2]time.Duration{20 * time.Millisecond, 200 * time.Millisecond}}
+		cases = []loadConfig{{sessions: 8, turns: 5}, {sessions: 8, turns: 5, rate: 200}, {sessions: 8, turns: 5, stream: true}, realistic}
 	}
 	for _, c := range cases {
 		name := fmt.Sprintf("sessions=%d", c.sessions)
+		if lat := c.engineLatency; lat[1] > 0 {
+			// First, so that the patterns naming the saturated cases
+			// (sessions=...) leave it out.
+			name = fmt.Sprintf("engine=%v-%v/", lat[0], lat[1]) + name
+		}
 		if c.turns != 20 {
 			name += fmt.Sprintf("/turns=%d", c.turns)
 		}
@@ -111,6 +129,10 @@ type loadConfig struct {
 	// stream asks for SSE replies, as Claude Code does, and echoes the
 	// message assembled from the events; else JSON replies.
 	stream bool
+	// engineLatency, when its upper end is > 0, makes every generate call
+	// take a random time in [lo, hi) (the realistic case): the turns'
+	// added latency is told per session, and no relay runs.
+	engineLatency [2]time.Duration
 }
 
 // loadScript makes every turn a reasoning block plus one qwen3_coder tool
@@ -125,6 +147,37 @@ func loadScript(r enginetest.Request) enginetest.Output {
 func loadEngineOptions() enginetest.Options {
 	return enginetest.Options{MaxModelLen: 65536, Script: loadScript,
 		Template: enginetest.ChatTemplate{ToolCallStyle: enginetest.Qwen3CoderXML, OpenThinkInGenerationPrompt: true}}
+}
+
+// namedScript is loadScript with the session's name leading the reply,
+// so that the /detokenize call of its output ids names the session too.
+func namedScript(r enginetest.Request) enginetest.Output {
+	out := loadScript(r)
+	out.Text = "Working on " + r.SessionID + ". " + out.Text
+	return out
+}
+
+// slowGenerate delays every generate call to h by a random time in
+// [lat[0], lat[1]) (seeded: the same draws every run), or until the
+// caller goes away.
+func slowGenerate(h http.Handler, lat [2]time.Duration) http.Handler {
+	var mu sync.Mutex
+	rng := rand.New(rand.NewPCG(1, 2))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/inference/v1/generate" {
+			mu.Lock()
+			d := lat[0] + time.Duration(rng.Int64N(int64(lat[1]-lat[0])))
+			mu.Unlock()
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-r.Context().Done():
+				t.Stop()
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // toolResult is the client's answer to turn k's call: ~240 bytes, like a
@@ -155,16 +208,15 @@ func (t *engineTotals) add(st map[string]enginetest.EndpointStats) {
 	}
 }
 
-// loopbackServer serves h on loopback with kiln's HTTP/1.1 server (the
-// engine and the relay's filler engine: what stands for the GPU server
-// should cost the shared machine as little as it can) and counts accepted
-// connections in conns, when given.
+// loopbackServer serves h on loopback with net/http's server (the engine
+// and the relay's filler engine) and counts accepted connections in
+// conns, when given.
 func loopbackServer(b *testing.B, h http.Handler, conns *atomic.Int64) (addr string) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv := &h1server.Server{Handler: h}
+	srv := &http.Server{Handler: h}
 	go srv.Serve(countingListener{ln, conns})
 	b.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()
@@ -260,7 +312,7 @@ func TestLoadAdapterChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &h1server.Server{Handler: h}
+	srv := adapter.NewHTTPServer(h, adapter.HTTPLimits{}, nil)
 	// As kiln-rollout adapter serves (the relay too: the same server).
 	go srv.Serve(ln)
 	defer srv.Close()
@@ -426,10 +478,19 @@ func runLoad(b *testing.B, cfg loadConfig) {
 	if err := enginetest.WriteTokenizerFiles(dir); err != nil {
 		b.Fatal(err)
 	}
-	eng := enginetest.New(loadEngineOptions())
+	realistic := cfg.engineLatency[1] > 0
+	eo := loadEngineOptions()
+	if realistic {
+		eo.Script = namedScript
+	}
+	eng := enginetest.New(eo)
 	var engConns atomic.Int64
-	var log exchangeLog
-	engAddr := loopbackServer(b, log.wrap(eng), &engConns)
+	log := exchangeLog{tagSessions: realistic}
+	var served http.Handler = eng
+	if realistic {
+		served = slowGenerate(eng, cfg.engineLatency)
+	}
+	engAddr := loopbackServer(b, log.wrap(served), &engConns)
 	ad := startAdapterProc(b, "http://"+engAddr, dir)
 	defer ad.stop()
 	eng.Reset()
@@ -483,6 +544,30 @@ func runLoad(b *testing.B, cfg loadConfig) {
 	// client's latency less the engine's time on the turn's exchanges.
 	var added []time.Duration
 	var told float64
+	if realistic {
+		added = addedLatencyBySession(sess, log.all)
+		told = float64(len(added)) / float64(nTurns)
+		cpu := run.cpu + sum.FinishCPU
+		var turnTime time.Duration
+		for _, l := range run.lat {
+			turnTime += l
+		}
+		b.ReportMetric(float64(cpu.Microseconds())/float64(nTurns), "adapter-cpu-µs/turn")
+		b.ReportMetric(float64(run.gc.Microseconds())/float64(nTurns), "gc-cpu-µs/turn")
+		b.ReportMetric(pct(added, 0.50), "added-p50-ms")
+		b.ReportMetric(pct(added, 0.99), "added-p99-ms")
+		b.ReportMetric(told, "added-turns-told")
+		b.ReportMetric(100*float64(cpu)/float64(run.wall), "cpu-%-of-core")
+		b.ReportMetric(100*float64(cpu)/float64(turnTime), "cpu-%-of-turn")
+		b.ReportMetric(float64(turnTime.Microseconds())/1e3/float64(nTurns), "turn-mean-ms")
+		b.ReportMetric(run.pct(0.50), "p50-ms")
+		b.ReportMetric(run.pct(0.99), "p99-ms")
+		b.ReportMetric(float64(nTurns)/run.wall.Seconds(), "turns/s")
+		b.ReportMetric(float64(totals.tokenize)/float64(nTurns), "tokenize/turn")
+		b.ReportMetric(float64(newConns)/float64(nTurns), "engine-conns/turn")
+		b.ReportMetric(float64(run.harness.Microseconds())/float64(nTurns), "harness-cpu-µs/turn")
+		return
+	}
 	if cfg.rate > 0 {
 		var untold int
 		added, untold = addedLatency(run.spans, log.all)

@@ -15,8 +15,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/kilnrl/kiln/internal/agent/rawsock"
 )
 
 // The relay is the load benchmark's baseline: the least any adapter must do
@@ -35,48 +33,118 @@ import (
 
 // exchange is one engine call the adapter made, as the engine saw it:
 // its bytes and when the engine's handler had it (Hold: for how long).
+// Session is the load session it was made for, where the log tells them.
 type exchange struct {
 	Path       string
 	Req, Reply int
 	Hold       time.Duration
 	Start, End time.Time `json:"-"`
+	Session    string    `json:"-"`
 }
 
 // exchangeLog records the adapter's engine calls in arrival order.
 type exchangeLog struct {
-	mu  sync.Mutex
-	all []exchange
+	// tagSessions keeps each request body to find the session it was made
+	// for (sessionOf); else bodies are only counted.
+	tagSessions bool
+	mu          sync.Mutex
+	all         []exchange
 }
 
 // wrap counts each request's and reply's body bytes on the way to h, and
 // times the handler. The request body is counted as h reads it (what h
-// leaves unread is read after it), not copied.
+// leaves unread is read after it), not copied unless l tags sessions.
 func (l *exchangeLog) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		body := &countingReader{r: r.Body}
+		body := &countingReader{r: r.Body, keep: l.tagSessions}
 		r.Body = body
 		cw := &countingWriter{ResponseWriter: w}
 		h.ServeHTTP(cw, r)
-		if _, err := io.Copy(io.Discard, body); err != nil {
-			return
-		}
+		// What h left unread is counted too; net/http may have closed the
+		// body once h's reply went out, after h read it to its end.
+		_, _ = io.Copy(io.Discard, body)
 		end := time.Now()
 		x := exchange{Path: r.URL.Path, Req: body.n, Reply: cw.n, Hold: end.Sub(start), Start: start, End: end}
+		if l.tagSessions {
+			x.Session = sessionOf(r.Header, body.kept)
+		}
 		l.mu.Lock()
 		l.all = append(l.all, x)
 		l.mu.Unlock()
 	})
 }
 
+// sessionOf names the load session an engine request was made for: its
+// x-session-id (generate calls), else the first session name in its body —
+// a render's messages hold their session's name, and a /detokenize call's
+// ids are the bytes of a reply that begins with it (namedScript; the
+// scripted tokenizer's ids below 256 are bytes). "" when none is found.
+func sessionOf(h http.Header, body []byte) string {
+	if id := h.Get("x-session-id"); id != "" {
+		return id
+	}
+	text := body
+	if i := bytes.IndexByte(body, '['); i >= 0 && !bytes.Contains(body, []byte("load-")) {
+		// An id list: its byte ids as text.
+		text = nil
+		n, digits := 0, false
+		for _, c := range body[i+1:] {
+			switch {
+			case c >= '0' && c <= '9':
+				n, digits = 10*n+int(c-'0'), true
+			case digits:
+				if n < 256 {
+					text = append(text, byte(n))
+				}
+				n, digits = 0, false
+			}
+		}
+	}
+	if i := bytes.Index(text, []byte("load-")); i >= 0 && i+9 <= len(text) {
+		return string(text[i : i+9])
+	}
+	return ""
+}
+
+// addedLatencyBySession returns, sorted, each turn's latency less the
+// engine handler's time on the exchanges its own session made while it was
+// in flight: exact under any concurrency, for exchanges tagged by session.
+func addedLatencyBySession(sess []*loadSession, xs []exchange) []time.Duration {
+	bySession := map[string][]exchange{}
+	for _, x := range xs {
+		bySession[x.Session] = append(bySession[x.Session], x)
+	}
+	var added []time.Duration
+	for _, s := range sess {
+		own := bySession[s.id]
+		for _, t := range s.spans {
+			d := t.end.Sub(t.start)
+			for _, x := range own {
+				if !x.Start.Before(t.start) && !x.End.After(t.end) {
+					d -= x.Hold
+				}
+			}
+			added = append(added, d)
+		}
+	}
+	slices.Sort(added)
+	return added
+}
+
 type countingReader struct {
-	r io.ReadCloser
-	n int
+	r    io.ReadCloser
+	n    int
+	keep bool
+	kept []byte
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += n
+	if c.keep {
+		c.kept = append(c.kept, p[:n]...)
+	}
 	return n, err
 }
 
@@ -173,9 +241,8 @@ func relayHandler(groups [][]exchange, engineAddr string) http.Handler {
 }
 
 // rawPool is a minimal HTTP/1.1 client: kept-alive connections, a request
-// written with one writev, a Content-Length reply read on the calling
-// goroutine and discarded — with the raw system calls of package rawsock
-// where the adapter's engine client makes them too.
+// written with one writev (net.Buffers), a Content-Length reply read on the
+// calling goroutine and discarded.
 type rawPool struct {
 	addr string
 	mu   sync.Mutex
@@ -184,7 +251,6 @@ type rawPool struct {
 
 type rawConn struct {
 	c   net.Conn
-	s   *rawsock.Conn
 	r   *bufio.Reader
 	hdr []byte
 }
@@ -201,13 +267,12 @@ func (p *rawPool) post(path string, body []byte, reply int, hold time.Duration) 
 		if err != nil {
 			return err
 		}
-		rc = &rawConn{c: c, s: rawsock.New(c)}
-		rc.r = bufio.NewReaderSize(rc.s, 64<<10)
+		rc = &rawConn{c: c, r: bufio.NewReaderSize(c, 64<<10)}
 	}
 	rc.hdr = fmt.Appendf(rc.hdr[:0], "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"+
 		"Content-Length: %d\r\nX-Relay-Reply-Bytes: %d\r\nX-Relay-Hold-Ns: %d\r\n\r\n", path, p.addr, len(body), reply, hold)
 	bufs := net.Buffers{rc.hdr, body}
-	if err := rc.s.WriteBuffers(bufs); err != nil {
+	if _, err := bufs.WriteTo(rc.c); err != nil {
 		rc.c.Close()
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -25,7 +26,6 @@ import (
 	"github.com/kilnrl/kiln/internal/agent/adapter"
 	"github.com/kilnrl/kiln/internal/agent/engine"
 	"github.com/kilnrl/kiln/internal/agent/enginetest"
-	"github.com/kilnrl/kiln/internal/agent/h1server"
 )
 
 // cliTimeout bounds one CLI run.
@@ -146,7 +146,9 @@ func newHarness(t *testing.T, script enginetest.Script, reasoning bool, slow ...
 	h.srv = adapter.New(adapter.Options{Engine: cl, Special: special, ToolParser: "qwen3_coder", ReasoningParser: rp,
 		KeepAlive: sl.keepAlive})
 	// Served as kiln-rollout adapter serves it.
-	url, stop, err := h1server.ServeLoopback(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	hs := adapter.NewHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		rw := &recWriter{ResponseWriter: w}
@@ -155,10 +157,11 @@ func newHarness(t *testing.T, script enginetest.Script, reasoning bool, slow ...
 		h.wire = append(h.wire, wireRequest{Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery,
 			Header: r.Header.Clone(), Body: body, Status: rw.status, Resp: rw.buf.Bytes()})
 		h.mu.Unlock()
-	}))
-	require.NoError(t, err)
-	t.Cleanup(stop)
-	h.url = url
+	}), adapter.HTTPLimits{}, nil)
+	served := make(chan struct{})
+	go func() { _ = hs.Serve(ln); close(served) }()
+	t.Cleanup(func() { hs.Close(); <-served })
+	h.url = "http://" + ln.Addr().String()
 	return h
 }
 
