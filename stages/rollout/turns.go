@@ -87,23 +87,32 @@ func readTurnsDataset(ctx context.Context, v *dataset.Version, add func(records.
 // readTurnsJSONL streams turn records from JSON lines: one object per turn
 // with the turns fields (records.TurnJSON); "turn" defaults to the row's
 // position within its session.
+//
+// Each line is read by turnDecoder, which accepts exactly what encoding/json
+// would and makes the same turn; a line it declines is decoded with
+// encoding/json (into records.TurnJSON, unknown fields refused, then
+// ToTurn), which either makes the turn or says what is wrong, named by file
+// and line. The turns' message text aliases the lines read, so each line
+// has storage of its own.
 func readTurnsJSONL(r io.Reader, name string, add func(records.Turn) error) error {
 	br := bufio.NewReaderSize(r, 1<<20)
 	order := map[string]int32{}
+	var dec turnDecoder
 	for lineNo := 1; ; lineNo++ {
 		line, err := br.ReadBytes('\n')
 		if len(bytes.TrimSpace(line)) > 0 {
-			var j records.TurnJSON
-			dec := json.NewDecoder(bytes.NewReader(line))
-			dec.DisallowUnknownFields()
-			if derr := dec.Decode(&j); derr != nil {
-				return stagecmd.BadInputError{Err: fmt.Errorf("%s:%d: %w", name, lineNo, derr)}
+			t, hasTurn, ok := dec.decode(line)
+			if ok {
+				if !hasTurn {
+					t.Turn = order[t.Session]
+				}
+			} else {
+				var terr error
+				if t, terr = decodeTurnJSON(line, order); terr != nil {
+					return stagecmd.BadInputError{Err: fmt.Errorf("%s:%d: %w", name, lineNo, terr)}
+				}
 			}
-			t, terr := j.ToTurn(order[j.Session])
-			if terr != nil {
-				return stagecmd.BadInputError{Err: fmt.Errorf("%s:%d: %w", name, lineNo, terr)}
-			}
-			order[j.Session]++
+			order[t.Session]++
 			if aerr := add(t); aerr != nil {
 				return aerr
 			}
@@ -115,4 +124,16 @@ func readTurnsJSONL(r io.Reader, name string, add func(records.Turn) error) erro
 			return fmt.Errorf("reading %s: %w", name, err)
 		}
 	}
+}
+
+// decodeTurnJSON is the encoding/json reading of a line: the reference
+// turnDecoder is held to, and the path of the lines it declines.
+func decodeTurnJSON(line []byte, order map[string]int32) (records.Turn, error) {
+	var j records.TurnJSON
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&j); err != nil {
+		return records.Turn{}, err
+	}
+	return j.ToTurn(order[j.Session])
 }

@@ -1,0 +1,746 @@
+package rollout
+
+import (
+	"bytes"
+	"math"
+	"strconv"
+	"unsafe"
+
+	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/internal/agent/jsonskim"
+)
+
+// turnDecoder reads the lines of a turns JSONL file (records.TurnJSON
+// objects) without encoding/json's reflection, for the common shape of such
+// files, and declines the rest.
+//
+// Contract: when decode accepts a line, the turn is the one
+// readTurnsJSONL's encoding/json path makes of it (a json.Decoder with
+// DisallowUnknownFields into records.TurnJSON, then ToTurn), and that path
+// would accept it: every byte of the line is checked against the JSON
+// grammar, and every check of records.Turn.Validate holds. It declines
+// (ok false) anything it cannot vouch for — a key spelled other than
+// exactly, a repeated key, a null where the field is not a pointer, a number
+// out of its field's range or with a fraction where an integer goes, text
+// after the object, a turn Validate would refuse — and the caller then
+// decodes that line with encoding/json, which also words the error. So the
+// two paths accept the same lines, make the same turns and name the same
+// errors.
+//
+// Consecutive turns of a session resend the previous prompt and history:
+// where a line's prompt_ids or prompt_messages array begins with the text
+// of the previous accepted line's array (up to the closing bracket, and
+// followed by a delimiter), that text is compared, not parsed again —
+// it was checked when that line was read, and the same text holds the same
+// values. Its prompt ids are then shared, not copied: a turn's PromptIDs
+// is a prefix of the next turn's backing array, capped at its length, and
+// nothing writes to a turn's ids after decode returns it.
+//
+// The strings of an accepted turn that hold JSON (PromptMessages,
+// ResponseMessage) alias the line, which must not be modified afterwards.
+type turnDecoder struct {
+	// The previous accepted line's prompt_ids text ('[' to ']') and its
+	// ids, with the storage they share with later turns (ids is the longest
+	// slice of it given out).
+	idsText []byte
+	ids     []int32
+	// The previous accepted line's prompt_messages text ('[' to ']').
+	msgsText []byte
+	// The previous session id, reused while the bytes match.
+	sessionRaw []byte
+	session    string
+}
+
+// Bits of the keys a line has given, to decline repeated keys.
+const (
+	keyRolloutID = 1 << iota
+	keyIndex
+	keyGroupIndex
+	keySession
+	keyTurn
+	keyPromptIDs
+	keyOutputIDs
+	keyOutputLogProbs
+	keyFinishReason
+	keyIllFormed
+	keyPromptMessages
+	keyResponseMessage
+	keyMaxContextTokens
+	keyReward
+	keyTopPTokenIDs
+	keyTopPTokenOffsets
+	keyTopPLogProbs
+	keyTopKTokenIDs
+	keyTopKLogProbs
+	keyTopK
+	keyRoutedExperts
+	keyRoutedExpertsShape
+	keyStartedMs
+	keyDurationMs
+)
+
+// decode reads one line (a JSON object, white space around it aside). It
+// returns the turn and whether the line gave "turn" (hasTurn false: the
+// caller numbers it by its position in the session), or ok false.
+func (d *turnDecoder) decode(line []byte) (t records.Turn, hasTurn, ok bool) {
+	b := line
+	i := jsonskim.Space(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return t, false, false
+	}
+	var (
+		seen              uint32
+		rolloutID         *int64
+		idsText, msgsText []byte
+		ids               []int32
+		hasMsgs           bool
+		resp              []byte
+	)
+	i = jsonskim.Space(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		i++
+	} else {
+		for {
+			if i >= len(b) || b[i] != '"' {
+				return t, false, false
+			}
+			ks := i + 1
+			for i = ks; i < len(b) && b[i] != '"' && b[i] != '\\' && b[i] >= 0x20; i++ {
+			}
+			if i >= len(b) || b[i] != '"' {
+				return t, false, false // an escape in a key: encoding/json's matching decides
+			}
+			key := b[ks:i]
+			if i = jsonskim.Space(b, i+1); i >= len(b) || b[i] != ':' {
+				return t, false, false
+			}
+			v := jsonskim.Space(b, i+1)
+			var bit uint32
+			switch string(key) {
+			case "rollout_id":
+				bit = keyRolloutID
+				if i = literalNull(b, v); i < 0 {
+					var x int64
+					if x, i = parseInt(b, v, 64); i >= 0 {
+						rolloutID = &x
+					}
+				}
+			case "index":
+				bit = keyIndex
+				t.Index, i = parseInt(b, v, 64)
+			case "group_index":
+				bit = keyGroupIndex
+				t.GroupIndex, i = parseInt(b, v, 64)
+			case "session":
+				bit = keySession
+				t.Session, i = d.sessionAt(b, v)
+			case "turn":
+				bit = keyTurn
+				if i = literalNull(b, v); i < 0 {
+					var x int64
+					x, i = parseInt(b, v, 32)
+					t.Turn, hasTurn = int32(x), i >= 0
+				}
+			case "prompt_ids":
+				bit = keyPromptIDs
+				ids, i = d.promptIDs(b, v)
+				if i >= 0 {
+					idsText = b[v:i]
+				}
+			case "output_ids":
+				bit = keyOutputIDs
+				t.OutputIDs, i = parseInt32s(b, v, nil)
+			case "output_log_probs":
+				bit = keyOutputLogProbs
+				t.OutputLogProbs, i = parseFloat32s(b, v)
+			case "finish_reason":
+				bit = keyFinishReason
+				t.FinishReason, i = parseString(b, v)
+				t.FinishReason = internFinish(t.FinishReason)
+			case "ill_formed":
+				bit = keyIllFormed
+				t.IllFormed, i = parseBool(b, v)
+			case "prompt_messages":
+				bit = keyPromptMessages
+				if i = d.messages(b, v); i >= 0 {
+					msgsText, hasMsgs = b[v:i], true
+				}
+			case "response_message":
+				bit = keyResponseMessage
+				if i = validValue(b, v, 0); i >= 0 {
+					resp = b[v:i]
+				}
+			case "max_context_tokens":
+				bit = keyMaxContextTokens
+				var x int64
+				x, i = parseInt(b, v, 32)
+				t.MaxContextTokens = int32(x)
+			case "reward":
+				bit = keyReward
+				if i = literalNull(b, v); i < 0 {
+					var x float64
+					if x, i = parseFloat(b, v, 64); i >= 0 {
+						t.Reward = &x
+					}
+				}
+			case "rollout_top_p_token_ids":
+				bit = keyTopPTokenIDs
+				t.TopPTokenIDs, i = parseInt32s(b, v, nil)
+			case "rollout_top_p_token_offsets":
+				bit = keyTopPTokenOffsets
+				t.TopPTokenOffsets, i = parseInt32s(b, v, nil)
+			case "rollout_top_p_log_probs":
+				bit = keyTopPLogProbs
+				t.TopPLogProbs, i = parseFloat32s(b, v)
+			case "rollout_topk_token_ids":
+				bit = keyTopKTokenIDs
+				t.TopKTokenIDs, i = parseInt32s(b, v, nil)
+			case "rollout_topk_log_probs":
+				bit = keyTopKLogProbs
+				t.TopKLogProbs, i = parseFloat32s(b, v)
+			case "rollout_topk_k":
+				bit = keyTopK
+				var x int64
+				x, i = parseInt(b, v, 32)
+				t.TopK = int32(x)
+			case "rollout_routed_experts":
+				bit = keyRoutedExperts
+				t.RoutedExperts, i = parseInt32s(b, v, nil)
+			case "rollout_routed_experts_shape":
+				bit = keyRoutedExpertsShape
+				t.RoutedExpertsShape, i = parseInt32s(b, v, nil)
+			case "started_ms":
+				bit = keyStartedMs
+				t.StartedMs, i = optInt64(b, v)
+			case "duration_ms":
+				bit = keyDurationMs
+				t.DurationMs, i = optInt64(b, v)
+			default:
+				return t, false, false // unknown, or not spelled exactly
+			}
+			if i < 0 || seen&bit != 0 {
+				return t, false, false
+			}
+			seen |= bit
+			if i = jsonskim.Space(b, i); i >= len(b) {
+				return t, false, false
+			}
+			if b[i] == '}' {
+				i++
+				break
+			}
+			if b[i] != ',' {
+				return t, false, false
+			}
+			i = jsonskim.Space(b, i+1)
+		}
+	}
+	if jsonskim.Space(b, i) != len(b) {
+		return t, false, false // encoding/json's Decoder reads the first value alone
+	}
+
+	// As records.TurnJSON.ToTurn.
+	t.RolloutID = t.Index
+	if rolloutID != nil {
+		t.RolloutID = *rolloutID
+	}
+	if ids != nil {
+		t.PromptIDs = ids[:len(ids):len(ids)] // later turns append to the storage past it
+	}
+	t.PromptMessages = "[]"
+	if hasMsgs {
+		t.PromptMessages = unsafe.String(unsafe.SliceData(msgsText), len(msgsText))
+	}
+	if len(resp) > 0 && string(resp) != "null" {
+		s := unsafe.String(unsafe.SliceData(resp), len(resp))
+		t.ResponseMessage = &s
+	}
+	// As records.Turn.Validate; prompt_messages and response_message were
+	// checked as they were read.
+	if t.Session == "" || (len(t.OutputLogProbs) != 0 && len(t.OutputLogProbs) != len(t.OutputIDs)) ||
+		(t.TopPTokenOffsets != nil && len(t.TopPTokenOffsets) != len(t.OutputIDs)+1) ||
+		(hasMsgs && msgsText[0] != '[') {
+		return t, false, false
+	}
+	if idsText != nil {
+		d.idsText, d.ids = idsText, ids
+	} else {
+		d.idsText, d.ids = nil, nil
+	}
+	if hasMsgs && msgsText[0] == '[' {
+		d.msgsText = msgsText
+	} else {
+		d.msgsText = nil
+	}
+	return t, hasTurn, true
+}
+
+// sessionAt reads the session string at b[i], reusing the previous line's
+// string when the literal is the same.
+func (d *turnDecoder) sessionAt(b []byte, i int) (string, int) {
+	if i >= len(b) || b[i] != '"' {
+		return "", -1
+	}
+	end := jsonskim.String(b, i)
+	if end < 0 {
+		return "", -1
+	}
+	if d.sessionRaw != nil && bytes.Equal(b[i:end], d.sessionRaw) {
+		return d.session, end
+	}
+	s, ok := jsonskim.Unquote(b[i:end])
+	if !ok {
+		return "", -1
+	}
+	d.sessionRaw, d.session = append(d.sessionRaw[:0], b[i:end]...), s
+	return s, end
+}
+
+// promptIDs reads the prompt_ids array at b[i]: when its text extends the
+// previous accepted line's, those ids (sharing their storage) and only the
+// ids that follow them are read; else every id.
+//
+// The previous line's state stays valid whatever happens here: appending
+// past len(d.ids) writes storage no turn's slice reaches.
+func (d *turnDecoder) promptIDs(b []byte, i int) ([]int32, int) {
+	if j, ok := extends(b, i, d.idsText); ok && len(d.ids) > 0 {
+		return appendInt32Tail(d.ids, b, j)
+	}
+	return parseInt32s(b, i, make([]int32, 0, (len(b)-i)/6))
+}
+
+// messages checks the prompt_messages value at b[i] and returns the index
+// after it: an array whose text extends the previous line's is checked from
+// where that text ends.
+func (d *turnDecoder) messages(b []byte, i int) int {
+	if j, ok := extends(b, i, d.msgsText); ok && len(d.msgsText) > 2 {
+		return validTail(b, j, 1)
+	}
+	return validValue(b, i, 0)
+}
+
+// extends reports whether the text at b[i:] begins with prev (a JSON array
+// with at least one element, '[' to ']') up to its closing bracket, and the
+// byte there is one that ends prev's last element (',', ']' or white
+// space); j is the index of that byte. The elements before j are then
+// prev's very text.
+func extends(b []byte, i int, prev []byte) (j int, ok bool) {
+	n := len(prev)
+	if n < 3 || len(b)-i < n || !bytes.Equal(b[i:i+n-1], prev[:n-1]) {
+		return 0, false
+	}
+	j = i + n - 1
+	switch b[j] {
+	case ',', ']', ' ', '\t', '\n', '\r':
+		return j, true
+	}
+	return 0, false
+}
+
+// internFinish returns the usual finish reasons as constants, so reading
+// one allocates nothing.
+func internFinish(s string) string {
+	switch s {
+	case "stop":
+		return "stop"
+	case "length":
+		return "length"
+	case "tool_calls":
+		return "tool_calls"
+	case "abort":
+		return "abort"
+	}
+	return s
+}
+
+// literalNull returns the index after a null at b[i], or -1.
+func literalNull(b []byte, i int) int {
+	if len(b)-i >= 4 && string(b[i:i+4]) == "null" {
+		return i + 4
+	}
+	return -1
+}
+
+// parseBool reads true or false at b[i].
+func parseBool(b []byte, i int) (bool, int) {
+	switch {
+	case len(b)-i >= 4 && string(b[i:i+4]) == "true":
+		return true, i + 4
+	case len(b)-i >= 5 && string(b[i:i+5]) == "false":
+		return false, i + 5
+	}
+	return false, -1
+}
+
+// parseString reads the string literal at b[i] as encoding/json decodes it.
+func parseString(b []byte, i int) (string, int) {
+	if i >= len(b) || b[i] != '"' {
+		return "", -1
+	}
+	end := jsonskim.String(b, i)
+	if end < 0 {
+		return "", -1
+	}
+	s, ok := jsonskim.Unquote(b[i:end])
+	if !ok {
+		return "", -1
+	}
+	return s, end
+}
+
+// optInt64 reads an int64 or null (nil) at b[i].
+func optInt64(b []byte, i int) (*int64, int) {
+	if end := literalNull(b, i); end >= 0 {
+		return nil, end
+	}
+	x, end := parseInt(b, i, 64)
+	if end < 0 {
+		return nil, -1
+	}
+	return &x, end
+}
+
+// parseInt reads the JSON integer at b[i] (-?(0|[1-9][0-9]*), no fraction
+// or exponent) that fits in a signed integer of bits bits. A number with a
+// fraction or exponent, or out of range, is declined: encoding/json refuses
+// it for an integer field.
+func parseInt(b []byte, i, bits int) (int64, int) {
+	neg := i < len(b) && b[i] == '-'
+	if neg {
+		i++
+	}
+	if i >= len(b) || b[i] < '0' || b[i] > '9' {
+		return 0, -1
+	}
+	var u uint64
+	start := i
+	if b[i] == '0' {
+		i++
+	} else {
+		for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+			if i-start >= 19 {
+				return 0, -1 // past int64's digits
+			}
+			u = u*10 + uint64(b[i]-'0')
+		}
+	}
+	if i < len(b) && (b[i] == '.' || b[i] == 'e' || b[i] == 'E') {
+		return 0, -1
+	}
+	limit := uint64(1) << (bits - 1) // |min|; max is limit-1
+	if (!neg && u >= limit) || (neg && u > limit) {
+		return 0, -1
+	}
+	if neg {
+		return -int64(u), i
+	}
+	return int64(u), i
+}
+
+// parseInt32s reads the array of int32 at b[i] (an empty array is a
+// non-nil empty slice, as encoding/json makes it), appending to dst.
+func parseInt32s(b []byte, i int, dst []int32) ([]int32, int) {
+	if i >= len(b) || b[i] != '[' {
+		return nil, -1
+	}
+	if dst == nil {
+		dst = []int32{}
+	}
+	i = jsonskim.Space(b, i+1)
+	if i < len(b) && b[i] == ']' {
+		return dst, i + 1
+	}
+	for {
+		var ok bool
+		if dst, i, ok = appendInt32(dst, b, i); !ok {
+			return nil, -1
+		}
+		if i = jsonskim.Space(b, i); i >= len(b) {
+			return nil, -1
+		}
+		switch b[i] {
+		case ']':
+			return dst, i + 1
+		case ',':
+			i = jsonskim.Space(b, i+1)
+		default:
+			return nil, -1
+		}
+	}
+}
+
+// appendInt32Tail appends to ids the elements of an int32 array that
+// follow ones already read, from b[j] (white space, then ',' before each
+// element or the closing ']').
+func appendInt32Tail(ids []int32, b []byte, j int) ([]int32, int) {
+	for {
+		if j = jsonskim.Space(b, j); j >= len(b) {
+			return nil, -1
+		}
+		switch b[j] {
+		case ']':
+			return ids, j + 1
+		case ',':
+			var ok bool
+			if ids, j, ok = appendInt32(ids, b, jsonskim.Space(b, j+1)); !ok {
+				return nil, -1
+			}
+		default:
+			return nil, -1
+		}
+	}
+}
+
+// appendInt32 appends the int32 at b[i] to dst; the common case, up to
+// nine digits, is read inline.
+func appendInt32(dst []int32, b []byte, i int) ([]int32, int, bool) {
+	if i < len(b) && b[i] > '0' && b[i] <= '9' {
+		u := uint32(b[i] - '0')
+		j := i + 1
+		for ; j < len(b) && j-i < 9 && b[j] >= '0' && b[j] <= '9'; j++ {
+			u = u*10 + uint32(b[j]-'0')
+		}
+		if j >= len(b) || (b[j] != ',' && b[j] != ']' && b[j] != ' ' && b[j] != '\n' && b[j] != '\t' && b[j] != '\r') {
+			goto general // more digits, a fraction, an exponent, or not a number's end
+		}
+		return append(dst, int32(u)), j, true
+	}
+general:
+	x, end := parseInt(b, i, 32)
+	if end < 0 {
+		return dst, -1, false
+	}
+	return append(dst, int32(x)), end, true
+}
+
+// numberEnd returns the index after the JSON number at b[i]
+// (-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?), or -1.
+func numberEnd(b []byte, i int) int {
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch {
+	case i >= len(b):
+		return -1
+	case b[i] == '0':
+		i++
+	case b[i] >= '1' && b[i] <= '9':
+		for i++; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+		}
+	default:
+		return -1
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if i >= len(b) || b[i] < '0' || b[i] > '9' {
+			return -1
+		}
+		for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if i >= len(b) || b[i] < '0' || b[i] > '9' {
+			return -1
+		}
+		for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+		}
+	}
+	return i
+}
+
+// parseFloat reads the JSON number at b[i] as encoding/json decodes it into
+// a float of bits bits (strconv.ParseFloat; out of range is declined).
+func parseFloat(b []byte, i, bits int) (float64, int) {
+	end := numberEnd(b, i)
+	if end < 0 {
+		return 0, -1
+	}
+	num := b[i:end]
+	x, err := strconv.ParseFloat(unsafe.String(unsafe.SliceData(num), len(num)), bits)
+	if err != nil {
+		return 0, -1
+	}
+	if bits == 32 && (x > math.MaxFloat32 || x < -math.MaxFloat32) {
+		return 0, -1 // reflect.Value.OverflowFloat: encoding/json refuses it
+	}
+	return x, end
+}
+
+// parseFloat32s reads the array of float32 at b[i] (an empty array is a
+// non-nil empty slice).
+func parseFloat32s(b []byte, i int) ([]float32, int) {
+	if i >= len(b) || b[i] != '[' {
+		return nil, -1
+	}
+	dst := make([]float32, 0, 64)
+	i = jsonskim.Space(b, i+1)
+	if i < len(b) && b[i] == ']' {
+		return dst, i + 1
+	}
+	for {
+		x, end := parseFloat(b, i, 32)
+		if end < 0 {
+			return nil, -1
+		}
+		dst = append(dst, float32(x))
+		if i = jsonskim.Space(b, end); i >= len(b) {
+			return nil, -1
+		}
+		switch b[i] {
+		case ']':
+			return dst, i + 1
+		case ',':
+			i = jsonskim.Space(b, i+1)
+		default:
+			return nil, -1
+		}
+	}
+}
+
+// maxDepth bounds the nesting validValue follows; deeper text is declined
+// (encoding/json's own limit is 10,000).
+const maxDepth = 1000
+
+// strPlain marks the bytes a JSON string holds as they are: not a quote, a
+// backslash or a control byte. encoding/json's scanner, as json.Valid,
+// does not check UTF-8.
+var strPlain = func() (t [256]bool) {
+	for c := 0x20; c < 256; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
+// validString returns the index after the valid JSON string at b[i] (a
+// '"'), or -1.
+func validString(b []byte, i int) int {
+	for i++; ; {
+		for i < len(b) && strPlain[b[i]] {
+			i++
+		}
+		if i >= len(b) {
+			return -1
+		}
+		switch b[i] {
+		case '"':
+			return i + 1
+		case '\\':
+			if i+1 >= len(b) {
+				return -1
+			}
+			switch b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if len(b)-i < 6 {
+					return -1
+				}
+				for _, c := range b[i+2 : i+6] {
+					if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+						return -1
+					}
+				}
+				i += 6
+			default:
+				return -1
+			}
+		default:
+			return -1 // a control byte
+		}
+	}
+}
+
+// validValue returns the index after the JSON value at b[i], checked as
+// json.Valid checks it, or -1.
+func validValue(b []byte, i, depth int) int {
+	if i >= len(b) {
+		return -1
+	}
+	switch c := b[i]; {
+	case c == '"':
+		return validString(b, i)
+	case c == '{':
+		if depth >= maxDepth {
+			return -1
+		}
+		i = jsonskim.Space(b, i+1)
+		if i < len(b) && b[i] == '}' {
+			return i + 1
+		}
+		for {
+			if i >= len(b) || b[i] != '"' {
+				return -1
+			}
+			if i = validString(b, i); i < 0 {
+				return -1
+			}
+			if i = jsonskim.Space(b, i); i >= len(b) || b[i] != ':' {
+				return -1
+			}
+			if i = validValue(b, jsonskim.Space(b, i+1), depth+1); i < 0 {
+				return -1
+			}
+			if i = jsonskim.Space(b, i); i >= len(b) {
+				return -1
+			}
+			switch b[i] {
+			case '}':
+				return i + 1
+			case ',':
+				i = jsonskim.Space(b, i+1)
+			default:
+				return -1
+			}
+		}
+	case c == '[':
+		if depth >= maxDepth {
+			return -1
+		}
+		i = jsonskim.Space(b, i+1)
+		if i < len(b) && b[i] == ']' {
+			return i + 1
+		}
+		if i = validValue(b, i, depth+1); i < 0 {
+			return -1
+		}
+		return validTail(b, i, depth+1)
+	case c == 't':
+		if len(b)-i >= 4 && string(b[i:i+4]) == "true" {
+			return i + 4
+		}
+	case c == 'f':
+		if len(b)-i >= 5 && string(b[i:i+5]) == "false" {
+			return i + 5
+		}
+	case c == 'n':
+		return literalNull(b, i)
+	case c == '-' || c >= '0' && c <= '9':
+		return numberEnd(b, i)
+	}
+	return -1
+}
+
+// validTail checks the rest of an array from after an element (b[i]: white
+// space, then ',' and an element, again, or the closing ']') and returns
+// the index after the array, or -1; depth is that of its elements.
+func validTail(b []byte, i, depth int) int {
+	for {
+		if i = jsonskim.Space(b, i); i >= len(b) {
+			return -1
+		}
+		switch b[i] {
+		case ']':
+			return i + 1
+		case ',':
+			if i = validValue(b, jsonskim.Space(b, i+1), depth); i < 0 {
+				return -1
+			}
+		default:
+			return -1
+		}
+	}
+}

@@ -1,0 +1,251 @@
+package rollout
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// decodeAgrees decodes line with d and holds the result to the
+// encoding/json path (decodeTurnJSON): where d accepts the line,
+// encoding/json accepts it and makes the same turn, numbered the same way.
+// It reports whether d accepted the line.
+func decodeAgrees(t testing.TB, d *turnDecoder, line []byte) bool {
+	t.Helper()
+	got, hasTurn, ok := d.decode(line)
+	if !ok {
+		return false
+	}
+	want, err := decodeTurnJSON(line, map[string]int32{})
+	if err != nil {
+		t.Fatalf("turnDecoder accepted %q; encoding/json refuses it: %v", line, err)
+	}
+	// The turn number: from the line, or the caller's count (-1 here).
+	numbered, err := decodeTurnJSON(line, map[string]int32{want.Session: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if given := numbered.Turn != -1 || want.Turn != 0; given != hasTurn {
+		t.Fatalf("turnDecoder says the line %s \"turn\", encoding/json disagrees: %q", map[bool]string{true: "has", false: "has no"}[hasTurn], line)
+	}
+	if !hasTurn {
+		got.Turn = 0
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("turnDecoder and encoding/json differ on %q:\n got %+v\nwant %+v", line, got, want)
+	}
+	return true
+}
+
+// line is a turn record with the given fields in JSON text, in order.
+func line(fields ...string) []byte { return []byte("{" + strings.Join(fields, ", ") + "}\n") }
+
+const (
+	fSession = `"session": "s1"`
+	fPrompt  = `"prompt_ids": [1, 2, 3]`
+	fOutput  = `"output_ids": [7, 8]`
+	fLPs     = `"output_log_probs": [-0.5, -1.25e-3]`
+	fMsgs    = `"prompt_messages": [{"role": "user", "content": "u"}]`
+	fResp    = `"response_message": {"role": "assistant", "content": "a"}`
+)
+
+func TestTurnDecoder(t *testing.T) {
+	accepted := [][]byte{
+		line(fSession, fPrompt, fOutput, fLPs, fMsgs, fResp),
+		line(fSession),
+		line(fSession, `"index": 3, "group_index": -2, "rollout_id": 9223372036854775807, "turn": 4`),
+		line(fSession, `"index": -9223372036854775808, "rollout_id": null, "turn": null`),
+		line(fSession, `"finish_reason": "length", "ill_formed": true, "max_context_tokens": 2147483647`),
+		line(fSession, `"finish_reason": "\ud800"`),
+		line(fSession, `"finish_reason": "caf\u00e9\n", "ill_formed": false, "max_context_tokens": -2147483648`),
+		line(`"session": "caf\u00e9 \"q\""`, `"reward": 1.5e2`),
+		line(fSession, `"reward": null, "response_message": null`),
+		line(fSession, `"response_message": "text"`, `"prompt_messages": []`),
+		line(fSession, `"prompt_ids": [], "output_ids": [], "output_log_probs": []`),
+		line(fSession, `"prompt_ids": [0, -0, 2147483647, -2147483648, 1000000000]`),
+		line(fSession, `"output_ids": [5], "output_log_probs": [-3.4028234663852886e38]`),
+		line(fSession, `"output_log_probs": [], "output_ids": [1, 2]`),
+		line(fSession, `"output_ids": [1], "output_log_probs": [1e-50]`),
+		line(fSession, `"output_ids": [1, 2], "rollout_top_p_token_offsets": [0, 1, 3], "rollout_top_p_token_ids": [1, 2, 3], "rollout_top_p_log_probs": [-1, -2, -3]`),
+		line(fSession, `"rollout_topk_token_ids": [], "rollout_topk_log_probs": [0.5], "rollout_topk_k": 2`),
+		line(fSession, `"rollout_routed_experts": [1, 2], "rollout_routed_experts_shape": [1, 1, 2]`),
+		line(fSession, `"started_ms": 1700000000000, "duration_ms": null`),
+		line(fSession, "\"prompt_messages\": [{\"c\": \"\xff\xfe\"}, 1, -2.5E+3, true, false, null, [[]], {}]"),
+		[]byte("\t{ \"session\" : \"s\" , \"prompt_ids\" : [ 1 , 2 ] }\r\n"),
+		[]byte(`{"session":"s","prompt_ids":[1,2],"prompt_messages":[{"a":1}]}`),
+	}
+	for _, l := range accepted {
+		var d turnDecoder
+		assert.True(t, decodeAgrees(t, &d, l), "declined: %s", l)
+	}
+	declined := [][]byte{
+		line(),                      // no session: Validate refuses it
+		line(`"session": ""`),       // the same
+		line(`"Session": "s1"`),     // encoding/json matches keys without case
+		line(`"sess\u0069on": "s"`), // an escaped key
+		line(fSession, `"extra": 1`),
+		line(fSession, fSession),
+		line(fSession, `"index": null`),
+		line(fSession, `"index": 1.0`),
+		line(fSession, `"index": 1e3`),
+		line(fSession, `"index": 9223372036854775808`),
+		line(fSession, `"turn": 2147483648`),
+		line(fSession, `"prompt_ids": [2147483648]`),
+		line(fSession, `"prompt_ids": [1.5]`),
+		line(fSession, `"prompt_ids": [01]`),
+		line(fSession, `"prompt_ids": null`),
+		line(fSession, `"prompt_ids": [1,]`),
+		line(fSession, `"output_ids": [1], "output_log_probs": [1e39]`),
+		line(fSession, `"output_ids": [1], "output_log_probs": [1, 2]`),
+		line(fSession, `"output_ids": [1], "rollout_top_p_token_offsets": [0]`),
+		line(fSession, `"prompt_messages": {}`),
+		line(fSession, `"prompt_messages": null`),
+		line(fSession, `"prompt_messages": [{"a": 01}]`),
+		line(fSession, "\"prompt_messages\": [\"\x01\"]"),
+		line(fSession, `"prompt_messages": ["\x"]`),
+		line(fSession, `"response_message": {"a": tru}`),
+		line(fSession, `"ill_formed": null`),
+		line(fSession, `"reward": NaN`),
+		line(fSession, `"reward": 1e400`),
+		[]byte(`{"session": "s"} {"session": "t"}`),
+		[]byte(`{"session": "s"}x`),
+		[]byte(`["session"]`),
+		[]byte(`{"session": "s"`),
+	}
+	for _, l := range declined {
+		var d turnDecoder
+		assert.False(t, decodeAgrees(t, &d, l), "accepted: %s", l)
+	}
+}
+
+// TestTurnDecoderExtends: a line whose arrays extend the previous line's
+// reads only what they add, and still agrees with encoding/json; earlier
+// turns keep their ids.
+func TestTurnDecoderExtends(t *testing.T) {
+	seqs := []struct {
+		name  string
+		lines []string
+	}{
+		{"ids grow", []string{`"prompt_ids": [1, 2, 3]`, `"prompt_ids": [1, 2, 3, 4, 5]`, `"prompt_ids": [1, 2, 3, 4, 5]`, `"prompt_ids": [1, 2, 3, 4, 5 , 6 ]`}},
+		{"ids: the last id grows", []string{`"prompt_ids": [1, 2, 3]`, `"prompt_ids": [1, 2, 34]`, `"prompt_ids": [1, 2, 34.5]`}},
+		{"ids drift", []string{`"prompt_ids": [1, 2, 3]`, `"prompt_ids": [1, 9, 3, 4]`, `"prompt_ids": [1, 9, 3, 4, 5]`}},
+		{"ids: bad tail", []string{`"prompt_ids": [1, 2]`, `"prompt_ids": [1, 2,]`, `"prompt_ids": [1, 2, x]`, `"prompt_ids": [1, 2 3]`, `"prompt_ids": [1, 2, 3]`}},
+		{"ids from empty", []string{`"prompt_ids": []`, `"prompt_ids": [1]`, `"prompt_ids": [1, 2]`}},
+		{"messages grow", []string{`"prompt_messages": [{"role": "user"}]`, `"prompt_messages": [{"role": "user"}, {"role": "tool", "content": "t"}]`,
+			`"prompt_messages": [{"role": "user"}, {"role": "tool", "content": "t"} ]`}},
+		{"messages: the last scalar grows", []string{`"prompt_messages": [{}, 1]`, `"prompt_messages": [{}, 12]`, `"prompt_messages": [{}, 12, tru]`, `"prompt_messages": [{}, 12, true]`}},
+		{"messages: bad tail", []string{`"prompt_messages": [{"a": 1}]`, `"prompt_messages": [{"a": 1},]`, `"prompt_messages": [{"a": 1}, {"b": }]`, "\"prompt_messages\": [{\"a\": 1}, \"\x02\"]"}},
+	}
+	for _, seq := range seqs {
+		t.Run(seq.name, func(t *testing.T) {
+			var d turnDecoder
+			var kept [][]int32
+			var wants [][]int32
+			for _, f := range seq.lines {
+				l := line(fSession, f)
+				if decodeAgrees(t, &d, l) {
+					tr, _, _ := d.decode(l) // decode again: the previous line is now itself
+					want, err := decodeTurnJSON(l, map[string]int32{})
+					require.NoError(t, err)
+					require.Equal(t, want.PromptIDs, tr.PromptIDs)
+					kept, wants = append(kept, tr.PromptIDs), append(wants, want.PromptIDs)
+				}
+			}
+			for i := range kept {
+				assert.Equal(t, wants[i], kept[i], "turn %d's ids are its own", i)
+			}
+		})
+	}
+}
+
+// TestTurnDecoderBenchLines: every line of the benchmark's generated file
+// (the shape of other systems' dumps) takes the fast path and agrees.
+func TestTurnDecoderBenchLines(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "turns.jsonl")
+	n, err := writeBenchTurns(path, 1, 3)
+	require.NoError(t, err)
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	br := bufio.NewReaderSize(f, 1<<20)
+	var d turnDecoder
+	for i := 0; i < n; i++ {
+		l, err := br.ReadBytes('\n')
+		require.NoError(t, err)
+		require.True(t, decodeAgrees(t, &d, l), "line %d declined", i+1)
+	}
+}
+
+func TestValidValue(t *testing.T) {
+	for _, s := range []string{
+		`0`, `-0`, `1.5`, `-1.5e10`, `1E+2`, `1e-2`, `01`, `1.`, `.5`, `-`, `1e`, `1e+`, `+1`, `0x1`, `NaN`, `Infinity`,
+		`true`, `false`, `null`, `tru`, `nul`, `True`, `""`, `"a\"b\\c\/d\b\f\n\r\t"`, `"\u00e9\uD83D\uDE00"`, `"\u12"`, `"\u12g4"`,
+		`"\x"`, "\"\x01\"", "\"\x7f\xff\"", `"`, `"abc`, `[]`, `[ ]`, `[1,2]`, `[1,]`, `[,1]`, `[1 2]`, `{}`, `{ }`, `{"a":1}`,
+		`{"a":1,}`, `{"a" 1}`, `{a:1}`, `{"a":1 "b":2}`, `{"a":[{"b":[null]}]}`, `[{]`, `[}`, `{]`, `[[[[]]]]`, `[[[[]]]`,
+		strings.Repeat("[", 999) + strings.Repeat("]", 999),
+	} {
+		b := []byte(s)
+		end := validValue(b, 0, 0)
+		ok := end == len(b)
+		if ok != json.Valid(b) && !(end < 0 && json.Valid(b) && bytes.Count(b, []byte("[")) >= maxDepth) {
+			t.Errorf("validValue(%q) = %d, json.Valid %v", s, end, json.Valid(b))
+		}
+	}
+	// Deeper than maxDepth is declined, not accepted.
+	deep := []byte(strings.Repeat("[", maxDepth+1) + strings.Repeat("]", maxDepth+1))
+	assert.Equal(t, -1, validValue(deep, 0, 0))
+}
+
+// validAgrees holds validValue to json.Valid: it accepts no text
+// json.Valid refuses, and refuses valid text only past maxDepth.
+func validAgrees(t *testing.T, b []byte) {
+	t.Helper()
+	i := 0
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	end := validValue(b, i, 0)
+	if end >= 0 {
+		for end < len(b) && (b[end] == ' ' || b[end] == '\t' || b[end] == '\n' || b[end] == '\r') {
+			end++
+		}
+	}
+	ok, want := end == len(b), json.Valid(b)
+	if ok && !want {
+		t.Fatalf("validValue accepts %q, json.Valid refuses it", b)
+	}
+	if !ok && want && !(end < 0 && bytes.Count(b, []byte("["))+bytes.Count(b, []byte("{")) > maxDepth) {
+		t.Fatalf("validValue refuses %q, json.Valid accepts it", b)
+	}
+}
+
+func FuzzValidValue(f *testing.F) {
+	for _, s := range []string{`{"role":"user","content":"a\nb"}`, `[1,-2.5e3,true,null,"x"]`, `"\u00e9"`, `{"a":[{}]}`, `01`, `[1,]`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(validAgrees)
+}
+
+// FuzzTurnLines decodes two lines in turn (the second may extend the first's
+// arrays) and holds both to encoding/json.
+func FuzzTurnLines(f *testing.F) {
+	f.Add(line(fSession, fPrompt, fMsgs), line(fSession, `"prompt_ids": [1, 2, 3, 4]`, `"prompt_messages": [{"role": "user", "content": "u"}, {"role": "tool"}]`))
+	f.Add(line(fSession, fPrompt, fOutput, fLPs, fMsgs, fResp, `"turn": 1, "index": 2`), line(fSession, `"prompt_ids": [1, 2, 34]`))
+	f.Add(line(fSession, `"prompt_messages": [{}, 1]`), line(fSession, `"prompt_messages": [{}, 12]`))
+	f.Add(line(fSession, `"output_ids": [1, 2], "rollout_top_p_token_offsets": [0, 1, 3], "rollout_top_p_token_ids": [1, 2, 3]`),
+		line(fSession, `"reward": 0.5, "started_ms": 5, "ill_formed": true, "finish_reason": "stop"`))
+	f.Add(line(`"Session": "s"`), line(fSession, `"index": 1.0`))
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		var d turnDecoder
+		decodeAgrees(t, &d, a)
+		decodeAgrees(t, &d, b)
+	})
+}
