@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unsafe"
 
 	"github.com/urfave/cli/v2"
 
@@ -245,6 +246,12 @@ func isNullText(s string) bool {
 	return strings.TrimSpace(s) == "null"
 }
 
+// stringBytes is str's bytes without a copy. Nothing may write to them: the
+// turn records' strings are immutable, and assembly only reads messages.
+func stringBytes(str string) []byte {
+	return unsafe.Slice(unsafe.StringData(str), len(str))
+}
+
 // assembleSession runs one session's turns through trajectory assembly.
 func assembleSession(s *session, opts assembly.Options) ([]records.Trajectory, error) {
 	sess := assembly.NewSession(opts)
@@ -253,8 +260,7 @@ func assembleSession(s *session, opts assembly.Options) ([]records.Trajectory, e
 	// A turn of an agent session typically adds its response and a tool
 	// result or two to the history: room for three a turn spares the
 	// splitter most regrowths of the session's message list.
-	split := messageSplitter{capHint: 8 + 3*len(s.turns)}
-	split.spare, split.spareHeads = sess.MessageLists(split.capHint)
+	split := assembly.NewSplitter(sess, 8+3*len(s.turns))
 	for i := range s.turns {
 		t := &s.turns[i]
 		if t.RolloutID != base.RolloutID || t.Index != base.Index || t.GroupIndex != base.GroupIndex {
@@ -267,7 +273,7 @@ func assembleSession(s *session, opts assembly.Options) ([]records.Trajectory, e
 		if t.MaxContextTokens > 0 {
 			base.MaxSampleTokens = int(t.MaxContextTokens)
 		}
-		msgs, heads, err := split.splitHeads(t.PromptMessages)
+		msgs, heads, err := split.Split(stringBytes(t.PromptMessages))
 		if err != nil {
 			return nil, fmt.Errorf("session %q turn %d: %w", s.id, t.Turn, err)
 		}
@@ -279,7 +285,7 @@ func assembleSession(s *session, opts assembly.Options) ([]records.Trajectory, e
 			// of it in the next turn's prompt_messages.
 			respHead, _, _ = assembly.ScanMessage(resp, 0)
 		}
-		split.hint = respHead
+		split.Expect(respHead)
 		err = sess.Record(assembly.Turn{
 			PromptIDs: t.PromptIDs, OutputIDs: t.OutputIDs, OutputLogProbs: t.OutputLogProbs,
 			FinishReason: t.FinishReason, IllFormed: t.IllFormed, PromptMessages: msgs, ResponseMessage: resp,

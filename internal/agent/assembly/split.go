@@ -1,60 +1,68 @@
-package rollout
+package assembly
 
 import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"unsafe"
 
-	"github.com/kilnrl/kiln/internal/agent/assembly"
 	"github.com/kilnrl/kiln/internal/agent/jsonskim"
 )
 
-// messageSplitter splits a session's prompt_messages (a JSON array per
-// turn) into messages. Consecutive turns usually resend the previous
-// history plus new messages, so when a turn's text extends the previous
-// turn's array, only the new tail is scanned: a session costs time linear in
-// its final history, not quadratic.
+// Splitter splits a session's prompt_messages (a JSON array per turn) into
+// the messages of Turn.PromptMessages and their heads (Turn.PromptHeads).
+// Consecutive turns usually resend the previous history plus new messages,
+// so when a turn's text extends the previous turn's array, only the new
+// tail is scanned: a session costs time linear in its final history, not
+// quadratic.
 //
-// Each message that is a JSON object is read by assembly.ScanMessage as it
-// is cut, and its Head goes with it (assembly then does not read it again);
-// a message whose text is that of hint, the previous turn's response (which
-// the client echoes), is cut by comparing its bytes instead of scanning them.
-type messageSplitter struct {
+// Each message that is a JSON object is read by ScanMessage as it is cut,
+// and its Head goes with it (Record then does not read it again); a message
+// whose text is that of the Head given to Expect (the previous turn's
+// response, which the client echoes) is cut by comparing its bytes instead
+// of scanning them. A Splitter serves one session, one turn after another.
+type Splitter struct {
 	prev  []byte
 	msgs  []json.RawMessage
-	heads []assembly.Head // parallel to msgs; zero where not read
+	heads []Head // parallel to msgs; zero where not read
 	// hint, if set, is a message expected at the start of the next turn's
 	// new messages (the previous turn's response_message).
-	hint assembly.Head
+	hint Head
 	// capHint, if set, is the capacity of a list split from scratch: the
 	// messages a session is expected to reach, so the turns that extend the
 	// list in place do not regrow it (each regrowth copies it).
 	capHint int
 	// spare and spareHeads, if set, are the storage of the next list split
-	// from scratch (as assembly.Session.MessageLists hands it out, recycled
-	// from session to session), used once; otherwise a list is allocated.
+	// from scratch (as Session.MessageLists hands it out, recycled from
+	// session to session), used once; otherwise a list is allocated.
 	spare      []json.RawMessage
-	spareHeads []assembly.Head
+	spareHeads []Head
 }
 
-func (s *messageSplitter) split(str string) ([]json.RawMessage, error) {
-	msgs, _, err := s.splitHeads(str)
-	return msgs, err
+// NewSplitter returns a Splitter for sess's turns whose lists hold up to
+// about n messages: its first list is the pair sess.MessageLists(n) hands
+// out, so a stream of sessions with an Arena reuses it.
+func NewSplitter(sess *Session, n int) *Splitter {
+	s := &Splitter{capHint: n}
+	s.spare, s.spareHeads = sess.MessageLists(n)
+	return s
 }
 
-// splitHeads is split, with the messages' heads (a zero Head for a message
-// it did not read).
-func (s *messageSplitter) splitHeads(str string) ([]json.RawMessage, []assembly.Head, error) {
-	// The messages alias str's bytes without copying them (a session's
-	// histories add up to far more bytes than its tokens); nothing writes
-	// to a message.
-	//
+// Expect tells the splitter that the next turn's new messages likely begin
+// with the message h was read from (the turn's response, which a client
+// echoes); a zero Head expects nothing.
+func (s *Splitter) Expect(h Head) { s.hint = h }
+
+// Split splits the next turn's prompt_messages text into its messages and
+// their heads (a zero Head for a message it did not read); an error
+// (encoding/json's) says why text is not a JSON array. The messages alias
+// text without copying it (a session's histories add up to far more bytes
+// than its tokens): nothing may write to text while they are in use, and
+// nothing writes to a message. Earlier turns' lists stay as they were.
+func (s *Splitter) Split(text []byte) ([]json.RawMessage, []Head, error) {
 	// The extension path trims only leading white space: splitting checks
 	// what follows the closing ']', and reading the text's far end before
 	// its start would cost a cache miss per turn. s.prev is trimmed at both
 	// ends, so its last byte is the closing ']'.
-	text := stringBytes(str)
 	if n := len(s.prev); n > 2 {
 		ext := text[jsonskim.Space(text, 0):]
 		if len(ext) > n && ext[n-1] == ',' && bytes.Equal(ext[:n-1], s.prev[:n-1]) {
@@ -68,12 +76,12 @@ func (s *messageSplitter) splitHeads(str string) ([]json.RawMessage, []assembly.
 	}
 	text = bytes.TrimSpace(text)
 	var out []json.RawMessage
-	var heads []assembly.Head
+	var heads []Head
 	switch {
 	case s.spare != nil:
 		out, heads, s.spare, s.spareHeads = s.spare[:0], s.spareHeads[:0], nil, nil
 	case s.capHint > 0:
-		out, heads = make([]json.RawMessage, 0, s.capHint), make([]assembly.Head, 0, s.capHint)
+		out, heads = make([]json.RawMessage, 0, s.capHint), make([]Head, 0, s.capHint)
 	}
 	msgs, heads, ok := appendArray(out, heads, text, &s.hint)
 	if !ok {
@@ -82,7 +90,7 @@ func (s *messageSplitter) splitHeads(str string) ([]json.RawMessage, []assembly.
 		if err := json.Unmarshal(text, &v); err != nil {
 			return nil, nil, fmt.Errorf("prompt_messages: %w", err)
 		}
-		msgs, heads = v, make([]assembly.Head, len(v)) // none read
+		msgs, heads = v, make([]Head, len(v)) // none read
 	}
 	s.prev, s.msgs, s.heads = text, msgs, heads
 	return msgs, heads, nil
@@ -107,7 +115,7 @@ func splitArray(b []byte) ([]json.RawMessage, bool) {
 
 // appendArray is splitArray appending the elements to out and their heads
 // to heads (see splitElements).
-func appendArray(out []json.RawMessage, heads []assembly.Head, b []byte, hint *assembly.Head) ([]json.RawMessage, []assembly.Head, bool) {
+func appendArray(out []json.RawMessage, heads []Head, b []byte, hint *Head) ([]json.RawMessage, []Head, bool) {
 	i := jsonskim.Space(b, 0)
 	if i >= len(b) || b[i] != '[' {
 		return nil, nil, false
@@ -121,7 +129,7 @@ func appendArray(out []json.RawMessage, heads []assembly.Head, b []byte, hint *a
 
 // splitElements appends to out the array elements starting at b[i] (the
 // first element, or whitespace before it) up to the closing ']', which must
-// end b, and to heads their heads: what assembly.ScanMessage read of an
+// end b, and to heads their heads: what ScanMessage read of an
 // element that is a JSON object it vouches for, a zero Head for any other.
 //
 // An element ends at the first ',', '}' or ']' outside strings where the
@@ -129,18 +137,18 @@ func appendArray(out []json.RawMessage, heads []assembly.Head, b []byte, hint *a
 // accepts, that is the first such byte after its closing brace (see
 // ScanMessage), so those elements are cut where ScanMessage ends; so are
 // those whose bytes are hint's, which ScanMessage has read already.
-func splitElements(b []byte, i int, out []json.RawMessage, heads []assembly.Head, hint *assembly.Head) ([]json.RawMessage, []assembly.Head, bool) {
+func splitElements(b []byte, i int, out []json.RawMessage, heads []Head, hint *Head) ([]json.RawMessage, []Head, bool) {
 	i = jsonskim.Space(b, i)
 	for {
 		start := i
 		if i < len(b) && b[i] == '{' {
-			var h assembly.Head
+			var h Head
 			end, ok := 0, false
 			if hint != nil {
 				h, end, ok = hint.At(b, i)
 			}
 			if !ok {
-				h, end, ok = assembly.ScanMessage(b, i)
+				h, end, ok = ScanMessage(b, i)
 			}
 			if ok {
 				j := jsonskim.Space(b, end)
@@ -183,16 +191,10 @@ func splitElements(b []byte, i int, out []json.RawMessage, heads []assembly.Head
 		if len(elem) == 0 {
 			return nil, nil, false
 		}
-		out, heads = append(out, elem), append(heads, assembly.Head{})
+		out, heads = append(out, elem), append(heads, Head{})
 		if b[i] == ']' {
 			return out, heads, jsonskim.Space(b, i+1) == len(b)
 		}
 		i = jsonskim.Space(b, i+1) // past ','
 	}
-}
-
-// stringBytes is str's bytes without a copy. Nothing may write to them: the
-// turn records' strings are immutable, and assembly only reads messages.
-func stringBytes(str string) []byte {
-	return unsafe.Slice(unsafe.StringData(str), len(str))
 }
