@@ -21,9 +21,10 @@ import (
 // per turn. It makes the very HTTP exchanges the adapter made, in number,
 // endpoint and bytes, and none of the work between them: it reads the
 // client's request, sends each engine request (as many bytes as the
-// adapter's, over kept-alive HTTP/1.1 connections written with one writev,
-// the way the adapter's own transport does) and reads each reply, then
-// answers the client with as many bytes as the adapter did. Its engine
+// adapter's, over kept-alive HTTP/1.1 connections, each request written
+// with one writev: the least a client can do) and reads each reply, then
+// answers the client with as many bytes as the adapter did (served by the
+// adapter's own server, NewHTTPServer). Its engine
 // answers each call after as long as the scripted engine took over the
 // adapter's (the process waits on its engine as the adapter did: a process
 // that never waits wakes less, and each wake-up costs CPU). No JSON is
