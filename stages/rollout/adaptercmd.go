@@ -64,10 +64,10 @@ reply follows in the same stream; a turn failing after that ends the
 stream with the protocol's error event.
 
 Connections: served by net/http, HTTP/1.1 without TLS; a request's head must
-arrive within 30 s of its first byte and hold at most 1 MiB, a body at most
-64 MiB; a kept-alive connection may idle 5 minutes between requests; each
-write of a reply must progress within a minute (a turn itself, and the
-silence between its keep-alives, may last as long as the generation).
+arrive within 30 s and hold at most 1 MiB, a body at most 64 MiB; a
+kept-alive connection may idle 5 minutes between requests; each write of a
+reply must complete within a minute (a turn itself, and the silence between
+its keep-alives, may last as long as the generation).
 
 CPU: most of a turn's CPU is its five HTTP exchanges (the client's and four
 engine calls) and the garbage collector. On a host with memory to spare,

@@ -8,9 +8,10 @@ import (
 
 // The server's limits (HTTPLimits' defaults).
 const (
-	// DefaultReadHeaderTimeout bounds the reading of a request's head, from
-	// the first byte of the request: a client that trickles its head
-	// slower is disconnected without an answer.
+	// DefaultReadHeaderTimeout bounds the reading of a request's head (from
+	// the connection's start, or on a kept-alive connection from the next
+	// request's first bytes): a client that trickles its head slower is
+	// disconnected without an answer.
 	DefaultReadHeaderTimeout = 30 * time.Second
 	// DefaultIdleTimeout is how long a kept-alive connection may wait for
 	// its next request. It is longer than the clients' own idle limits
