@@ -146,6 +146,11 @@ func MoveLatest(ctx context.Context, st store.Store, ref Ref, by Mover) (*Latest
 	} else if err != nil {
 		return nil, fmt.Errorf("moving latest of %s: %w", ref.Name, err)
 	}
+	return moveLatest(ctx, st, ref, by)
+}
+
+// moveLatest is MoveLatest for a ref the caller has just seen committed.
+func moveLatest(ctx context.Context, st store.Store, ref Ref, by Mover) (*Latest, error) {
 	key := latestKey(ref.Name)
 	for attempt := 0; attempt < moveAttempts; attempt++ {
 		if attempt > 0 {

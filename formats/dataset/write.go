@@ -368,7 +368,8 @@ func (w *Writer) Commit(ctx context.Context, metrics map[string]any) (Result, er
 // moveLatest moves the latest pointer to the committed res.Ref.
 func (w *Writer) moveLatest(ctx context.Context, res Result) (Result, error) {
 	w.hook(HookBeforeLatest)
-	l, err := MoveLatest(ctx, w.st, res.Ref, ThisProcess(w.spec.Identity.Stage))
+	// res.Version was just read from its manifest: the version is committed.
+	l, err := moveLatest(ctx, w.st, res.Ref, ThisProcess(w.spec.Identity.Stage))
 	if err != nil {
 		return Result{}, fmt.Errorf("dataset %s is committed, but its latest pointer was not moved (rerun to move it): %w", res.Ref, err)
 	}
