@@ -77,8 +77,8 @@ awk '
 		vals[key, v, ++cnt[key, v]] = $i
 	}
 }
-# Figures under 10 (milliseconds, percentages) keep two decimals.
-function f(x) { return (x < 10 && x > -10) ? sprintf("%.2f", x) : sprintf("%.0f", x) }
+# Figures under 10 (milliseconds, percentages) keep three significant digits.
+function f(x) { return (x < 10 && x > -10) ? sprintf("%.3g", x) : sprintf("%.0f", x) }
 function med(key, v,    k, m, i, j, t, a) {
 	m = cnt[key, v]
 	for (i = 1; i <= m; i++) a[i] = vals[key, v, i] + 0
