@@ -140,13 +140,11 @@ func (l *Local) Stat(ctx context.Context, key string) (Info, error) {
 	return l.info(key, fi), nil
 }
 
-// writeTemp writes r to a new fsynced temporary file and returns its path
-// and Info: rename(2) and link(2) keep what the ETag is made of, so the Info
-// is the published object's even if another writer replaces it at once.
-func (l *Local) writeTemp(ctx context.Context, key string, r io.Reader, size int64) (string, Info, error) {
+// writeTemp writes r to a new fsynced temporary file and returns its path.
+func (l *Local) writeTemp(ctx context.Context, key string, r io.Reader, size int64) (string, error) {
 	dir := filepath.Join(l.root, localTmp)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", Info{}, fmt.Errorf("local store %q: %w", l.root, err)
+		return "", fmt.Errorf("local store %q: %w", l.root, err)
 	}
 	var rnd [8]byte
 	rand.Read(rnd[:])
@@ -158,7 +156,7 @@ func (l *Local) writeTemp(ctx context.Context, key string, r io.Reader, size int
 	tmp := filepath.Join(dir, name)
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
 	if err != nil {
-		return "", Info{}, err
+		return "", err
 	}
 	n, err := io.Copy(f, ctxReader{ctx, r})
 	if err == nil && size >= 0 && n != size {
@@ -167,18 +165,14 @@ func (l *Local) writeTemp(ctx context.Context, key string, r io.Reader, size int
 	if err == nil {
 		err = f.Sync()
 	}
-	var fi fs.FileInfo
-	if err == nil {
-		fi, err = f.Stat()
-	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		os.Remove(tmp)
-		return "", Info{}, err
+		return "", err
 	}
-	return tmp, l.info(key, fi), nil
+	return tmp, nil
 }
 
 // publish makes sure the parent directory of p exists, runs op, and fsyncs
@@ -241,13 +235,15 @@ func (l *Local) PutIfMatch(ctx context.Context, key string, r io.Reader, size in
 
 // putLocked writes r to a temporary file, then, holding key's lock, stamps
 // it after every earlier version of key (see Local) and runs publish (which
-// moves it to p, or refuses), and returns the new object's Info.
+// moves it to p, or refuses), and returns the new object's Info: rename(2)
+// and link(2) keep what the ETag is made of, so it is the published
+// object's even if another writer replaces it at once.
 func (l *Local) putLocked(ctx context.Context, key string, r io.Reader, size int64, publish func(p, tmp string) error) (Info, error) {
 	p, err := l.path(key)
 	if err != nil {
 		return Info{}, err
 	}
-	tmp, _, err := l.writeTemp(ctx, key, r, size)
+	tmp, err := l.writeTemp(ctx, key, r, size)
 	if err != nil {
 		return Info{}, err
 	}
