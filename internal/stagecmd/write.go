@@ -28,8 +28,9 @@ type Produce func(ctx context.Context, w *dataset.Writer) (metrics map[string]an
 
 // Write runs the write-a-version flow shared by every writing command, on
 // the same code path whether or not it only prints the version: compute
-// the version id; stop there for --print-version; return at once if that
-// version is already committed; otherwise produce this part and commit.
+// the version id; stop there for --print-version; if that version is
+// already committed, only move the dataset's latest pointer to it;
+// otherwise produce this part and commit (which moves the pointer too).
 // The reference is always the last line written to stdout.
 func Write(ctx context.Context, st store.Store, out Output, stdout io.Writer, log *slog.Logger, produce Produce) (dataset.Result, error) {
 	if err := dataset.CheckName(out.Name); err != nil {
@@ -52,7 +53,7 @@ func Write(ctx context.Context, st store.Store, out Output, stdout io.Writer, lo
 	var metrics map[string]any
 	switch {
 	case w.Existing() != nil:
-		log.Info("already committed; nothing to do", "ref", w.Ref().String())
+		log.Info("already committed; nothing to compute (latest moves to it)", "ref", w.Ref().String())
 	case w.PartDone():
 		log.Info("part already written by an earlier attempt", "ref", w.Ref().String(), "part", out.Part.String())
 	default:
