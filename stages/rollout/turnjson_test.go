@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -12,6 +13,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 // decodeAgrees decodes line with d and holds the result to the
@@ -248,4 +252,91 @@ func FuzzTurnLines(f *testing.F) {
 		decodeAgrees(t, &d, a)
 		decodeAgrees(t, &d, b)
 	})
+}
+
+// readTurnsJSONLReference is readTurnsJSONL with every line read by
+// encoding/json: the reference the fast path is held to.
+func readTurnsJSONLReference(data []byte, name string) ([]records.Turn, error) {
+	var out []records.Turn
+	order := map[string]int32{}
+	for lineNo, line := range bytes.SplitAfter(data, []byte("\n")) {
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		t, err := decodeTurnJSON(line, order)
+		if err != nil {
+			return out, stagecmd.BadInputError{Err: fmt.Errorf("%s:%d: %w", name, lineNo+1, err)}
+		}
+		order[t.Session]++
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// TestReadTurnsJSONLAgrees: over a file of generated agent sessions with
+// lines the fast path declines spliced in (valid ones, and one malformed
+// line in each variant), readTurnsJSONL makes the turns, and fails with the
+// error, that encoding/json's reading does.
+func TestReadTurnsJSONLAgrees(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "turns.jsonl")
+	_, err := writeBenchTurns(path, 2, 5)
+	require.NoError(t, err)
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	// Valid lines the fast path declines: a key in another case, a null
+	// for a non-pointer field, a key with an escape.
+	declined := func(l []byte) []byte {
+		l = bytes.Replace(l, []byte(`"index": `), []byte(`"Index": `), 1)
+		l = bytes.Replace(l, []byte(`"max_context_tokens": 32768`), []byte(`"max_context_tokens": null, "ill_formed": null`), 1)
+		return bytes.Replace(l, []byte(`"reward": `), []byte(`"rew\u0061rd": `), 1)
+	}
+	for _, k := range []int{0, 1, 7, 8, 100, 150} {
+		lines[k] = declined(lines[k])
+	}
+	valid := bytes.Join(lines, nil)
+	valid = append(valid, "\n  \n"...) // blank lines are skipped
+
+	for _, c := range []struct {
+		name string
+		bad  []byte // replaces line 31, if set
+	}{
+		{"valid", nil},
+		{"syntax", []byte(`{"session": "s", "prompt_ids": [1, 2}` + "\n")},
+		{"unknown field", []byte(`{"session": "s", "extra": 1}` + "\n")},
+		{"type", []byte(`{"session": "s", "prompt_ids": [1.5]}` + "\n")},
+		{"range", []byte(`{"session": "s", "prompt_ids": [2147483648]}` + "\n")},
+		{"validate", []byte(`{"session": "s", "output_ids": [1], "output_log_probs": [1, 2]}` + "\n")},
+		{"prompt_messages", []byte(`{"session": "s", "prompt_messages": {"role": "user"}}` + "\n")},
+		{"no session", []byte(`{"index": 1}` + "\n")},
+		{"truncated", lines[30][:len(lines[30])/2]},
+		{"extends, then breaks", bytes.Replace(lines[30], []byte(`], "output_ids"`), []byte(`, 1e5], "output_ids"`), 1)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			input := valid
+			if c.bad != nil {
+				in := append([][]byte(nil), lines...)
+				in[30] = c.bad
+				input = bytes.Join(in, nil)
+			}
+			want, wantErr := readTurnsJSONLReference(input, "turns.jsonl")
+			var got []records.Turn
+			err := readTurnsJSONL(bytes.NewReader(input), "turns.jsonl", func(t records.Turn) error {
+				got = append(got, t)
+				return nil
+			})
+			if wantErr != nil {
+				require.Error(t, err)
+				assert.Equal(t, wantErr.Error(), err.Error())
+				assert.ErrorAs(t, err, new(stagecmd.BadInputError), "a bad line is bad input")
+				assert.Contains(t, err.Error(), "turns.jsonl:31: ")
+			} else {
+				require.NoError(t, err)
+			}
+			require.Equal(t, len(want), len(got))
+			for i := range want {
+				require.True(t, reflect.DeepEqual(want[i], got[i]), "turn %d:\n got %+v\nwant %+v", i, got[i], want[i])
+			}
+		})
+	}
 }
