@@ -12,6 +12,10 @@
 // (top-p offsets, top-k shape, routed-experts shape, replay columns that
 // differ between turns) are errors: assembly fails closed.
 //
+// Splitter cuts a turn's prompt_messages text into the messages Record
+// takes, reading each message's head as it goes; when a turn's text extends
+// the previous turn's (a resent history), only the new tail is scanned.
+//
 // Segments linearizes the tree (spec §2.2): leaves in depth-first insertion
 // order; along each leaf's generated turns a builder is extended when the
 // prompt extends its tokens (CLEAN), realigned when the drift lies inside its
