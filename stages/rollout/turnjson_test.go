@@ -4,12 +4,16 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -338,5 +342,70 @@ func TestReadTurnsJSONLAgrees(t *testing.T) {
 				require.True(t, reflect.DeepEqual(want[i], got[i]), "turn %d:\n got %+v\nwant %+v", i, got[i], want[i])
 			}
 		})
+	}
+}
+
+// TestLineReader holds lineReader to bufio.Reader.ReadBytes('\n') over
+// inputs and readers of every shape (short reads, data with the error,
+// an error before the end, chunks smaller than a line), and checks that
+// no line returned is written afterwards.
+func TestLineReader(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 9))
+	inputs := []string{"", "\n", "a", "a\n", "a\nb", "a\nb\n", "\n\n\nx", strings.Repeat("long line ", 100) + "\nshort\n"}
+	for range 200 {
+		var sb strings.Builder
+		for n := rng.IntN(8); n > 0; n-- {
+			sb.WriteString(strings.Repeat("x", rng.IntN(40)))
+			if rng.IntN(4) > 0 {
+				sb.WriteByte('\n')
+			}
+		}
+		inputs = append(inputs, sb.String())
+	}
+	failing := errors.New("disk on fire")
+	readers := []struct {
+		name string
+		make func(string) io.Reader
+	}{
+		{"plain", func(s string) io.Reader { return strings.NewReader(s) }},
+		{"one byte", func(s string) io.Reader { return iotest.OneByteReader(strings.NewReader(s)) }},
+		{"half", func(s string) io.Reader { return iotest.HalfReader(strings.NewReader(s)) }},
+		{"data with EOF", func(s string) io.Reader { return iotest.DataErrReader(strings.NewReader(s)) }},
+		{"error", func(s string) io.Reader { return io.MultiReader(strings.NewReader(s), iotest.ErrReader(failing)) }},
+	}
+	type result struct {
+		lines []string
+		err   error
+	}
+	for _, in := range inputs {
+		for _, rd := range readers {
+			var want result
+			br := bufio.NewReader(rd.make(in))
+			for {
+				l, err := br.ReadBytes('\n')
+				want.lines = append(want.lines, string(l))
+				if err != nil {
+					want.err = err
+					break
+				}
+			}
+			for _, chunk := range []int{1, 3, 16, 4 << 20} {
+				lr := lineReader{r: rd.make(in), chunk: chunk}
+				var got result
+				var held [][]byte
+				for {
+					l, err := lr.next()
+					got.lines, held = append(got.lines, string(l)), append(held, l)
+					if err != nil {
+						got.err = err
+						break
+					}
+				}
+				require.Equal(t, want, got, "%q, %s reader, chunk %d", in, rd.name, chunk)
+				for i, l := range held {
+					require.Equal(t, got.lines[i], string(l), "line %d was written after it was returned", i)
+				}
+			}
+		}
 	}
 }

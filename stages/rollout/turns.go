@@ -1,7 +1,6 @@
 package rollout
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -92,14 +91,14 @@ func readTurnsDataset(ctx context.Context, v *dataset.Version, add func(records.
 // would and makes the same turn; a line it declines is decoded with
 // encoding/json (into records.TurnJSON, unknown fields refused, then
 // ToTurn), which either makes the turn or says what is wrong, named by file
-// and line. The turns' message text aliases the lines read, so each line
-// has storage of its own.
+// and line. The turns' message text aliases the lines read (lineReader
+// never reuses a line's storage).
 func readTurnsJSONL(r io.Reader, name string, add func(records.Turn) error) error {
-	br := bufio.NewReaderSize(r, 1<<20)
+	lr := lineReader{r: r, chunk: 4 << 20}
 	order := map[string]int32{}
 	var dec turnDecoder
 	for lineNo := 1; ; lineNo++ {
-		line, err := br.ReadBytes('\n')
+		line, err := lr.next()
 		if len(bytes.TrimSpace(line)) > 0 {
 			t, hasTurn, ok := dec.decode(line)
 			if ok {
@@ -136,4 +135,54 @@ func decodeTurnJSON(line []byte, order map[string]int32) (records.Turn, error) {
 		return records.Turn{}, err
 	}
 	return j.ToTurn(order[j.Session])
+}
+
+// lineReader splits a stream into lines as bufio.Reader.ReadBytes('\n')
+// does — each line with its '\n', the last one without if the stream does
+// not end in one, returned with the error that ended the stream — but
+// reads the stream into chunks of its own and returns lines in place,
+// without a copy each: a line's storage is never reused or written
+// afterwards (only the unfinished line at a full chunk's end is copied into
+// the next).
+type lineReader struct {
+	r     io.Reader
+	chunk int    // the size of a chunk
+	buf   []byte // the current chunk, read so far
+	off   int    // where the next line starts in buf
+	seen  int    // buf[off:seen] holds no '\n'
+	err   error  // what ended the stream, once it has
+}
+
+func (l *lineReader) next() ([]byte, error) {
+	for {
+		if k := bytes.IndexByte(l.buf[l.seen:], '\n'); k >= 0 {
+			end := l.seen + k + 1
+			line := l.buf[l.off:end:end]
+			l.off, l.seen = end, end
+			return line, nil
+		}
+		l.seen = len(l.buf)
+		if l.err != nil {
+			line := l.buf[l.off:len(l.buf):len(l.buf)]
+			l.off = len(l.buf)
+			return line, l.err
+		}
+		if len(l.buf) == cap(l.buf) {
+			// The chunk is full: the unfinished line moves to a fresh one.
+			rest := l.buf[l.off:]
+			buf := make([]byte, len(rest), max(l.chunk, 2*len(rest), 1))
+			copy(buf, rest)
+			l.buf, l.off = buf, 0
+		}
+		// Read into the chunk's free part, which no line returned reaches.
+		var n int
+		for empty := 0; n == 0 && l.err == nil; empty++ {
+			if empty == 100 {
+				l.err = io.ErrNoProgress // as bufio.Reader gives up
+				break
+			}
+			n, l.err = l.r.Read(l.buf[len(l.buf):cap(l.buf)])
+		}
+		l.seen, l.buf = len(l.buf), l.buf[:len(l.buf)+n]
+	}
 }
