@@ -40,8 +40,9 @@ func parseObject(data []byte) (object, error) {
 	if _, err := dec.Token(); err != nil {
 		return nil, err
 	}
-	if dec.More() {
-		return nil, fmt.Errorf("trailing data after JSON object")
+	// dec.More is false before a stray '}' or ']', so look at the bytes.
+	if rest := bytes.TrimSpace(data[dec.InputOffset():]); len(rest) > 0 {
+		return nil, fmt.Errorf("trailing data %s after JSON object", shortJSON(rest))
 	}
 	return o, nil
 }
