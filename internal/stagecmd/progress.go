@@ -30,8 +30,15 @@ func NewLogger(stderr io.Writer, verbose bool) *slog.Logger {
 	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 }
 
+// UnitBytes is the unit of a Progress that counts bytes: its amounts and
+// rates print in binary units (KiB, MiB, ...). Any other unit ("rows",
+// "patches") prints as a count with the unit's name.
+const UnitBytes = "bytes"
+
 // Progress reports work done: a redrawn bar on a terminal, a structured log
-// line every Interval otherwise. Safe for concurrent use.
+// line every Interval otherwise. Both carry the amount in the unit's own
+// terms (B/KiB/MiB..., or N rows), the rate, and, when the total is known,
+// the estimated time left. Safe for concurrent use.
 type Progress struct {
 	mu       sync.Mutex
 	label    string
@@ -64,11 +71,17 @@ func (p *Progress) Add(n int64) {
 	switch {
 	case p.tty != nil && now.Sub(p.last) >= 100*time.Millisecond:
 		p.last = now
-		fmt.Fprint(p.tty, "\r"+p.bar(now))
+		// \x1b[K clears what a longer earlier bar left on the line.
+		fmt.Fprint(p.tty, "\r"+p.state(now).bar()+"\x1b[K")
 	case p.tty == nil && now.Sub(p.last) >= p.Interval:
 		p.last = now
-		p.log.Info("progress", "task", p.label, "done", p.done, "total", p.total, "unit", p.unit,
-			"rate_per_s", int64(float64(p.done)/now.Sub(p.start).Seconds()))
+		s := p.state(now)
+		args := []any{"task", p.label, "done", p.done, "total", p.total, "unit", p.unit,
+			"rate_per_s", int64(s.rate()), "progress", s.amount(), "rate", s.rateText()}
+		if eta, ok := s.eta(); ok {
+			args = append(args, "eta", formatDuration(eta))
+		}
+		p.log.Info("progress", args...)
 	}
 }
 
@@ -76,21 +89,121 @@ func (p *Progress) Add(n int64) {
 func (p *Progress) Done() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	now := time.Now()
+	s := p.state(time.Now())
 	if p.tty != nil {
-		fmt.Fprint(p.tty, "\r"+p.bar(now)+"\n")
+		fmt.Fprint(p.tty, "\r"+s.bar()+"\x1b[K\n")
 		return
 	}
-	p.log.Info("done", "task", p.label, "done", p.done, "unit", p.unit, "seconds", now.Sub(p.start).Seconds())
+	p.log.Info("done", "task", p.label, "done", p.done, "unit", p.unit, "seconds", s.elapsed.Seconds(),
+		"amount", formatAmount(p.unit, p.done), "rate", s.rateText(), "elapsed", formatDuration(s.elapsed))
 }
 
-func (p *Progress) bar(now time.Time) string {
-	rate := float64(p.done) / max(now.Sub(p.start).Seconds(), 1e-9)
-	if p.total <= 0 {
-		return fmt.Sprintf("%s %d %s (%.0f/s)", p.label, p.done, p.unit, rate)
+func (p *Progress) state(now time.Time) progressState {
+	return progressState{label: p.label, unit: p.unit, done: p.done, total: p.total, elapsed: now.Sub(p.start)}
+}
+
+// progressState is one moment of a Progress, formatted without a clock so
+// the tests can pin every case.
+type progressState struct {
+	label       string
+	unit        string
+	done, total int64 // total <= 0: unknown
+	elapsed     time.Duration
+}
+
+func (s progressState) rate() float64 {
+	return float64(s.done) / max(s.elapsed.Seconds(), 1e-9)
+}
+
+func (s progressState) rateText() string {
+	if s.elapsed <= 0 {
+		return "-"
+	}
+	return formatRate(s.unit, s.rate())
+}
+
+// eta is the time left at the mean rate so far; ok is false when the total
+// is unknown or nothing is done yet (no rate to extrapolate).
+func (s progressState) eta() (time.Duration, bool) {
+	if s.total <= 0 || s.done <= 0 || s.elapsed <= 0 {
+		return 0, false
+	}
+	left := max(s.total-s.done, 0)
+	return time.Duration(float64(left) / s.rate() * float64(time.Second)), true
+}
+
+// amount is "12.0 MiB of 40.0 MiB (30%)", or "12.0 MiB" without a total.
+func (s progressState) amount() string {
+	if s.total <= 0 {
+		return formatAmount(s.unit, s.done)
+	}
+	pct := int(min(float64(s.done)/float64(s.total), 1) * 100)
+	return fmt.Sprintf("%s of %s (%d%%)", formatAmount(s.unit, s.done), formatAmount(s.unit, s.total), pct)
+}
+
+// bar is the terminal line: the label, a bar when the total is known, the
+// amount, the rate, and the ETA (elapsed time once nothing is left).
+func (s progressState) bar() string {
+	if s.total <= 0 {
+		return fmt.Sprintf("%s %s  %s  %s", s.label, formatAmount(s.unit, s.done), s.rateText(), formatDuration(s.elapsed))
 	}
 	const width = 30
-	frac := min(float64(p.done)/float64(p.total), 1)
+	frac := min(float64(s.done)/float64(s.total), 1)
 	fill := int(frac * width)
-	return fmt.Sprintf("%s [%s%s] %d/%d %s (%.0f/s)", p.label, strings.Repeat("=", fill), strings.Repeat(" ", width-fill), p.done, p.total, p.unit, rate)
+	tail := "ETA -"
+	if eta, ok := s.eta(); ok && eta > 0 {
+		tail = "ETA " + formatDuration(eta)
+	} else if ok {
+		tail = "in " + formatDuration(s.elapsed)
+	}
+	return fmt.Sprintf("%s [%s%s] %s  %s  %s", s.label, strings.Repeat("=", fill), strings.Repeat(" ", width-fill), s.amount(), s.rateText(), tail)
+}
+
+// formatAmount prints n of unit: bytes in binary units with one decimal
+// ("512 B", "1.5 KiB", "372.0 MiB"), any other unit as "N unit".
+func formatAmount(unit string, n int64) string {
+	if unit != UnitBytes {
+		return fmt.Sprintf("%d %s", n, unit)
+	}
+	return formatBytes(float64(n))
+}
+
+func formatBytes(n float64) string {
+	const units = "KMGTPE"
+	if n < 1024 {
+		return fmt.Sprintf("%.0f B", n)
+	}
+	i := 0
+	for n /= 1024; n >= 1024 && i < len(units)-1; i++ {
+		n /= 1024
+	}
+	return fmt.Sprintf("%.1f %ciB", n, units[i])
+}
+
+// formatRate prints a rate: "41.2 MiB/s" for bytes, "12.5 rows/s" below
+// 100 units a second, "1234 rows/s" above.
+func formatRate(unit string, perSec float64) string {
+	if unit == UnitBytes {
+		return formatBytes(perSec) + "/s"
+	}
+	if perSec < 100 {
+		return fmt.Sprintf("%.1f %s/s", perSec, unit)
+	}
+	return fmt.Sprintf("%.0f %s/s", perSec, unit)
+}
+
+// formatDuration prints a duration to the precision a person reads a
+// progress report at: "0.4s", "45s", "1m05s", "2h03m".
+func formatDuration(d time.Duration) string {
+	switch {
+	case d < 10*time.Second:
+		return fmt.Sprintf("%.1fs", d.Seconds())
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		d = d.Round(time.Second)
+		return fmt.Sprintf("%dm%02ds", int(d/time.Minute), int(d%time.Minute/time.Second))
+	}
+	d = d.Round(time.Minute)
+	return fmt.Sprintf("%dh%02dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
 }
