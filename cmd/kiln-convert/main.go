@@ -22,10 +22,10 @@ func main() {
 		debug.SetMemoryLimit(192 << 20)
 	}
 	env := &stagecmd.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false)}
-	app := stagecmd.CommonApp(&cli.App{
+	app := env.App(&cli.App{
 		Name:     "kiln-convert",
 		Usage:    "convert coding-RL datasets into versioned tasks",
 		Commands: convert.Commands(env),
-	}, os.Stdout, os.Stderr)
+	})
 	os.Exit(stagecmd.Main(app, os.Args, os.Stderr))
 }

@@ -13,12 +13,12 @@ import (
 
 func main() {
 	env := &stagecmd.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false)}
-	app := stagecmd.CommonApp(&cli.App{
+	app := env.App(&cli.App{
 		Name:        "kiln-grade",
 		Usage:       "grade patches with the tasks' official tests in fresh sandboxes",
 		Description: grade.Help,
 		Flags:       grade.Flags(),
 		Action:      func(c *cli.Context) error { return grade.Action(c, env) },
-	}, os.Stdout, os.Stderr)
+	})
 	os.Exit(stagecmd.Main(app, os.Args, os.Stderr))
 }

@@ -14,10 +14,10 @@ import (
 
 func main() {
 	env := &stagecmd.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false)}
-	app := stagecmd.CommonApp(&cli.App{
+	app := env.App(&cli.App{
 		Name:     "kiln-images",
 		Usage:    "import task images into rootfs bundles named by digest",
 		Commands: images.Commands(env),
-	}, os.Stdout, os.Stderr)
+	})
 	os.Exit(stagecmd.Main(app, os.Args, os.Stderr))
 }

@@ -13,10 +13,10 @@ import (
 
 func main() {
 	env := &stagecmd.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false)}
-	app := stagecmd.CommonApp(&cli.App{
+	app := env.App(&cli.App{
 		Name:     "kiln-rollout",
 		Usage:    "turn agent sessions into token-exact training segments",
 		Commands: rollout.Commands(env),
-	}, os.Stdout, os.Stderr)
+	})
 	os.Exit(stagecmd.Main(app, os.Args, os.Stderr))
 }

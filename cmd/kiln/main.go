@@ -14,7 +14,7 @@ import (
 
 func main() {
 	env := &datasets.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false)}
-	app := stagecmd.CommonApp(&cli.App{
+	app := env.App(&cli.App{
 		Name:  "kiln",
 		Usage: "versioned datasets and stages for coding-agent RL",
 		Description: `kiln is a batch system on files: stage binaries read and write versioned
@@ -22,7 +22,7 @@ Arrow/Parquet datasets in a store (a directory, or s3://bucket/prefix).
 "kiln NAME ..." runs the binary kiln-NAME (beside kiln, or on PATH), so
 "kiln convert --help" is "kiln-convert --help".`,
 		Commands: datasets.Commands(env),
-	}, os.Stdout, os.Stderr)
+	})
 	if len(os.Args) > 1 && app.Command(os.Args[1]) == nil && os.Args[1][0] != '-' {
 		if path := stagecmd.Dispatch("kiln", os.Args[1]); path != "" {
 			err := stagecmd.Exec(path, append([]string{path}, os.Args[2:]...))

@@ -33,6 +33,15 @@ func PrintVersionFlag() cli.Flag {
 	return &cli.BoolFlag{Name: "print-version", Usage: "print the reference this run would produce (name@version) and exit without doing anything"}
 }
 
+// QuietFlag is --quiet (KILN_QUIET), on every command (Env.App adds it):
+// print only the result on stdout, for a writing command its committed
+// reference, and errors and warnings on stderr; no progress, summaries or
+// info logs.
+func QuietFlag() cli.Flag {
+	return &cli.BoolFlag{Name: "quiet", EnvVars: []string{"KILN_QUIET"},
+		Usage: "print only the result (a writing command: the committed reference) and errors; no progress, summaries or info logs"}
+}
+
 // OpenStore opens the store --store names.
 func OpenStore(c *cli.Context) (store.Store, error) {
 	st, err := store.Open(c.String("store"))

@@ -30,7 +30,7 @@ func Run(t testing.TB, newCommands func(*stagecmd.Env) []*cli.Command, args ...s
 	t.Helper()
 	var out, errb bytes.Buffer
 	env := &stagecmd.Env{Stdout: &out, Stderr: &errb, Log: stagecmd.NewLogger(&errb, false)}
-	app := stagecmd.CommonApp(&cli.App{Name: "kiln", Commands: newCommands(env)}, &out, &errb)
+	app := env.App(&cli.App{Name: "kiln", Commands: newCommands(env)})
 	code := stagecmd.Main(app, append([]string{"kiln"}, args...), &errb)
 	return Result{out.String(), errb.String(), code}
 }
