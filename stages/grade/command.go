@@ -258,6 +258,7 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 		if skipped > 0 {
 			metrics["skipped_other_split"] = skipped
 		}
+		fmt.Fprintln(env.Stderr, tally(metrics))
 		if o.Baseline {
 			p.baselineSummary(metrics)
 		}
@@ -555,6 +556,51 @@ func (p *producer) flush(ctx context.Context) error {
 	})
 	p.pending, p.keys = nil, nil
 	return err
+}
+
+// tally is the end-of-run summary of a run's metrics, one line: how many
+// gradings gave reward 1, how many reward 0 and by which failure class,
+// then what the run did not grade (rows resumed from an earlier attempt,
+// tasks of another split). For example
+//
+//	grade: 6 graded: reward 1: 3, reward 0: 3 (tests_failed 2, patch_failed 1); 2 resumed from an earlier attempt
+func tally(metrics map[string]any) string {
+	n := func(k string) int { v, _ := metrics[k].(int); return v }
+	// The failure classes in order: the patch's fault first, then the
+	// tests', then kiln's; a class not listed (none today) follows by name.
+	failureOrder := []string{records.FailurePatchFailed, records.FailureTestsFailed, records.FailureTimeout,
+		records.FailureInfraError, records.FailureNoGrading, records.FailureAborted}
+	graded, passed := n("graded"), n("reward_1")
+	var b strings.Builder
+	fmt.Fprintf(&b, "grade: %d graded: reward 1: %d, reward 0: %d", graded, passed, graded-passed)
+	var classes []string
+	seen := map[string]bool{records.FailureNone: true}
+	for _, f := range failureOrder {
+		seen[f] = true
+		if c := n("failure_" + f); c > 0 {
+			classes = append(classes, fmt.Sprintf("%s %d", f, c))
+		}
+	}
+	var other []string
+	for k := range metrics {
+		if f, ok := strings.CutPrefix(k, "failure_"); ok && !seen[f] && n(k) > 0 {
+			other = append(other, f)
+		}
+	}
+	sort.Strings(other)
+	for _, f := range other {
+		classes = append(classes, fmt.Sprintf("%s %d", f, n("failure_"+f)))
+	}
+	if len(classes) > 0 {
+		fmt.Fprintf(&b, " (%s)", strings.Join(classes, ", "))
+	}
+	if r := n("resumed"); r > 0 {
+		fmt.Fprintf(&b, "; %d resumed from an earlier attempt", r)
+	}
+	if s := n("skipped_other_split"); s > 0 {
+		fmt.Fprintf(&b, "; %d of another split skipped", s)
+	}
+	return b.String()
 }
 
 // baselineSummary reports the tasks whose empty patch passes: their tests

@@ -281,6 +281,7 @@ func TestRunRollouts(t *testing.T) {
 	assert.Equal(t, records.FailureAborted, got[12].Failure)
 	assert.Nil(t, got[12].Log)
 	assert.Equal(t, 2, boots.n, "the aborted rollout is not graded")
+	assert.Contains(t, w.stderr.String(), "grade: 3 graded: reward 1: 1, reward 0: 2 (tests_failed 1, aborted 1)\n")
 }
 
 // A run interrupted midway keeps what it graded; the rerun grades only
@@ -322,6 +323,7 @@ func TestRunResumes(t *testing.T) {
 		assert.Equal(t, 1.0, idx[i].Reward, "row %d", i)
 	}
 	assert.Equal(t, float64(2), res.Version.Metrics["resumed"])
+	assert.Contains(t, w.stderr.String(), "grade: 3 graded: reward 1: 3, reward 0: 0; 2 resumed from an earlier attempt\n")
 
 	// A third run finds the version committed and grades nothing.
 	g3, boots3 := w.grader(t)
