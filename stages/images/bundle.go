@@ -202,7 +202,7 @@ func (im *importer) unpack(ctx context.Context, res *resolved, tmp string) (Imag
 		if want != nil {
 			size = descs[i].Size
 		}
-		prog := stagecmd.NewProgress(im.stderr, im.log, fmt.Sprintf("%s layer %d/%d", res.image, i+1, len(layers)), "bytes", size)
+		prog := stagecmd.NewProgress(im.stderr, im.log, fmt.Sprintf("%s layer %d/%d", res.image, i+1, len(layers)), stagecmd.UnitBytes, size)
 		n, err := im.layer(ctx, u, i, name, l, want, cfg.RootFS.DiffIDs[i], res.uncompressed, prog)
 		if err != nil {
 			return info, fmt.Errorf("%s: %w", where, err)
@@ -214,8 +214,9 @@ func (im *importer) unpack(ctx context.Context, res *resolved, tmp string) (Imag
 		return info, fmt.Errorf("%s: %w", where, err)
 	}
 	info.Layers, info.Files, info.Notes = len(layers), u.entries, u.notes
-	for _, n := range u.notes {
-		im.log.Info("note", "image", res.image, "note", n)
+	if len(u.notes) > 0 {
+		im.log.Info("notes", "image", res.image, "summary", summarizeNotes(u.noteCounts),
+			"list", filepath.Join(im.root, BundleRel(res.digest), "image.json"))
 	}
 	info.Env = envObject(cfg.Config.Env)
 	info.Cwd = cfg.Config.WorkingDir

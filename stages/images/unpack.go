@@ -83,8 +83,51 @@ type unpacker struct {
 	cacheDir string
 	cacheFd  int
 	buf      []byte
-	notes    []string
-	entries  int64
+	// notes is every note, for image.json; noteCounts counts them by kind
+	// for the one-line summary an import logs.
+	notes      []string
+	noteCounts map[noteKind]int
+	entries    int64
+}
+
+// noteKind is what a note is about, in the order the summary lists them.
+type noteKind int
+
+const (
+	noteDeviceNode noteKind = iota // a device node was skipped
+	noteXattr                      // an xattr could not be set
+	noteKinds
+)
+
+// note records a note of kind k.
+func (u *unpacker) note(k noteKind, format string, args ...any) {
+	u.notes = append(u.notes, fmt.Sprintf(format, args...))
+	if u.noteCounts == nil {
+		u.noteCounts = map[noteKind]int{}
+	}
+	u.noteCounts[k]++
+}
+
+// summarizeNotes is the one-line summary of an image's notes by kind, such
+// as "16 device nodes skipped, 1 xattr not applied" ("" for none). The
+// notes themselves are too many to log (every device node of a base
+// image); image.json lists them all.
+func summarizeNotes(counts map[noteKind]int) string {
+	phrases := [noteKinds][2]string{
+		noteDeviceNode: {"device node skipped", "device nodes skipped"},
+		noteXattr:      {"xattr not applied", "xattrs not applied"},
+	}
+	var parts []string
+	for k := range noteKinds {
+		switch n := counts[k]; n {
+		case 0:
+		case 1:
+			parts = append(parts, "1 "+phrases[k][0])
+		default:
+			parts = append(parts, fmt.Sprintf("%d %s", n, phrases[k][1]))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 func newUnpacker(rootfs string, rootless bool) (*unpacker, error) {
@@ -181,7 +224,7 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 	case tar.TypeXGlobalHeader:
 		return nil
 	case tar.TypeChar, tar.TypeBlock:
-		u.notes = append(u.notes, fmt.Sprintf("skipped device node %q", name))
+		u.note(noteDeviceNode, "skipped device node %q", name)
 		return nil
 	}
 	if name == "" {
@@ -571,7 +614,7 @@ func (u *unpacker) xattrsAt(pfd int, base string, hdr *tar.Header) error {
 // without xattrs, or a privileged namespace when rootless, is a note.
 func (u *unpacker) xattrFailed(key string, err error) error {
 	if errors.Is(err, unix.ENOTSUP) || (u.rootless && errors.Is(err, unix.EPERM)) {
-		u.notes = append(u.notes, fmt.Sprintf("xattr %s not applied: %v", key, err))
+		u.note(noteXattr, "xattr %s not applied: %v", key, err)
 		return nil
 	}
 	return fmt.Errorf("xattr %s: %w", key, err)
