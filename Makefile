@@ -3,8 +3,12 @@
 SHELL   := /bin/bash
 GO      ?= go
 BIN     ?= bin
-STORE   ?= ./data
-BUNDLES ?= ./bundles
+# The demos' store and bundle root live outside the module: a bundle is a
+# whole root filesystem, and Debian's git ships .go files, which go vet ./...
+# (and so make test) would read. make clean removes DEMO.
+DEMO    ?= $(HOME)/.cache/kiln/demo
+STORE   ?= $(DEMO)/data
+BUNDLES ?= $(DEMO)/bundles
 # Benchmark size: 100M tokens by default, small in CI.
 KILN_BENCH_TOKENS ?= 100000000
 export KILN_BENCH_TOKENS
@@ -50,14 +54,16 @@ demo: build
 	$(BIN)/kiln ls --store $(STORE)
 	$(BIN)/kiln show --store $(STORE) --rows 1 tasks/mimo-smoke
 	$(BIN)/kiln log --store $(STORE) tasks/mimo-smoke
-	$(BIN)/kiln export --store $(STORE) --out $(STORE)/mimo-smoke.export.jsonl tasks/mimo-smoke
+	$(BIN)/kiln export --store $(STORE) --out $(DEMO)/mimo-smoke.export.jsonl tasks/mimo-smoke
 	$(BIN)/kiln gc --store $(STORE) --dry-run
 
 # The data side end to end on the fixture tasks, as root (debootstrap for the
 # fixture images, bubblewrap for the sandboxes): MiMo inputs to tasks, task
 # images to rootfs bundles, the gold patches and the empty-patch baseline
-# graded by the official tests in fresh sandboxes.
+# graded by the official tests in fresh sandboxes. make deps installs the
+# tools and builds the fixtures first.
 demo-grade: build
+	@command -v bwrap >/dev/null || { echo 'demo-grade: bubblewrap is missing: run make deps first (as root)' >&2; exit 1; }
 	@fx=$$($(GO) run ./fixtures/cmd/kiln-fixtures build --print-dir) && set -x && \
 	$(BIN)/kiln convert mimo --store $(STORE) --data $$fx/mimo --out demo/tasks && \
 	$(BIN)/kiln images import --store $(STORE) --tasks demo/tasks --root $(BUNDLES) \
@@ -68,5 +74,8 @@ demo-grade: build
 		--baseline --out demo/baseline && \
 	$(BIN)/kiln show --store $(STORE) --rows 4 demo/grades
 
+# What build and the demos made; the cache of make deps (~/.cache/kiln) stays.
+# --one-file-system: a sandbox killed mid-grading may leave a mount below.
 clean:
 	rm -rf $(BIN)
+	rm -rf --one-file-system $(DEMO)
