@@ -2,6 +2,7 @@ package dataset
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -43,8 +44,13 @@ const (
 // than the version's attachments, and the store's own leftovers. Files younger than the grace period are kept.
 // fn is called for each orphan, in key order, before it is removed.
 // Manifests and latest pointers are never removed, so neither is the
-// version a latest pointer names.
+// version a latest pointer names. A version whose manifest cannot be read
+// is left whole and the rest of the store collected; the error returned
+// then names each such version (ErrCorrupt when one is corrupt).
 func GC(ctx context.Context, st store.Store, opts GCOptions, fn func(Orphan)) error {
+	if opts.Grace < 0 {
+		return fmt.Errorf("gc: negative grace %s would remove a live writer's files", opts.Grace)
+	}
 	now := opts.Now
 	if now.IsZero() {
 		now = time.Now()
@@ -77,6 +83,7 @@ func GC(ctx context.Context, st store.Store, opts GCOptions, fn func(Orphan)) er
 		return fmt.Errorf("gc: listing %s: %w", st.URI(), err)
 	}
 	var orphans []Orphan
+	var unreadable []error
 	for dir, vf := range versions {
 		keep := map[string]bool{}
 		reason := ReasonUncommitted
@@ -85,8 +92,11 @@ func GC(ctx context.Context, st store.Store, opts GCOptions, fn func(Orphan)) er
 			name, version, _, _ := splitVersionKey(dir + "manifest.json")
 			v, err := openVersion(ctx, st, name, version)
 			if err != nil {
-				// Never delete around a manifest we cannot read.
-				return fmt.Errorf("gc: %w", err)
+				// Never delete around a manifest we cannot read: keep
+				// the whole version, go on with the rest of the store,
+				// and say so at the end.
+				unreadable = append(unreadable, fmt.Errorf("gc: kept every file of %s: %w", dir, err))
+				continue
 			}
 			for _, s := range v.Shards {
 				keep[dir+s.Key] = true
@@ -143,6 +153,11 @@ func GC(ctx context.Context, st store.Store, opts GCOptions, fn func(Orphan)) er
 				return fmt.Errorf("gc: removing leftover %q: %w", l.Key, err)
 			}
 		}
+	}
+	if len(unreadable) > 0 {
+		sort.Slice(unreadable, func(i, j int) bool { return unreadable[i].Error() < unreadable[j].Error() })
+		return fmt.Errorf("gc: collected the rest, but %d version(s) have a manifest it cannot read (kiln verify names what is wrong): %w",
+			len(unreadable), errors.Join(unreadable...))
 	}
 	return nil
 }

@@ -1,5 +1,5 @@
 // Package datasets implements the dataset commands of the kiln binary: ls,
-// show, log, export, import and gc. Each command is built by a constructor
+// show, log, export, import, gc, verify, cat and forget. Each command is built by a constructor
 // that receives the shared Env, so commands hold no global state and tests
 // run them in-process with captured output.
 package datasets
@@ -22,5 +22,8 @@ func Commands(env *Env) []*cli.Command {
 		exportCommand(env),
 		importCommand(env),
 		gcCommand(env),
+		verifyCommand(env),
+		catCommand(env),
+		forgetCommand(env),
 	}
 }

@@ -24,6 +24,11 @@ writer may still be working on it: keep it above the longest a stage's part
 can run, including the time its row receipts wait to be resumed.
 
 Prints one line per orphan ("would remove" with --dry-run) and a total.
+A version whose manifest cannot be read is kept whole and the rest of the
+store collected; the run then ends with exit status 4 (1 if the manifest
+could not be fetched) naming each such version: kiln verify says what is
+wrong with it. --grace must not be negative (exit 2). GC removes only what
+no committed version needs; kiln forget removes old committed versions.
 
 Example:
    kiln gc --dry-run --grace 72h`,
@@ -36,6 +41,9 @@ Example:
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 0 {
 				return stagecmd.Usagef("gc: takes no arguments (did you mean --prefix?)")
+			}
+			if g := c.Duration("grace"); g < 0 {
+				return stagecmd.Usagef("gc: --grace %s is negative: it would remove files a live writer is still writing; give 0 or more (default 24h)", g)
 			}
 			st, err := stagecmd.OpenStore(c)
 			if err != nil {
@@ -52,11 +60,8 @@ Example:
 					bytes += o.Size
 					fmt.Fprintf(env.Stdout, "%s %s (%s, %d bytes)\n", verb, o.Key, o.Reason, o.Size)
 				})
-			if err != nil {
-				return err
-			}
 			fmt.Fprintf(env.Stdout, "%s %d file(s), %d bytes\n", verb, n, bytes)
-			return nil
+			return err
 		},
 	}
 }
