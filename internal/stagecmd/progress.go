@@ -193,9 +193,11 @@ func formatRate(unit string, perSec float64) string {
 }
 
 // formatDuration prints a duration to the precision a person reads a
-// progress report at: "0.4s", "45s", "1m05s", "2h03m".
+// progress report at: "18ms", "2.4s", "45s", "1m05s", "2h03m".
 func formatDuration(d time.Duration) string {
 	switch {
+	case d < time.Second:
+		return fmt.Sprintf("%dms", d.Milliseconds())
 	case d < 10*time.Second:
 		return fmt.Sprintf("%.1fs", d.Seconds())
 	case d < time.Minute:

@@ -55,8 +55,11 @@ func TestFormatDuration(t *testing.T) {
 		d    time.Duration
 		want string
 	}{
-		{0, "0.0s"},
-		{400 * time.Millisecond, "0.4s"},
+		{0, "0ms"},
+		{17*time.Millisecond + 762*time.Microsecond, "17ms"},
+		{999 * time.Millisecond, "999ms"},
+		{time.Second, "1.0s"},
+		{2400 * time.Millisecond, "2.4s"},
 		{9*time.Second + 940*time.Millisecond, "9.9s"},
 		{45 * time.Second, "45s"},
 		{65 * time.Second, "1m05s"},
@@ -90,16 +93,16 @@ func TestProgressLine(t *testing.T) {
 			"grade [                              ] 1 patches of 1000 patches (0%)  0.1 patches/s  ETA 2h47m", "2h47m"},
 		{"all done",
 			progressState{label: "grade", unit: "patches", done: 4, total: 4, elapsed: 2500 * time.Millisecond},
-			"grade [==============================] 4 patches of 4 patches (100%)  1.6 patches/s  in 2.5s", "0.0s"},
+			"grade [==============================] 4 patches of 4 patches (100%)  1.6 patches/s  in 2.5s", "0ms"},
 		{"more than the total",
 			progressState{label: "layer", unit: UnitBytes, done: 2048, total: 1024, elapsed: time.Second},
-			"layer [==============================] 2.0 KiB of 1.0 KiB (100%)  2.0 KiB/s  in 1.0s", "0.0s"},
+			"layer [==============================] 2.0 KiB of 1.0 KiB (100%)  2.0 KiB/s  in 1.0s", "0ms"},
 		{"unknown total",
 			progressState{label: "convert mimo", unit: "rows", done: 1500, elapsed: 3 * time.Second},
 			"convert mimo 1500 rows  500 rows/s  3.0s", ""},
 		{"no time yet",
 			progressState{label: "import tasks", unit: "rows"},
-			"import tasks 0 rows  -  0.0s", ""},
+			"import tasks 0 rows  -  0ms", ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -125,5 +128,5 @@ func TestProgressLog(t *testing.T) {
 	line := buf.String()
 	assert.Contains(t, line, `msg=done task="layer 1/1" done=3145728 unit=bytes`)
 	assert.Contains(t, line, `amount="3.0 MiB"`)
-	assert.Regexp(t, `rate="[0-9.]+ [KMGTPE]?i?B/s" elapsed=[0-9.]+s`, line)
+	assert.Regexp(t, `rate="[0-9.]+ [KMGTPE]?i?B/s" elapsed=[0-9.]+m?s`, line)
 }
