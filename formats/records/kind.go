@@ -46,6 +46,7 @@ func kinds() map[string]Kind {
 		ImagesKind.Name:       ImagesKind,
 		GradesKind.Name:       GradesKind,
 		RolloutsKind.Name:     RolloutsKind,
+		AdvantagesKind.Name:   AdvantagesKind,
 	}
 }
 
