@@ -45,8 +45,8 @@ kiln gc removes what no committed version needs; forget removes committed
 versions.
 
 Examples:
-   kiln forget -n rollouts/step --keep-last 3
-   kiln forget grades/step --keep-last 10 --keep-referenced
+   kiln forget -n --keep-last 3 rollouts/step
+   kiln forget --keep-last 10 --keep-referenced grades/step
 
 Exit status 3: NAME has no committed version; 4: a manifest or the latest
 pointer is corrupt (nothing was removed).`,
