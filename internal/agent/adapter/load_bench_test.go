@@ -81,7 +81,8 @@ import (
 //
 // The last case, engine=200ms-2s, is a realistic engine: each generate
 // call takes a random 200 ms to 2 s (the other engine calls answer at
-// once), 256 sessions of 8 turns, closed loop, no relay. Its figures are
+// once), 256 sessions of 8 turns, closed loop, their starts spread over
+// 2 s, no relay. Its figures are
 // the adapter's added latency per turn — each turn's latency less the
 // engine handler's time on that session's own exchanges (sessions are told
 // apart by their x-session-id and by the session name every request and
@@ -850,10 +851,16 @@ func driveLoad(b *testing.B, cfg loadConfig, p *adapterProc, sess []*loadSession
 		g0, c0, h0, w0 := p.num(b, "gccpu"), p.num(b, "cpu"), processCPU(), time.Now()
 		b.StartTimer()
 		var wg sync.WaitGroup
-		for _, s := range sess {
+		for i, s := range sess {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				if hi := cfg.engineLatency[1]; hi > 0 {
+					// Against a slow engine the sessions start spread over
+					// one generation, as a rollout's would be by the time
+					// it runs, not all in the same millisecond.
+					time.Sleep(time.Duration(i) * hi / time.Duration(len(sess)))
+				}
 				for k := from; k < end && s.err == nil; k++ {
 					if pace != nil {
 						<-pace
