@@ -238,9 +238,11 @@ func TestLogShowsInputs(t *testing.T) {
 }
 
 func TestHelpIsTheManual(t *testing.T) {
-	for _, args := range [][]string{{"--help"}, {"import", "tasks", "--help"}, {"gc", "--help"}} {
+	for _, args := range [][]string{{"--help"}, {"import", "tasks", "--help"}, {"gc", "--help"},
+		{"import", "turns", "--help"}, {"import", "rollouts", "--help"}, {"import", "grades", "--help"},
+		{"verify", "--help"}, {"cat", "--help"}, {"forget", "--help"}, {"ls", "--help"}} {
 		r := kiln(t, args...)
-		require.Equal(t, 0, r.Code, r.Stderr)
+		require.Equal(t, 0, r.Code, "%v: %s", args, r.Stderr)
 		assert.Contains(t, r.Stdout, "EXIT STATUS", args)
 		assert.Contains(t, r.Stdout, "130  interrupted", args)
 	}
