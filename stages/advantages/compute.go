@@ -125,12 +125,12 @@ type rollout struct {
 type GroupStat struct {
 	GroupIndex int64   `json:"group_index"`
 	TaskID     string  `json:"task_id"`
-	Rollouts   int     `json:"rollouts"`   // rollouts with segments
-	Segments   int     `json:"segments"`   // their segments
-	Gradeable  int     `json:"gradeable"`  // rollouts whose grade is about their patch
+	Rollouts   int     `json:"rollouts"`    // rollouts with segments
+	Segments   int     `json:"segments"`    // their segments
+	Gradeable  int     `json:"gradeable"`   // rollouts whose grade is about their patch
 	RewardMean float64 `json:"reward_mean"` // over the rollouts in the statistics
-	PassRate   float64 `json:"pass_rate"`  // fraction of them with reward 1
-	Trained    int     `json:"trained"`    // rollouts written
+	PassRate   float64 `json:"pass_rate"`   // fraction of them with reward 1
+	Trained    int     `json:"trained"`     // rollouts written
 	Dropped    string  `json:"dropped,omitempty"`
 	// ZeroAdvantage: every written advantage of the group is 0.
 	ZeroAdvantage bool `json:"zero_advantage"`
