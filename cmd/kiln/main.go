@@ -23,6 +23,21 @@ Arrow/Parquet datasets in a store (a directory, or s3://bucket/prefix).
 "kiln convert --help" is "kiln-convert --help".`,
 		Commands: datasets.Commands(env),
 	})
+	if len(os.Args) > 2 && (os.Args[1] == "help" || os.Args[1] == "h") && app.Command(os.Args[2]) == nil {
+		// "kiln help convert" is "kiln-convert --help" (and "kiln help
+		// convert mimo" "kiln-convert help mimo").
+		if path := stagecmd.Dispatch("kiln", os.Args[2]); path != "" {
+			args := append([]string{path}, os.Args[3:]...)
+			if len(os.Args) == 3 {
+				args = append(args, "--help")
+			} else {
+				args = append([]string{path, "help"}, os.Args[3:]...)
+			}
+			err := stagecmd.Exec(path, args)
+			fmt.Fprintf(os.Stderr, "kiln: running %s: %v\n", path, err)
+			os.Exit(stagecmd.ExitFailure)
+		}
+	}
 	if len(os.Args) > 1 && app.Command(os.Args[1]) == nil && os.Args[1][0] != '-' {
 		if path := stagecmd.Dispatch("kiln", os.Args[1]); path != "" {
 			err := stagecmd.Exec(path, append([]string{path}, os.Args[2:]...))

@@ -1,6 +1,7 @@
 package dataset
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -19,15 +20,19 @@ var (
 	versionRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 )
 
+// ErrBadRef is wrapped by the errors of ParseRef: the text is not a
+// dataset reference (a usage error where it came from the command line).
+var ErrBadRef = errors.New("not a dataset reference")
+
 // ParseRef parses "name" or "name@version".
 func ParseRef(s string) (Ref, error) {
 	name, version, pinned := strings.Cut(s, "@")
 	r := Ref{Name: name, Version: version}
 	if err := CheckName(name); err != nil {
-		return Ref{}, fmt.Errorf("dataset reference %q: %w", s, err)
+		return Ref{}, fmt.Errorf("dataset reference %q: %w (%w: want name or name@version)", s, err, ErrBadRef)
 	}
 	if pinned && !versionRE.MatchString(version) {
-		return Ref{}, fmt.Errorf("dataset reference %q: version must be letters, digits, '.', '_' or '-'", s)
+		return Ref{}, fmt.Errorf("dataset reference %q: version must be letters, digits, '.', '_' or '-' (%w: want name or name@version)", s, ErrBadRef)
 	}
 	return r, nil
 }

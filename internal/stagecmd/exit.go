@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io/fs"
 
+	"github.com/urfave/cli/v2"
+
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/store"
 )
@@ -48,10 +50,19 @@ type BadInputError struct{ Err error }
 func (e BadInputError) Error() string { return e.Err.Error() }
 func (e BadInputError) Unwrap() error { return e.Err }
 
-// ExitCode maps an error to the exit status; this is the one place that does.
+// BadInputf returns a BadInputError.
+func BadInputf(format string, args ...any) error { return BadInputError{fmt.Errorf(format, args...)} }
+
+// ExitCode maps an error to the exit status; this is the one place that
+// does. Errors carry their class: UsageError (and a malformed dataset
+// reference, dataset.ErrBadRef), dataset.ErrCorrupt, BadInputError, the
+// not-found sentinels, context.Canceled; an error of the flag library that
+// carries its own code (cli.ExitCoder) keeps it. Anything else is a
+// failure a retry may fix.
 func ExitCode(err error) int {
 	var usage UsageError
 	var bad BadInputError
+	var ec cli.ExitCoder
 	switch {
 	case err == nil:
 		return ExitOK
@@ -63,8 +74,12 @@ func ExitCode(err error) int {
 		return ExitCorrupt
 	case errors.As(err, &bad):
 		return ExitBadInput
+	case errors.Is(err, dataset.ErrBadRef):
+		return ExitUsage
 	case errors.Is(err, dataset.ErrNotFound), errors.Is(err, store.ErrNotExist), errors.Is(err, fs.ErrNotExist):
 		return ExitNotFound
+	case errors.As(err, &ec) && ec.ExitCode() > ExitFailure:
+		return ec.ExitCode()
 	}
 	return ExitFailure
 }

@@ -2,7 +2,6 @@ package stagecmd
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,6 +9,8 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"reflect"
+	"strings"
 	"syscall"
 
 	"github.com/urfave/cli/v2"
@@ -106,22 +107,35 @@ func withQuiet(flags []cli.Flag) []cli.Flag {
 }
 
 // Main runs app with a context cancelled by SIGINT/SIGTERM, prints a failure
-// as one "name: error" line on stderr, and returns the exit status.
+// as one "name: error" line on stderr, and returns the exit status
+// (ExitCode). A command that fails after a signal exits ExitCancelled with
+// one uniform line, whatever error the cancellation surfaced as (a closed
+// pipe, a killed child, context.Canceled): written shards and committed
+// versions stay in the store, and a rerun of the same command resumes from
+// them. After the first signal a second one kills the process at once.
 func Main(app *cli.App, args []string, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	go func() {
+		<-ctx.Done()
+		stop() // the default action again: a second Ctrl-C is not ignored
+	}()
 	app.ExitErrHandler = func(*cli.Context, error) {} // exit codes are ours
 	err := app.RunContext(ctx, args)
 	if err == nil {
 		return ExitOK
 	}
-	code := ExitCode(err)
-	var ec cli.ExitCoder
-	if errors.As(err, &ec) && code == ExitFailure {
-		code = ec.ExitCode()
+	if ctx.Err() != nil { // only a signal cancels ctx before Main returns
+		fmt.Fprintf(stderr, "%s: %s\n", app.Name, InterruptedMessage(context.Cause(ctx)))
+		return ExitCancelled
 	}
 	fmt.Fprintf(stderr, "%s: %v\n", app.Name, err)
-	return code
+	return ExitCode(err)
+}
+
+// InterruptedMessage is what every binary prints when a signal stopped it.
+func InterruptedMessage(cause error) string {
+	return fmt.Sprintf("interrupted (%v): what was finished is kept in the store (written shards, committed versions); rerun the same command to resume where it stopped", cause)
 }
 
 // Dispatch finds the binary for a subcommand git-style: "kiln convert ..."
@@ -147,12 +161,30 @@ func Exec(path string, args []string) error {
 	return syscall.Exec(path, args, os.Environ())
 }
 
-// CommonApp fills what every kiln binary's app shares.
+// CommonApp fills what every kiln binary's app shares: help with the exit
+// status table, a "help [COMMAND...]" command, and usage errors (an unknown
+// flag or command, a missing required flag) returned as one-line
+// UsageErrors pointing to --help instead of printing the manual.
 func CommonApp(app *cli.App, stdout, stderr io.Writer) *cli.App {
 	app.Writer, app.ErrWriter = stdout, stderr
 	app.EnableBashCompletion = true
 	app.Version = Build()
+	if app.HelpName == "" {
+		app.HelpName = app.Name
+	}
 	app.CustomAppHelpTemplate = cli.AppHelpTemplate + "\n" + ExitStatusHelp + "\n"
+	app.OnUsageError = onUsageError
+	app.Before = requireFlags(app.Flags, app.Before)
+	if len(app.Commands) > 0 {
+		if app.Action == nil {
+			app.Action = unknownCommand(true)
+		}
+		if app.Command("help") == nil {
+			// The library adds --help only along with its own help command.
+			app.Commands = append(app.Commands, helpCommand())
+			app.Flags = append(app.Flags, cli.HelpFlag)
+		}
+	}
 	for _, c := range app.Commands {
 		setHelp(c)
 	}
@@ -161,9 +193,115 @@ func CommonApp(app *cli.App, stdout, stderr io.Writer) *cli.App {
 
 func setHelp(c *cli.Command) {
 	if c.CustomHelpTemplate == "" {
-		c.CustomHelpTemplate = cli.CommandHelpTemplate + "\n" + ExitStatusHelp + "\n"
+		tmpl := cli.CommandHelpTemplate
+		if len(c.Subcommands) > 0 {
+			tmpl = cli.SubcommandHelpTemplate // lists the subcommands
+		}
+		c.CustomHelpTemplate = tmpl + "\n" + ExitStatusHelp + "\n"
+	}
+	c.OnUsageError = onUsageError
+	c.Before = requireFlags(c.Flags, c.Before)
+	if len(c.Subcommands) > 0 && c.Action == nil {
+		c.Action = unknownCommand(false)
 	}
 	for _, s := range c.Subcommands {
 		setHelp(s)
+	}
+}
+
+// helpName is how --help is spelled for the running command.
+func helpName(c *cli.Context) string {
+	if c.Command != nil && c.Command.HelpName != "" {
+		return c.Command.HelpName
+	}
+	return c.App.HelpName
+}
+
+// onUsageError turns a flag parsing error into a one-line UsageError.
+func onUsageError(c *cli.Context, err error, _ bool) error {
+	return Usagef("%s; see `%s --help`", err, helpName(c))
+}
+
+// unknownCommand is the action of an app or command that has subcommands:
+// a word that names none of them is a usage error; nothing shows the help.
+func unknownCommand(root bool) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		if c.Args().Present() {
+			return Usagef("%q is not a command of %s; see `%s --help`", c.Args().First(), helpName(c), helpName(c))
+		}
+		if root {
+			return cli.ShowAppHelp(c)
+		}
+		return cli.ShowSubcommandHelp(c)
+	}
+}
+
+// requireFlags checks the flags marked Required itself, before running
+// before: the flag library's check prints the whole manual. It clears
+// their Required mark so that check finds nothing to do.
+func requireFlags(flags []cli.Flag, before cli.BeforeFunc) cli.BeforeFunc {
+	var required []cli.Flag
+	for _, f := range flags {
+		if rf, ok := f.(cli.RequiredFlag); ok && rf.IsRequired() {
+			v := reflect.ValueOf(f)
+			if v.Kind() == reflect.Pointer && v.Elem().Kind() == reflect.Struct {
+				if fv := v.Elem().FieldByName("Required"); fv.IsValid() && fv.Kind() == reflect.Bool && fv.CanSet() {
+					fv.SetBool(false)
+					required = append(required, f)
+				}
+			}
+		}
+	}
+	if len(required) == 0 {
+		return before
+	}
+	return func(c *cli.Context) error {
+		var missing []string
+		for _, f := range required {
+			set := false
+			for _, n := range f.Names() {
+				set = set || c.IsSet(n)
+			}
+			if !set {
+				missing = append(missing, "--"+f.Names()[0])
+			}
+		}
+		if len(missing) > 0 {
+			return Usagef("missing required flag %s; see `%s --help`", strings.Join(missing, ", "), helpName(c))
+		}
+		if before != nil {
+			return before(c)
+		}
+		return nil
+	}
+}
+
+// helpCommand is "help [COMMAND [SUBCOMMAND...]]": the same as --help after
+// the command; an unknown name is a usage error.
+func helpCommand() *cli.Command {
+	return &cli.Command{
+		Name: "help", Aliases: []string{"h"}, ArgsUsage: "[COMMAND [SUBCOMMAND...]]",
+		Usage: "show the help of the binary or of a command",
+		Action: func(c *cli.Context) error {
+			names := c.Args().Slice()
+			if len(names) == 0 {
+				return cli.ShowAppHelp(c)
+			}
+			cmds := c.App.Commands
+			for i, n := range names {
+				var found *cli.Command
+				for _, cmd := range cmds {
+					if cmd.HasName(n) && cmd.Name != "help" {
+						found = cmd
+					}
+				}
+				if found == nil {
+					where := strings.Join(append([]string{c.App.HelpName}, names[:i]...), " ")
+					return Usagef("help: %q is not a command of %s; see `%s --help`", n, where, where)
+				}
+				cmds = found.Subcommands
+			}
+			return c.App.RunContext(c.Context, append(append([]string{c.App.Name}, names...), "--help"))
+		},
 	}
 }

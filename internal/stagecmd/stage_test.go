@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/urfave/cli/v2"
 
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/store"
@@ -28,10 +30,29 @@ func TestExitCode(t *testing.T) {
 		{fmt.Errorf("shard: %w", dataset.ErrCorrupt), ExitCorrupt},
 		{BadInputError{errors.New("line 3")}, ExitBadInput},
 		{fmt.Errorf("run: %w", context.Canceled), ExitCancelled},
+		{fmt.Errorf("run: %w", context.DeadlineExceeded), ExitFailure},
+		{BadInputf("layer 2: %w", errors.New("unsafe")), ExitBadInput},
+		{fmt.Errorf("image %q: %w", "x", BadInputError{errors.New("escapes the root")}), ExitBadInput},
+		{fmt.Errorf("show: %w", mustBadRef("tasks/mimo@ZZZ!")), ExitUsage},
+		{fmt.Errorf("show: %w", mustBadRef("../x")), ExitUsage},
+		{fmt.Errorf("write: %w", syscall.ENOSPC), ExitFailure},
+		{fmt.Errorf("write: %w", fs.ErrPermission), ExitFailure},
+		{cli.Exit("library says", 3), ExitNotFound},
+		{cli.Exit("library says", 1), ExitFailure},
+		{UsageError{fmt.Errorf("x: %w", dataset.ErrNotFound)}, ExitUsage},
+		{BadInputError{fmt.Errorf("x: %w", fs.ErrNotExist)}, ExitBadInput},
 	}
 	for _, c := range cases {
 		assert.Equal(t, c.code, ExitCode(c.err), "%v", c.err)
 	}
+}
+
+func mustBadRef(s string) error {
+	_, err := dataset.ParseRef(s)
+	if err == nil {
+		panic(s + " parses")
+	}
+	return err
 }
 
 func TestPartFromEnv(t *testing.T) {
