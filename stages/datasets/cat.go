@@ -3,6 +3,7 @@ package datasets
 import (
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -22,8 +23,9 @@ own are needed. REF is name (the version its latest pointer names) or
 name@version; the version must be committed. ATTACHMENT is what the rows
 name — the full store key, as a grades row's log column holds it
 (grades/step-3/_v/<version>/attachments/logs/<key>.jsonl) — or the path
-inside the version's attachments (logs/<key>.jsonl). A key of another
-version is refused, naming it.
+inside the version's attachments (logs/<key>.jsonl). With a bare name and
+a full key, the key's version is the one read; with name@version, a key of
+another version is refused, naming it.
 
 --list prints the version's attachments instead, one per line: path, size
 in bytes, and the store's time.
@@ -54,6 +56,15 @@ Exit status 3: no such version, or no such attachment in it.`,
 			ref, err := dataset.ParseRef(c.Args().First())
 			if err != nil {
 				return stagecmd.UsageError{Err: err}
+			}
+			if !ref.Pinned() && !list {
+				// A bare name with a key of one of its versions (as rows
+				// name them) means that version.
+				if rest, ok := strings.CutPrefix(strings.TrimPrefix(c.Args().Get(1), "/"), ref.Name+"/_v/"); ok {
+					if version, _, ok := strings.Cut(rest, "/"); ok {
+						ref.Version = version
+					}
+				}
 			}
 			v, err := dataset.Open(c.Context, st, ref)
 			if err != nil {

@@ -42,7 +42,7 @@ func kindFixtures() []struct {
 				records.Turn{RolloutID: 7, Index: 3, GroupIndex: 1, Session: "s-1", Turn: 0, PromptIDs: []int32{1, 2, 3}, OutputIDs: []int32{4, 5},
 					OutputLogProbs: []float32{-0.5, -0.25}, FinishReason: "stop", PromptMessages: `[{"role":"user","content":"hi <b>"}]`,
 					ResponseMessage: sp(`{"role":"assistant","content":"ok"}`), MaxContextTokens: 8192, Reward: &reward,
-					Replay: records.Replay{TopKTokenIDs: []int32{4, 9, 5, 8}, TopKLogProbs: []float32{-0.5, -2, -0.25, -3}, TopK: 2},
+					Replay:    records.Replay{TopKTokenIDs: []int32{4, 9, 5, 8}, TopKLogProbs: []float32{-0.5, -2, -0.25, -3}, TopK: 2},
 					StartedMs: &started, DurationMs: &dur},
 				records.Turn{RolloutID: 7, Index: 3, GroupIndex: 1, Session: "s-1", Turn: 1, PromptIDs: []int32{1, 2, 3, 4, 5, 6}, OutputIDs: []int32{7},
 					FinishReason: "length", IllFormed: true, PromptMessages: `[]`, MaxContextTokens: 8192},

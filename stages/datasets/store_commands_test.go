@@ -157,6 +157,7 @@ func TestCat(t *testing.T) {
 			{"list", []string{"--list", ref.String()}, 0, "", ""},
 			{"missing", []string{ref.String(), "logs/t-3.jsonl"}, stagecmd.ExitNotFound, "", `attachment "logs/t-3.jsonl": not found`},
 			{"another version's key", []string{other.String(), key}, stagecmd.ExitUsage, "", "belongs to " + ref.String()},
+			{"bare name and a key", []string{"grades/step-1", key}, 0, log, ""},
 			{"dot dot", []string{ref.String(), "logs/../../manifest.json"}, stagecmd.ExitUsage, "", "inside the version's attachments"},
 			{"no such version", []string{"grades/step-1@0000", "logs/t-1.jsonl"}, stagecmd.ExitNotFound, "", "not found"},
 			{"one argument", []string{ref.String()}, stagecmd.ExitUsage, "", "want REF ATTACHMENT"},
