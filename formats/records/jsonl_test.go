@@ -127,4 +127,3 @@ func FuzzEachJSONLine(f *testing.F) {
 		}
 	})
 }
-
