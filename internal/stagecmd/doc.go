@@ -1,5 +1,5 @@
 // Package stagecmd is the plumbing every kiln binary shares: the --store,
-// --shard and --print-version flags, exit codes, input resolution, progress
-// reporting, and the write-a-version flow that ends by printing the
+// --shard, --print-version and --quiet flags, exit codes, input resolution,
+// progress reporting, and the write-a-version flow that ends by printing the
 // committed reference as the last line of stdout.
 package stagecmd
