@@ -574,7 +574,11 @@ func runLoad(b *testing.B, cfg loadConfig) {
 		added, untold = addedLatency(run.spans, log.all)
 		told = float64(len(run.spans)-untold) / float64(len(run.spans))
 		if told < 0.5 {
-			b.Fatalf("only %d of %d turns had engine exchanges that no other turn overlapped", len(added), len(run.spans))
+			// Turns as slow as the rate's interval overlap: a figure over
+			// the few left would not be the turns' (the realistic case
+			// tells every turn apart by session).
+			b.Logf("only %d of %d turns had engine exchanges that no other turn overlapped: no added latency reported", len(added), len(run.spans))
+			added = nil
 		}
 	}
 
