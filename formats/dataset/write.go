@@ -234,6 +234,10 @@ func (w *Writer) WriteShard(ctx context.Context, rows int64, rowKeys []string, e
 	return s, nil
 }
 
+// errStoreStopped is what the encoder of a shard sees when the store's Put
+// returned before reading the whole shard.
+var errStoreStopped = errors.New("the store stopped reading")
+
 // putShard streams encode's output to the store while hashing it.
 func (w *Writer) putShard(ctx context.Context, name string, encode func(io.Writer) error) (Shard, error) {
 	pr, pw := io.Pipe()
@@ -248,14 +252,23 @@ func (w *Writer) putShard(ctx context.Context, name string, encode func(io.Write
 		pw.CloseWithError(encErr)
 	}()
 	_, err := w.st.Put(ctx, w.dir+name, pr, -1)
-	pr.CloseWithError(errors.New("store stopped reading"))
+	pr.CloseWithError(errStoreStopped)
 	wg.Wait()
-	if encErr != nil {
+	switch {
+	case encErr != nil && !errors.Is(encErr, errStoreStopped):
+		// The encoder failed (Put then failed with its error, read through
+		// the pipe): that error is the one to report.
 		w.st.Delete(context.WithoutCancel(ctx), w.dir+name)
 		return Shard{}, encErr
-	}
-	if err != nil {
-		return Shard{}, err
+	case err != nil:
+		// The store failed (no space, permission denied, not a
+		// directory, ...); the encoder only saw the pipe close. Report
+		// the store's error, not the pipe's.
+		w.st.Delete(context.WithoutCancel(ctx), w.dir+name)
+		return Shard{}, fmt.Errorf("store %s: %w", w.st.URI(), err)
+	case encErr != nil:
+		w.st.Delete(context.WithoutCancel(ctx), w.dir+name)
+		return Shard{}, fmt.Errorf("store %s: %w before the end of the shard", w.st.URI(), encErr)
 	}
 	return Shard{Key: name, Part: w.spec.Part.Index, Bytes: cw.n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
 }

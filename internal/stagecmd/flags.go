@@ -2,7 +2,9 @@ package stagecmd
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 
@@ -42,11 +44,38 @@ func QuietFlag() cli.Flag {
 		Usage: "print only the result (a writing command: the committed reference) and errors; no progress, summaries or info logs"}
 }
 
-// OpenStore opens the store --store names.
+// OpenStore opens the store --store names for a writing command: a local
+// directory that does not exist yet is created by the first write. A
+// local path that is not a directory is a usage error.
 func OpenStore(c *cli.Context) (store.Store, error) {
-	st, err := store.Open(c.String("store"))
+	return openStore(c.String("store"), false)
+}
+
+// OpenExistingStore is OpenStore for commands that only read (or only
+// remove): a local store that does not exist is not found (exit 3) rather
+// than an empty store, so a mistyped --store is not mistaken for one
+// without datasets.
+func OpenExistingStore(c *cli.Context) (store.Store, error) {
+	return openStore(c.String("store"), true)
+}
+
+func openStore(uri string, mustExist bool) (store.Store, error) {
+	st, err := store.Open(uri)
 	if err != nil {
 		return nil, UsageError{err}
+	}
+	local, ok := st.(*store.Local)
+	if !ok {
+		return st, nil
+	}
+	fi, err := os.Stat(local.Root())
+	switch {
+	case err == nil && !fi.IsDir():
+		return nil, Usagef("store %q is a file, not a directory: pass --store DIR (or set KILN_STORE)", uri)
+	case errors.Is(err, fs.ErrNotExist) && mustExist:
+		return nil, fmt.Errorf("store %q does not exist: check --store or KILN_STORE (only writing commands create a store): %w", uri, err)
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("store %q: %w", uri, err)
 	}
 	return st, nil
 }

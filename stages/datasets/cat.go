@@ -49,7 +49,7 @@ Exit status 3: no such version, or no such attachment in it.`,
 			} else if err := stagecmd.RequireArgs(c, 2, "REF ATTACHMENT"); err != nil {
 				return err
 			}
-			st, err := stagecmd.OpenStore(c)
+			st, err := stagecmd.OpenExistingStore(c)
 			if err != nil {
 				return err
 			}

@@ -156,6 +156,7 @@ func TestBadInputs(t *testing.T) {
 	}
 	good := `{"prompt": "p", "label": "a", "metadata": {}}` + "\n"
 	storeDir := filepath.Join(dir, "store")
+	require.NoError(t, os.MkdirAll(storeDir, 0o755))
 	cases := []struct {
 		name string
 		args []string
@@ -172,6 +173,11 @@ func TestBadInputs(t *testing.T) {
 		{"no ref", []string{"show", "--store", storeDir}, stagecmd.ExitUsage, "want REF"},
 		{"unknown dataset", []string{"show", "--store", storeDir, "nope"}, stagecmd.ExitNotFound, "dataset nope: not found"},
 		{"bad scheme", []string{"ls", "--store", "ftp://x"}, stagecmd.ExitUsage, "unknown scheme"},
+		{"no store", []string{"ls", "--store", filepath.Join(dir, "nostore")}, stagecmd.ExitNotFound, "nostore\" does not exist"},
+		{"store is a file", []string{"ls", "--store", write("afile", "")}, stagecmd.ExitUsage, "afile\" is a file, not a directory"},
+		{"import into a file", []string{"import", "tasks", "--store", filepath.Join(dir, "afile"), write("ok3.jsonl", good)}, stagecmd.ExitUsage, "afile\" is a file, not a directory"},
+		{"malformed ref", []string{"show", "--store", storeDir, "tasks/mimo@ZZZ!"}, stagecmd.ExitUsage, `"tasks/mimo@ZZZ!"`},
+		{"malformed log ref", []string{"log", "--store", storeDir, "tasks/../x"}, stagecmd.ExitUsage, `"tasks/../x"`},
 		{"bad format", []string{"export", "--store", storeDir, "--format", "csv", "x"}, stagecmd.ExitUsage, `unknown --format "csv"`},
 	}
 	for _, c := range cases {

@@ -51,7 +51,7 @@ Example:
 			if f := c.String("format"); f != "jsonl" && f != formatImagesJSON {
 				return stagecmd.Usagef("export: unknown --format %q (want jsonl or %s)", f, formatImagesJSON)
 			}
-			st, err := stagecmd.OpenStore(c)
+			st, err := stagecmd.OpenExistingStore(c)
 			if err != nil {
 				return err
 			}

@@ -74,7 +74,7 @@ pointer is corrupt (nothing was removed).`,
 			if n < 0 {
 				return stagecmd.Usagef("forget: --keep-last %d is negative: give how many versions to keep, 0 or more", n)
 			}
-			st, err := stagecmd.OpenStore(c)
+			st, err := stagecmd.OpenExistingStore(c)
 			if err != nil {
 				return err
 			}

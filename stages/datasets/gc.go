@@ -45,7 +45,7 @@ Example:
 			if g := c.Duration("grace"); g < 0 {
 				return stagecmd.Usagef("gc: --grace %s is negative: it would remove files a live writer is still writing; give 0 or more (default 24h)", g)
 			}
-			st, err := stagecmd.OpenStore(c)
+			st, err := stagecmd.OpenExistingStore(c)
 			if err != nil {
 				return err
 			}

@@ -30,7 +30,7 @@ when.`,
 			if err := stagecmd.RequireArgs(c, 1, "REF"); err != nil {
 				return err
 			}
-			st, err := stagecmd.OpenStore(c)
+			st, err := stagecmd.OpenExistingStore(c)
 			if err != nil {
 				return err
 			}

@@ -61,7 +61,7 @@ Exit status 3: --shards REF does not exist; 4: its manifest is corrupt.`,
 			if c.NArg() > 1 {
 				return stagecmd.Usagef("ls: want at most one PREFIX")
 			}
-			st, err := stagecmd.OpenStore(c)
+			st, err := stagecmd.OpenExistingStore(c)
 			if err != nil {
 				return err
 			}
@@ -145,7 +145,7 @@ func lsLine(ctx context.Context, c *cli.Context, env *Env, tw *tabwriter.Writer,
 
 // lsShards prints the shard URIs of one version.
 func lsShards(c *cli.Context, env *Env) error {
-	st, err := stagecmd.OpenStore(c)
+	st, err := stagecmd.OpenExistingStore(c)
 	if err != nil {
 		return err
 	}

@@ -36,7 +36,7 @@ before pointers existed: its bare name means its newest committed version).`,
 			if err := stagecmd.RequireArgs(c, 1, "REF"); err != nil {
 				return err
 			}
-			st, err := stagecmd.OpenStore(c)
+			st, err := stagecmd.OpenExistingStore(c)
 			if err != nil {
 				return err
 			}

@@ -50,7 +50,7 @@ not exist.`,
 			case !all && c.IsSet("prefix"):
 				return stagecmd.Usagef("verify: --prefix goes with --all")
 			}
-			st, err := stagecmd.OpenStore(c)
+			st, err := stagecmd.OpenExistingStore(c)
 			if err != nil {
 				return err
 			}

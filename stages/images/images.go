@@ -473,7 +473,7 @@ Example:
 }
 
 func runGC(c *cli.Context, env *stagecmd.Env) error {
-	st, err := stagecmd.OpenStore(c)
+	st, err := stagecmd.OpenExistingStore(c)
 	if err != nil {
 		return err
 	}
