@@ -121,7 +121,6 @@ func (s Summary) Metrics(m map[string]any) {
 // Print writes the summary as text: totals, pass@k, then one line per task.
 func (s Summary) Print(w io.Writer) {
 	fmt.Fprintf(w, "grades %d, gradeable %d, tasks %d\n", s.Grades, s.Gradeable, len(s.Tasks))
-	fmt.Fprintf(w, "pass@1 %.6f\n", s.PassAt1)
 	for k, v := range s.PassAtK {
 		fmt.Fprintf(w, "pass@%d %.6f (%d tasks)\n", k+1, v, s.TasksAtK[k])
 	}
