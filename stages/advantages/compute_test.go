@@ -83,7 +83,9 @@ func byRollout(rows []records.Advantage) map[int64]float64 {
 	return m
 }
 
-func grpo() Options { return Options{Estimator: GRPO, StdEps: 1e-6, Infra: InfraExclude, MinGroupSize: 1} }
+func grpo() Options {
+	return Options{Estimator: GRPO, StdEps: 1e-6, Infra: InfraExclude, MinGroupSize: 1}
+}
 
 // TV30: interleaved, shuffled groups with unequal fork counts and a
 // singleton; per-rollout statistics, and denominators over all of a
