@@ -7,7 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/kilnrl/kiln/formats/records"
-	"github.com/kilnrl/kiln/internal/agent/jsonskim"
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 // turnDecoder reads the lines of a turns JSONL file (records.TurnJSON
@@ -84,7 +84,7 @@ const (
 // caller numbers it by its position in the session), or ok false.
 func (d *turnDecoder) decode(line []byte) (t records.Turn, hasTurn, ok bool) {
 	b := line
-	i := jsonskim.Space(b, 0)
+	i := ojson.Space(b, 0)
 	if i >= len(b) || b[i] != '{' {
 		return t, false, false
 	}
@@ -96,7 +96,7 @@ func (d *turnDecoder) decode(line []byte) (t records.Turn, hasTurn, ok bool) {
 		hasMsgs           bool
 		resp              []byte
 	)
-	i = jsonskim.Space(b, i+1)
+	i = ojson.Space(b, i+1)
 	if i < len(b) && b[i] == '}' {
 		i++
 	} else {
@@ -111,10 +111,10 @@ func (d *turnDecoder) decode(line []byte) (t records.Turn, hasTurn, ok bool) {
 				return t, false, false // an escape in a key: encoding/json's matching decides
 			}
 			key := b[ks:i]
-			if i = jsonskim.Space(b, i+1); i >= len(b) || b[i] != ':' {
+			if i = ojson.Space(b, i+1); i >= len(b) || b[i] != ':' {
 				return t, false, false
 			}
-			v := jsonskim.Space(b, i+1)
+			v := ojson.Space(b, i+1)
 			var bit uint32
 			switch string(key) {
 			case "rollout_id":
@@ -222,7 +222,7 @@ func (d *turnDecoder) decode(line []byte) (t records.Turn, hasTurn, ok bool) {
 				return t, false, false
 			}
 			seen |= bit
-			if i = jsonskim.Space(b, i); i >= len(b) {
+			if i = ojson.Space(b, i); i >= len(b) {
 				return t, false, false
 			}
 			if b[i] == '}' {
@@ -232,10 +232,10 @@ func (d *turnDecoder) decode(line []byte) (t records.Turn, hasTurn, ok bool) {
 			if b[i] != ',' {
 				return t, false, false
 			}
-			i = jsonskim.Space(b, i+1)
+			i = ojson.Space(b, i+1)
 		}
 	}
-	if jsonskim.Space(b, i) != len(b) {
+	if ojson.Space(b, i) != len(b) {
 		return t, false, false // encoding/json's Decoder reads the first value alone
 	}
 
@@ -281,14 +281,14 @@ func (d *turnDecoder) sessionAt(b []byte, i int) (string, int) {
 	if i >= len(b) || b[i] != '"' {
 		return "", -1
 	}
-	end := jsonskim.String(b, i)
+	end := ojson.StringEnd(b, i)
 	if end < 0 {
 		return "", -1
 	}
 	if d.sessionRaw != nil && bytes.Equal(b[i:end], d.sessionRaw) {
 		return d.session, end
 	}
-	s, ok := jsonskim.Unquote(b[i:end])
+	s, ok := ojson.Unquote(b[i:end])
 	if !ok {
 		return "", -1
 	}
@@ -377,11 +377,11 @@ func parseString(b []byte, i int) (string, int) {
 	if i >= len(b) || b[i] != '"' {
 		return "", -1
 	}
-	end := jsonskim.String(b, i)
+	end := ojson.StringEnd(b, i)
 	if end < 0 {
 		return "", -1
 	}
-	s, ok := jsonskim.Unquote(b[i:end])
+	s, ok := ojson.Unquote(b[i:end])
 	if !ok {
 		return "", -1
 	}
@@ -446,7 +446,7 @@ func parseInt32s(b []byte, i int, dst []int32) ([]int32, int) {
 	if dst == nil {
 		dst = []int32{}
 	}
-	i = jsonskim.Space(b, i+1)
+	i = ojson.Space(b, i+1)
 	if i < len(b) && b[i] == ']' {
 		return dst, i + 1
 	}
@@ -455,14 +455,14 @@ func parseInt32s(b []byte, i int, dst []int32) ([]int32, int) {
 		if dst, i, ok = appendInt32(dst, b, i); !ok {
 			return nil, -1
 		}
-		if i = jsonskim.Space(b, i); i >= len(b) {
+		if i = ojson.Space(b, i); i >= len(b) {
 			return nil, -1
 		}
 		switch b[i] {
 		case ']':
 			return dst, i + 1
 		case ',':
-			i = jsonskim.Space(b, i+1)
+			i = ojson.Space(b, i+1)
 		default:
 			return nil, -1
 		}
@@ -474,7 +474,7 @@ func parseInt32s(b []byte, i int, dst []int32) ([]int32, int) {
 // element or the closing ']').
 func appendInt32Tail(ids []int32, b []byte, j int) ([]int32, int) {
 	for {
-		if j = jsonskim.Space(b, j); j >= len(b) {
+		if j = ojson.Space(b, j); j >= len(b) {
 			return nil, -1
 		}
 		switch b[j] {
@@ -482,7 +482,7 @@ func appendInt32Tail(ids []int32, b []byte, j int) ([]int32, int) {
 			return ids, j + 1
 		case ',':
 			var ok bool
-			if ids, j, ok = appendInt32(ids, b, jsonskim.Space(b, j+1)); !ok {
+			if ids, j, ok = appendInt32(ids, b, ojson.Space(b, j+1)); !ok {
 				return nil, -1
 			}
 		default:
@@ -577,7 +577,7 @@ func parseFloat32s(b []byte, i int) ([]float32, int) {
 		return nil, -1
 	}
 	dst := make([]float32, 0, 64)
-	i = jsonskim.Space(b, i+1)
+	i = ojson.Space(b, i+1)
 	if i < len(b) && b[i] == ']' {
 		return dst, i + 1
 	}
@@ -587,14 +587,14 @@ func parseFloat32s(b []byte, i int) ([]float32, int) {
 			return nil, -1
 		}
 		dst = append(dst, float32(x))
-		if i = jsonskim.Space(b, end); i >= len(b) {
+		if i = ojson.Space(b, end); i >= len(b) {
 			return nil, -1
 		}
 		switch b[i] {
 		case ']':
 			return dst, i + 1
 		case ',':
-			i = jsonskim.Space(b, i+1)
+			i = ojson.Space(b, i+1)
 		default:
 			return nil, -1
 		}
@@ -667,7 +667,7 @@ func validValue(b []byte, i, depth int) int {
 		if depth >= maxDepth {
 			return -1
 		}
-		i = jsonskim.Space(b, i+1)
+		i = ojson.Space(b, i+1)
 		if i < len(b) && b[i] == '}' {
 			return i + 1
 		}
@@ -678,20 +678,20 @@ func validValue(b []byte, i, depth int) int {
 			if i = validString(b, i); i < 0 {
 				return -1
 			}
-			if i = jsonskim.Space(b, i); i >= len(b) || b[i] != ':' {
+			if i = ojson.Space(b, i); i >= len(b) || b[i] != ':' {
 				return -1
 			}
-			if i = validValue(b, jsonskim.Space(b, i+1), depth+1); i < 0 {
+			if i = validValue(b, ojson.Space(b, i+1), depth+1); i < 0 {
 				return -1
 			}
-			if i = jsonskim.Space(b, i); i >= len(b) {
+			if i = ojson.Space(b, i); i >= len(b) {
 				return -1
 			}
 			switch b[i] {
 			case '}':
 				return i + 1
 			case ',':
-				i = jsonskim.Space(b, i+1)
+				i = ojson.Space(b, i+1)
 			default:
 				return -1
 			}
@@ -700,7 +700,7 @@ func validValue(b []byte, i, depth int) int {
 		if depth >= maxDepth {
 			return -1
 		}
-		i = jsonskim.Space(b, i+1)
+		i = ojson.Space(b, i+1)
 		if i < len(b) && b[i] == ']' {
 			return i + 1
 		}
@@ -729,14 +729,14 @@ func validValue(b []byte, i, depth int) int {
 // the index after the array, or -1; depth is that of its elements.
 func validTail(b []byte, i, depth int) int {
 	for {
-		if i = jsonskim.Space(b, i); i >= len(b) {
+		if i = ojson.Space(b, i); i >= len(b) {
 			return -1
 		}
 		switch b[i] {
 		case ']':
 			return i + 1
 		case ',':
-			if i = validValue(b, jsonskim.Space(b, i+1), depth); i < 0 {
+			if i = validValue(b, ojson.Space(b, i+1), depth); i < 0 {
 				return -1
 			}
 		default:

@@ -15,8 +15,8 @@ import (
 
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/internal/agent/engine"
-	"github.com/kilnrl/kiln/internal/agent/jsonskim"
 	"github.com/kilnrl/kiln/internal/agent/parse"
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 type digest = [sha256.Size]byte
@@ -39,7 +39,7 @@ type prefix struct {
 // equal keys alike).
 func canonicalHash(raw []byte) digest {
 	buf := make([]byte, 0, len(raw))
-	if out, end, ok := appendCanonical(buf, raw, jsonskim.Space(raw, 0), 0); ok && jsonskim.Space(raw, end) == len(raw) {
+	if out, end, ok := appendCanonical(buf, raw, ojson.Space(raw, 0), 0); ok && ojson.Space(raw, end) == len(raw) {
 		return sha256.Sum256(out)
 	}
 	// Not JSON: hash the bytes, prefixed so it never equals a value.
@@ -60,7 +60,7 @@ func appendCanonical(out, b []byte, i, depth int) ([]byte, int, bool) {
 		type field struct{ key, val []byte }
 		var room [6]field // most objects' fields, without an allocation
 		fields := room[:0]
-		i = jsonskim.Space(b, i+1)
+		i = ojson.Space(b, i+1)
 		if i < len(b) && b[i] == '}' {
 			return append(out, '{', '}'), i + 1, true
 		}
@@ -69,19 +69,19 @@ func appendCanonical(out, b []byte, i, depth int) ([]byte, int, bool) {
 				return out, i, false
 			}
 			ks := i
-			if i = jsonskim.String(b, i); i < 0 {
+			if i = ojson.StringEnd(b, i); i < 0 {
 				return out, i, false
 			}
 			key := b[ks:i]
-			if i = jsonskim.Space(b, i); i >= len(b) || b[i] != ':' {
+			if i = ojson.Space(b, i); i >= len(b) || b[i] != ':' {
 				return out, i, false
 			}
-			vs := jsonskim.Space(b, i+1)
-			if i = jsonskim.Value(b, vs); i < 0 {
+			vs := ojson.Space(b, i+1)
+			if i = ojson.ValueEnd(b, vs); i < 0 {
 				return out, i, false
 			}
 			fields = append(fields, field{key, b[vs:i]})
-			if i = jsonskim.Space(b, i); i >= len(b) {
+			if i = ojson.Space(b, i); i >= len(b) {
 				return out, i, false
 			}
 			if b[i] == '}' {
@@ -91,7 +91,7 @@ func appendCanonical(out, b []byte, i, depth int) ([]byte, int, bool) {
 			if b[i] != ',' {
 				return out, i, false
 			}
-			i = jsonskim.Space(b, i+1)
+			i = ojson.Space(b, i+1)
 		}
 		slices.SortStableFunc(fields, func(x, y field) int { return bytes.Compare(x.key, y.key) })
 		out = append(out, '{')
@@ -109,7 +109,7 @@ func appendCanonical(out, b []byte, i, depth int) ([]byte, int, bool) {
 		return append(out, '}'), i, true
 	case '[':
 		out = append(out, '[')
-		i = jsonskim.Space(b, i+1)
+		i = ojson.Space(b, i+1)
 		if i < len(b) && b[i] == ']' {
 			return append(out, ']'), i + 1, true
 		}
@@ -121,7 +121,7 @@ func appendCanonical(out, b []byte, i, depth int) ([]byte, int, bool) {
 			if out, i, ok = appendCanonical(out, b, i, depth+1); !ok {
 				return out, i, false
 			}
-			if i = jsonskim.Space(b, i); i >= len(b) {
+			if i = ojson.Space(b, i); i >= len(b) {
 				return out, i, false
 			}
 			if b[i] == ']' {
@@ -130,10 +130,10 @@ func appendCanonical(out, b []byte, i, depth int) ([]byte, int, bool) {
 			if b[i] != ',' {
 				return out, i, false
 			}
-			i = jsonskim.Space(b, i+1)
+			i = ojson.Space(b, i+1)
 		}
 	}
-	j := jsonskim.Value(b, i)
+	j := ojson.ValueEnd(b, i)
 	if j < 0 {
 		return out, i, false
 	}

@@ -39,10 +39,6 @@ func (s *Server) serveTurn(w http.ResponseWriter, r *http.Request, req *protocol
 	defer cancel()
 	stop := context.AfterFunc(sess.ctx, cancel)
 	defer stop()
-	// The turn's engine calls run one after another: one watch on ctx
-	// closes whichever is in flight when the turn ends early.
-	ctx, unwatch := engine.Watch(ctx)
-	defer unwatch()
 
 	select {
 	case sess.turnSem <- struct{}{}:

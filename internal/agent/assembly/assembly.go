@@ -7,7 +7,7 @@ import (
 	"fmt"
 
 	"github.com/kilnrl/kiln/formats/records"
-	"github.com/kilnrl/kiln/internal/agent/jsonskim"
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 // Turn is one model call of a session (the turns record kind).
@@ -403,7 +403,7 @@ func truthy(raw json.RawMessage) bool {
 	case '"':
 		return len(raw) > 2
 	case '[', '{': // non-empty unless the next token closes it
-		i := jsonskim.Space(raw, 1)
+		i := ojson.Space(raw, 1)
 		return i < len(raw) && raw[i] != ']' && raw[i] != '}'
 	}
 	var f float64

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 
-	"github.com/kilnrl/kiln/internal/agent/jsonskim"
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 // Head is what routing reads of a chat message, its role and tool_calls,
@@ -61,8 +61,8 @@ func ScanMessage(b []byte, i int) (h Head, end int, ok bool) {
 // these two keys, and a session's messages add up to far more bytes than its
 // tokens, so this runs at memory speed instead of encoding/json's.
 func scanHead(b []byte) (role string, hasRole bool, toolCalls []byte, ok bool) {
-	role, hasRole, tc0, tc, end, _, ok := scanObject(b, jsonskim.Space(b, 0))
-	if !ok || jsonskim.Space(b, end) != len(b) {
+	role, hasRole, tc0, tc, end, _, ok := scanObject(b, ojson.Space(b, 0))
+	if !ok || ojson.Space(b, end) != len(b) {
 		return "", false, nil, false
 	}
 	if tc > 0 {
@@ -74,13 +74,13 @@ func scanHead(b []byte) (role string, hasRole bool, toolCalls []byte, ok bool) {
 // scanObject is scanHead's reading of the object at b[i], up to the index
 // after its closing brace (end), with the tool_calls value at b[tc0:tc]
 // (tc == 0: absent). plain reports that no top-level scalar value holds a
-// '"', '{' or '[' (jsonskim.Value takes scalars by extent).
+// '"', '{' or '[' (ojson.Value takes scalars by extent).
 func scanObject(b []byte, i int) (role string, hasRole bool, tc0, tc, end int, plain, ok bool) {
 	if i >= len(b) || b[i] != '{' {
 		return "", false, 0, 0, 0, false, false
 	}
 	plain = true
-	i = jsonskim.Space(b, i+1)
+	i = ojson.Space(b, i+1)
 	if i < len(b) && b[i] == '}' {
 		return "", false, 0, 0, i + 1, true, true
 	}
@@ -89,15 +89,15 @@ func scanObject(b []byte, i int) (role string, hasRole bool, tc0, tc, end int, p
 			return "", false, 0, 0, 0, false, false
 		}
 		ks := i
-		if i = jsonskim.String(b, i); i < 0 {
+		if i = ojson.StringEnd(b, i); i < 0 {
 			return "", false, 0, 0, 0, false, false
 		}
 		key := b[ks:i]
-		if i = jsonskim.Space(b, i); i >= len(b) || b[i] != ':' {
+		if i = ojson.Space(b, i); i >= len(b) || b[i] != ':' {
 			return "", false, 0, 0, 0, false, false
 		}
-		vs := jsonskim.Space(b, i+1)
-		if i = jsonskim.Value(b, vs); i < 0 {
+		vs := ojson.Space(b, i+1)
+		if i = ojson.ValueEnd(b, vs); i < 0 {
 			return "", false, 0, 0, 0, false, false
 		}
 		if c := b[vs]; c != '"' && c != '{' && c != '[' && bytes.ContainsAny(b[vs:i], "\"{[") {
@@ -122,12 +122,12 @@ func scanObject(b []byte, i int) (role string, hasRole bool, tc0, tc, end int, p
 		case `"tool_calls"`:
 			tc0, tc = vs, i
 		}
-		if i = jsonskim.Space(b, i); i >= len(b) {
+		if i = ojson.Space(b, i); i >= len(b) {
 			return "", false, 0, 0, 0, false, false
 		}
 		switch b[i] {
 		case ',':
-			i = jsonskim.Space(b, i+1)
+			i = ojson.Space(b, i+1)
 		case '}':
 			return role, hasRole, tc0, tc, i + 1, plain, true
 		default:

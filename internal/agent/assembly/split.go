@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/kilnrl/kiln/internal/agent/jsonskim"
+	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 // Splitter splits a session's prompt_messages (a JSON array per turn) into
@@ -64,7 +64,7 @@ func (s *Splitter) Split(text []byte) ([]json.RawMessage, []Head, error) {
 	// its start would cost a cache miss per turn. s.prev is trimmed at both
 	// ends, so its last byte is the closing ']'.
 	if n := len(s.prev); n > 2 {
-		ext := text[jsonskim.Space(text, 0):]
+		ext := text[ojson.Space(text, 0):]
 		if len(ext) > n && ext[n-1] == ',' && bytes.Equal(ext[:n-1], s.prev[:n-1]) {
 			// Appending in place is safe: earlier turns' slices never see
 			// elements past their own length.
@@ -116,13 +116,13 @@ func splitArray(b []byte) ([]json.RawMessage, bool) {
 // appendArray is splitArray appending the elements to out and their heads
 // to heads (see splitElements).
 func appendArray(out []json.RawMessage, heads []Head, b []byte, hint *Head) ([]json.RawMessage, []Head, bool) {
-	i := jsonskim.Space(b, 0)
+	i := ojson.Space(b, 0)
 	if i >= len(b) || b[i] != '[' {
 		return nil, nil, false
 	}
-	i = jsonskim.Space(b, i+1)
+	i = ojson.Space(b, i+1)
 	if i < len(b) && b[i] == ']' {
-		return out, heads, jsonskim.Space(b, i+1) == len(b)
+		return out, heads, ojson.Space(b, i+1) == len(b)
 	}
 	return splitElements(b, i, out, heads, hint)
 }
@@ -138,7 +138,7 @@ func appendArray(out []json.RawMessage, heads []Head, b []byte, hint *Head) ([]j
 // ScanMessage), so those elements are cut where ScanMessage ends; so are
 // those whose bytes are hint's, which ScanMessage has read already.
 func splitElements(b []byte, i int, out []json.RawMessage, heads []Head, hint *Head) ([]json.RawMessage, []Head, bool) {
-	i = jsonskim.Space(b, i)
+	i = ojson.Space(b, i)
 	for {
 		start := i
 		if i < len(b) && b[i] == '{' {
@@ -151,13 +151,13 @@ func splitElements(b []byte, i int, out []json.RawMessage, heads []Head, hint *H
 				h, end, ok = ScanMessage(b, i)
 			}
 			if ok {
-				j := jsonskim.Space(b, end)
+				j := ojson.Space(b, end)
 				if j < len(b) && (b[j] == ',' || b[j] == '}' || b[j] == ']') {
 					out, heads = append(out, b[start:end:end]), append(heads, h)
 					if b[j] == ']' {
-						return out, heads, jsonskim.Space(b, j+1) == len(b)
+						return out, heads, ojson.Space(b, j+1) == len(b)
 					}
-					i = jsonskim.Space(b, j+1) // past ','
+					i = ojson.Space(b, j+1) // past ','
 					continue
 				}
 			}
@@ -167,7 +167,7 @@ func splitElements(b []byte, i int, out []json.RawMessage, heads []Head, hint *H
 		for ; i < len(b); i++ {
 			switch b[i] {
 			case '"':
-				if i = jsonskim.String(b, i); i < 0 {
+				if i = ojson.StringEnd(b, i); i < 0 {
 					return nil, nil, false
 				}
 				i-- // at the closing quote
@@ -193,8 +193,8 @@ func splitElements(b []byte, i int, out []json.RawMessage, heads []Head, hint *H
 		}
 		out, heads = append(out, elem), append(heads, Head{})
 		if b[i] == ']' {
-			return out, heads, jsonskim.Space(b, i+1) == len(b)
+			return out, heads, ojson.Space(b, i+1) == len(b)
 		}
-		i = jsonskim.Space(b, i+1) // past ','
+		i = ojson.Space(b, i+1) // past ','
 	}
 }
