@@ -50,18 +50,28 @@ type BadInputError struct{ Err error }
 func (e BadInputError) Error() string { return e.Err.Error() }
 func (e BadInputError) Unwrap() error { return e.Err }
 
+// CorruptError marks an error as stored data failing its checks (exit 4),
+// for data kept outside datasets (an image bundle on a node); datasets
+// wrap dataset.ErrCorrupt instead.
+type CorruptError struct{ Err error }
+
+func (e CorruptError) Error() string { return e.Err.Error() }
+func (e CorruptError) Unwrap() error { return e.Err }
+
 // BadInputf returns a BadInputError.
 func BadInputf(format string, args ...any) error { return BadInputError{fmt.Errorf(format, args...)} }
 
 // ExitCode maps an error to the exit status; this is the one place that
 // does. Errors carry their class: UsageError (and a malformed dataset
-// reference, dataset.ErrBadRef), dataset.ErrCorrupt, BadInputError, the
+// reference, dataset.ErrBadRef), dataset.ErrCorrupt or CorruptError,
+// BadInputError, the
 // not-found sentinels, context.Canceled; an error of the flag library that
 // carries its own code (cli.ExitCoder) keeps it. Anything else is a
 // failure a retry may fix.
 func ExitCode(err error) int {
 	var usage UsageError
 	var bad BadInputError
+	var corrupt CorruptError
 	var ec cli.ExitCoder
 	switch {
 	case err == nil:
@@ -70,7 +80,7 @@ func ExitCode(err error) int {
 		return ExitCancelled
 	case errors.As(err, &usage):
 		return ExitUsage
-	case errors.Is(err, dataset.ErrCorrupt):
+	case errors.Is(err, dataset.ErrCorrupt), errors.As(err, &corrupt):
 		return ExitCorrupt
 	case errors.As(err, &bad):
 		return ExitBadInput

@@ -41,6 +41,7 @@ func TestExitCode(t *testing.T) {
 		{cli.Exit("library says", 1), ExitFailure},
 		{UsageError{fmt.Errorf("x: %w", dataset.ErrNotFound)}, ExitUsage},
 		{BadInputError{fmt.Errorf("x: %w", fs.ErrNotExist)}, ExitBadInput},
+		{fmt.Errorf("image: %w", CorruptError{errors.New("existing bundle does not match")}), ExitCorrupt},
 	}
 	for _, c := range cases {
 		assert.Equal(t, c.code, ExitCode(c.err), "%v", c.err)

@@ -134,15 +134,15 @@ func readBundle(final, image, digest string) (ImageJSON, bool, error) {
 	b, err := os.ReadFile(filepath.Join(final, "image.json"))
 	if err != nil {
 		// %v, not %w: a bundle without image.json is damaged, not "not found" (exit 3).
-		return info, true, fmt.Errorf("Existing bundle does not match %s: %s: %v (remove the directory to re-import)", image, final, err)
+		return info, true, stagecmd.CorruptError{Err: fmt.Errorf("Existing bundle does not match %s: %s: %v (remove the directory to re-import)", image, final, err)}
 	}
 	if err := json.Unmarshal(b, &info); err != nil {
-		return info, true, fmt.Errorf("Existing bundle does not match %s: %s: image.json: %w (remove the directory to re-import)", image, final, err)
+		return info, true, stagecmd.CorruptError{Err: fmt.Errorf("Existing bundle does not match %s: %s: image.json: %w (remove the directory to re-import)", image, final, err)}
 	}
 	fi, err := os.Lstat(filepath.Join(final, "rootfs"))
 	if info.ManifestDigest != digest || err != nil || !fi.IsDir() {
-		return info, true, fmt.Errorf("Existing bundle does not match %s: %s (image.json manifest_digest %q, want %q, rootfs a directory: %v; remove the directory to re-import)",
-			image, final, info.ManifestDigest, digest, err == nil && fi.IsDir())
+		return info, true, stagecmd.CorruptError{Err: fmt.Errorf("Existing bundle does not match %s: %s (image.json manifest_digest %q, want %q, rootfs a directory: %v; remove the directory to re-import)",
+			image, final, info.ManifestDigest, digest, err == nil && fi.IsDir())}
 	}
 	return info, true, nil
 }
@@ -171,12 +171,12 @@ func (im *importer) unpack(ctx context.Context, res *resolved, tmp string) (Imag
 		}
 		sum := sha256.Sum256(rawCfg)
 		if got := "sha256:" + hex.EncodeToString(sum[:]); got != m.Config.Digest.String() {
-			return info, fmt.Errorf("%s: config blob has digest %s, the manifest says %s: the source is corrupt", where, got, m.Config.Digest)
+			return info, stagecmd.BadInputf("%s: config blob has digest %s, the manifest says %s: the source is corrupt", where, got, m.Config.Digest)
 		}
 		descs = m.Layers
 	}
 	if len(cfg.RootFS.DiffIDs) != len(layers) {
-		return info, fmt.Errorf("%s: the config lists %d diff ids for %d layers", where, len(cfg.RootFS.DiffIDs), len(layers))
+		return info, stagecmd.BadInputf("%s: the config lists %d diff ids for %d layers", where, len(cfg.RootFS.DiffIDs), len(layers))
 	}
 	rootfs := filepath.Join(tmp, "rootfs")
 	if err := os.Mkdir(rootfs, 0o755); err != nil {
@@ -262,7 +262,7 @@ func (im *importer) layer(ctx context.Context, u *unpacker, i int, name string, 
 	case len(magic) >= 2 && magic[0] == 0x1f && magic[1] == 0x8b:
 		zr, err := gzip.NewReader(br)
 		if err != nil {
-			return 0, fmt.Errorf("layer %d (%s): gzip: %w", i, name, err)
+			return 0, stagecmd.BadInputf("layer %d (%s): gzip: %w", i, name, err)
 		}
 		defer zr.Close()
 		plain = zr
@@ -299,11 +299,11 @@ func (im *importer) layer(ctx context.Context, u *unpacker, i int, name string, 
 		return 0, fmt.Errorf("layer %d (%s): %w", i, name, err)
 	}
 	if got := hex.EncodeToString(hu.Sum(nil)); got != diffID.Hex {
-		return 0, fmt.Errorf("layer %d (%s): uncompressed content has sha256:%s, the config's diff id is %s: the source is corrupt", i, name, got, diffID)
+		return 0, stagecmd.BadInputf("layer %d (%s): uncompressed content has sha256:%s, the config's diff id is %s: the source is corrupt", i, name, got, diffID)
 	}
 	if want != nil {
 		if got := hex.EncodeToString(hc.Sum(nil)); got != want.Hex {
-			return 0, fmt.Errorf("layer %d (%s): blob has sha256:%s: the source is corrupt", i, name, got)
+			return 0, stagecmd.BadInputf("layer %d (%s): blob has sha256:%s: the source is corrupt", i, name, got)
 		}
 	}
 	return ur.n, ctx.Err()

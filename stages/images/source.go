@@ -20,6 +20,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 // Source kinds of a --source flag.
@@ -160,7 +162,7 @@ func (r *resolver) resolve(ctx context.Context, image string) (*resolved, error)
 	sum := sha256.Sum256(raw)
 	res.digest = v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(sum[:])}
 	if expected != nil && *expected != res.digest {
-		return nil, fmt.Errorf("image %q from %s: manifest digest is %s, the reference says %s: the source is corrupt", image, res.source, res.digest, expected)
+		return nil, stagecmd.BadInputf("image %q from %s: manifest digest is %s, the reference says %s: the source is corrupt", image, res.source, res.digest, expected)
 	}
 	return res, nil
 }
@@ -339,7 +341,7 @@ func extractLayoutTar(archive, dir string) error {
 				return fmt.Errorf("entry %q: %w", hdr.Name, err)
 			}
 		default:
-			return fmt.Errorf("entry %q (type %q) is not part of an OCI image layout", hdr.Name, hdr.Typeflag)
+			return stagecmd.BadInputf("entry %q (type %q) is not part of an OCI image layout", hdr.Name, hdr.Typeflag)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package images
 
 import (
 	"archive/tar"
+	"compress/gzip"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
 // The layer writer. It applies OCI layer tars to a root filesystem with
@@ -54,8 +57,8 @@ func (e *EntryError) Error() string {
 func (e *EntryError) Unwrap() error { return e.Err }
 
 // errUnsafe marks entries refused because applying them could reach
-// outside the rootfs.
-var errUnsafe = errors.New("unsafe layer entry")
+// outside the rootfs. It is invalid input (exit 5): retrying cannot help.
+var errUnsafe error = stagecmd.BadInputError{Err: errors.New("unsafe layer entry")}
 
 const (
 	whiteoutPrefix = ".wh."
@@ -161,7 +164,11 @@ func (u *unpacker) applyLayer(index int, digest string, r io.Reader, onEntry fun
 			return nil
 		}
 		if err != nil {
-			return fmt.Errorf("layer %d (%s): reading tar: %w", index, digest, err)
+			err = fmt.Errorf("layer %d (%s): reading tar: %w", index, digest, err)
+			if malformedStream(err) {
+				err = stagecmd.BadInputError{Err: err}
+			}
+			return err
 		}
 		if err := u.entry(hdr, tr); err != nil {
 			return &EntryError{Layer: index, Digest: digest, Entry: hdr.Name, Err: err}
@@ -171,6 +178,14 @@ func (u *unpacker) applyLayer(index int, digest string, r io.Reader, onEntry fun
 			onEntry()
 		}
 	}
+}
+
+// malformedStream reports whether a layer read failed on its content (a
+// bad tar header, a gzip stream that fails its own checks) rather than on
+// reading it.
+func malformedStream(err error) bool {
+	return errors.Is(err, tar.ErrHeader) || errors.Is(err, tar.ErrFieldTooLong) ||
+		errors.Is(err, gzip.ErrHeader) || errors.Is(err, gzip.ErrChecksum)
 }
 
 // cleanName turns a tar name into a clean path relative to the rootfs
@@ -229,7 +244,7 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 	}
 	if name == "" {
 		if hdr.Typeflag != tar.TypeDir {
-			return fmt.Errorf("the rootfs itself can only be a directory, not type %q", hdr.Typeflag)
+			return stagecmd.BadInputf("the rootfs itself can only be a directory, not type %q", hdr.Typeflag)
 		}
 		return u.dirEntry(u.root, ".", "", hdr)
 	}
@@ -265,7 +280,7 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 		}
 		return u.meta(pfd, base, hdr, true)
 	}
-	return fmt.Errorf("unsupported tar entry type %q", hdr.Typeflag)
+	return stagecmd.BadInputf("unsupported tar entry type %q", hdr.Typeflag)
 }
 
 // parent returns an O_PATH fd of directory dir (relative to the rootfs),
