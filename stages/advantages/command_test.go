@@ -205,7 +205,7 @@ func TestRunEndToEnd(t *testing.T) {
 	m, _ := json.Marshal(v.Metrics)
 	for _, want := range []string{`"segments_in":15`, `"rollouts_in":8`, `"rows":15`, `"pass_at_1":0.375`, `"pass_at_k":{"1":0.375,"2":0.6666666666666666,"3":0.875,"4":1}`,
 		`"segments_per_rollout":{"1":3,"2":3,"3":2}`, `"zero_advantage_groups_fraction":0`, `"dropped_rows":{}`, `"grades_without_trajectories":0`,
-		`{"gradeable":4,"group_index":0,"pass_rate":0.5,"reward_mean":0.5,"rollouts":4,"segments":7,"task_id":"fixture-duration-001","trained":4,"zero_advantage":false}`} {
+		`"group_stats":{"dropped":["",""],"gradeable":[4,4],"group_index":[0,1],"pass_rate":[0.5,0.25],"reward_mean":[0.5,0.25],"rollouts":[4,4],"segments":[7,8],"task_id":["fixture-duration-001","fixture-slugify-002"],"trained":[4,4],"zero_advantage":[false,false]}`} {
 		assert.Contains(t, string(m), want)
 	}
 

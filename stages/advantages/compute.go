@@ -180,9 +180,14 @@ func Compute(segs []Segment, grades []Grade, o Options) (*Result, error) {
 	ridx := make(map[int64]int32, len(grades))
 	var rs []rollout
 	seg2r := make([]int32, len(segs))
+	prev, prevRI := int64(0), int32(-1)
 	for i := range segs {
 		s := &segs[i]
-		ri, ok := ridx[s.RolloutID]
+		// A rollout's segments are nearly always adjacent: skip the map then.
+		ri, ok := prevRI, prevRI >= 0 && s.RolloutID == prev
+		if !ok {
+			ri, ok = ridx[s.RolloutID]
+		}
 		if !ok {
 			gi, graded := byID[s.RolloutID]
 			if !graded {
@@ -209,6 +214,7 @@ func Compute(segs []Segment, grades []Grade, o Options) (*Result, error) {
 		r.trained += s.Trained
 		r.truncated = r.truncated || s.Truncated
 		seg2r[i] = ri
+		prev, prevRI = s.RolloutID, ri
 	}
 	if err := checkDuplicateSegments(segs, seg2r, rs); err != nil {
 		return nil, err
