@@ -148,3 +148,62 @@ type advantageRow struct {
 func (a *Advantage) MarshalRow() (json.RawMessage, error) {
 	return marshalNoEscape(advantageRow(*a))
 }
+
+// SegmentTotals is what advantage estimation reads of a trajectories row:
+// its ids, its trained-token count and whether it was truncated.
+type SegmentTotals struct {
+	RolloutID  int64
+	Index      int64
+	GroupIndex int64
+	Segment    int32
+	Trained    int64 // loss_mask ones
+	Truncated  bool
+}
+
+// EachSegmentTotals decodes a trajectories shard held in memory reading
+// only the columns SegmentTotals needs, in row order. It checks what those
+// numbers rest on (response_length within the tokens, loss_mask of
+// response_length 0/1 entries with at least one 1, logprobs of the same
+// length) and not the rest of the row (logprob values, replay columns),
+// which EachTrajectory checks for the readers that use them.
+func EachSegmentTotals(shard []byte, fn func(SegmentTotals) error) error {
+	return eachBatch("trajectories", shard, trajectorySchema, func(rec arrow.RecordBatch) error {
+		c := rec.Columns()
+		rid, idx, grp := c[0].(*array.Int64), c[1].(*array.Int64), c[2].(*array.Int64)
+		seg, rl := c[3].(*array.Int32), c[5].(*array.Int32)
+		toks, mask, lps := c[4].(*array.List), c[6].(*array.List), c[7].(*array.List)
+		trunc := c[8].(*array.Boolean)
+		masks := mask.ListValues().(*array.Uint8).Uint8Values()
+		for r := 0; r < int(rec.NumRows()); r++ {
+			s := SegmentTotals{RolloutID: rid.Value(r), Index: idx.Value(r), GroupIndex: grp.Value(r), Segment: seg.Value(r), Truncated: trunc.Value(r)}
+			n := int64(rl.Value(r))
+			ts, te := toks.ValueOffsets(r)
+			ms, me := mask.ValueOffsets(r)
+			ls, le := lps.ValueOffsets(r)
+			where := func(format string, args ...any) error {
+				return fmt.Errorf("trajectories shard: trajectory rollout_id=%d segment=%d: %s", s.RolloutID, s.Segment, fmt.Sprintf(format, args...))
+			}
+			switch {
+			case n <= 0 || n > te-ts || toks.IsNull(r):
+				return where("response_length %d is not within its %d tokens", n, te-ts)
+			case me-ms != n || mask.IsNull(r):
+				return where("loss_mask has %d entries, response_length is %d", me-ms, n)
+			case le-ls != n || lps.IsNull(r):
+				return where("rollout_log_probs has %d entries, response_length is %d", le-ls, n)
+			}
+			for i, m := range masks[ms:me] {
+				if m > 1 {
+					return where("loss_mask[%d] = %d, want 0 or 1", i, m)
+				}
+				s.Trained += int64(m)
+			}
+			if s.Trained == 0 {
+				return where("no trained token (loss_mask is all 0)")
+			}
+			if err := fn(s); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}

@@ -52,3 +52,17 @@ func TestAdvantageValidate(t *testing.T) {
 		assert.ErrorContains(t, enc.Write(c.a), c.err)
 	}
 }
+
+// EachSegmentTotals agrees with EachTrajectory on what it reads.
+func TestEachSegmentTotals(t *testing.T) {
+	var buf bytes.Buffer
+	enc, err := NewTrajectoryEncoder(&buf, ArrowOptions{BatchTokens: 4})
+	require.NoError(t, err)
+	segs := sampleTrajectories()
+	require.NoError(t, enc.Write(append(segs, segs...)...))
+	require.NoError(t, enc.Close())
+	var got []SegmentTotals
+	require.NoError(t, EachSegmentTotals(buf.Bytes(), func(s SegmentTotals) error { got = append(got, s); return nil }))
+	want := []SegmentTotals{{RolloutID: 7, Index: 7, GroupIndex: 2, Segment: 0, Trained: 2}, {RolloutID: 7, Index: 7, GroupIndex: 2, Segment: 1, Trained: 1, Truncated: true}}
+	assert.Equal(t, append(want, want...), got)
+}

@@ -290,8 +290,8 @@ func ReadGrades(ctx context.Context, v *dataset.Version) ([]Grade, error) {
 	return out, err
 }
 
-// ReadSegments reads a trajectories version (rows are checked by the
-// decoder), decoding up to GOMAXPROCS shards at once; the segments come
+// ReadSegments reads a trajectories version, only the columns advantages
+// rest on (records.EachSegmentTotals checks them), decoding up to GOMAXPROCS shards at once; the segments come
 // back in the version's order.
 func ReadSegments(ctx context.Context, v *dataset.Version) ([]Segment, error) {
 	parts := make([][]Segment, len(v.Shards))
@@ -304,8 +304,8 @@ func ReadSegments(ctx context.Context, v *dataset.Version) ([]Segment, error) {
 				return err
 			}
 			out := make([]Segment, 0, v.Shards[i].Rows)
-			err = records.EachTrajectory(data, func(t *records.Trajectory) error {
-				out = append(out, SegmentOf(t))
+			err = records.EachSegmentTotals(data, func(t records.SegmentTotals) error {
+				out = append(out, Segment(t))
 				return nil
 			})
 			if err != nil {

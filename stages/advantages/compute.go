@@ -57,23 +57,7 @@ type Options struct {
 }
 
 // Segment is what Compute needs of one trajectories row.
-type Segment struct {
-	RolloutID  int64
-	Index      int64
-	GroupIndex int64
-	Segment    int32
-	Trained    int64 // loss_mask ones
-	Truncated  bool
-}
-
-// SegmentOf reads a trajectories row.
-func SegmentOf(t *records.Trajectory) Segment {
-	var trained int64
-	for _, m := range t.LossMask {
-		trained += int64(m)
-	}
-	return Segment{RolloutID: t.RolloutID, Index: t.Index, GroupIndex: t.GroupIndex, Segment: t.Segment, Trained: trained, Truncated: t.Truncated}
-}
+type Segment records.SegmentTotals
 
 // Grade is what Compute needs of one grades row.
 type Grade struct {
