@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -171,13 +172,40 @@ type patchRow struct {
 // readPatches reads a patches file: JSON lines (blank lines skipped), or
 // one JSON array (as SWE-bench writes predictions .json). fn gets each
 // row's 1-based line (or element) number for messages and its 0-based
-// ordinal among the rows.
+// ordinal among the rows. It is strict: a file with no rows, an array
+// without its closing ']' and anything after the array are invalid input
+// (BadInputError, exit 5). Such an error can come after fn has seen rows,
+// so callers collect the rows and grade nothing until it returns nil.
 func readPatches(r io.Reader, name string, fn func(n, ord int, taskID, patch string, sample *int64) error) error {
 	br := bufio.NewReaderSize(r, 1<<20)
 	first, err := peekNonSpace(br)
 	if err != nil {
-		return err
+		return fmt.Errorf("patches %q: %w", name, err)
 	}
+	rows := 0
+	err = readPatchRows(br, first, name, func(n, ord int, taskID, patch string, sample *int64) error {
+		rows++
+		return fn(n, ord, taskID, patch, sample)
+	})
+	if err == nil && rows == 0 {
+		return stagecmd.BadInputf("patches %q is empty: want JSON lines of {\"task_id\", \"patch\"} or a JSON array of SWE-bench predictions", name)
+	}
+	return err
+}
+
+// jsonContentErr classifies a decoding error: malformed JSON (a syntax
+// error, a truncated value) is invalid input; a read error is not.
+func jsonContentErr(err error, format string, args ...any) error {
+	err = fmt.Errorf(format+": %w", append(args, err)...)
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	if errors.As(err, &syn) || errors.As(err, &typ) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return stagecmd.BadInputError{Err: err}
+	}
+	return err
+}
+
+func readPatchRows(br *bufio.Reader, first byte, name string, fn func(n, ord int, taskID, patch string, sample *int64) error) error {
 	ord := 0
 	handle := func(n int, raw []byte) error {
 		defer func() { ord++ }()
@@ -203,16 +231,33 @@ func readPatches(r io.Reader, name string, fn func(n, ord int, taskID, patch str
 	if first == '[' {
 		dec := json.NewDecoder(br)
 		if _, err := dec.Token(); err != nil {
-			return stagecmd.BadInputError{Err: fmt.Errorf("patches %q: %w", name, err)}
+			return jsonContentErr(err, "patches %q", name)
 		}
-		for n := 1; dec.More(); n++ {
+		n := 1
+		for ; dec.More(); n++ {
 			var raw json.RawMessage
 			if err := dec.Decode(&raw); err != nil {
-				return stagecmd.BadInputError{Err: fmt.Errorf("patches %q element %d: %w", name, n, err)}
+				return jsonContentErr(err, "patches %q element %d", name, n)
 			}
 			if err := handle(n, raw); err != nil {
 				return err
 			}
+		}
+		// More is false at the closing ']' and also at the end of the
+		// input or a stray byte: only a ']' ends the array.
+		if tok, err := dec.Token(); err != nil {
+			return jsonContentErr(err, "patches %q: the array is not closed after element %d (a truncated file?)", name, n-1)
+		} else if tok != json.Delim(']') {
+			return stagecmd.BadInputf("patches %q element %d: want ',' or ']', got %v", name, n, tok)
+		}
+		if tok, err := dec.Token(); err != io.EOF {
+			if err != nil {
+				return jsonContentErr(err, "patches %q: after the closing ']'", name)
+			}
+			return stagecmd.BadInputf("patches %q: %v after the closing ']': want one JSON array, or JSON lines", name, tok)
+		}
+		if ord == 0 {
+			return stagecmd.BadInputf("patches %q is an empty array: no patches to grade", name)
 		}
 		return nil
 	}
