@@ -6,6 +6,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/apache/arrow-go/v18/arrow/array"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -65,4 +66,57 @@ func TestEachSegmentTotals(t *testing.T) {
 	require.NoError(t, EachSegmentTotals(buf.Bytes(), func(s SegmentTotals) error { got = append(got, s); return nil }))
 	want := []SegmentTotals{{RolloutID: 7, Index: 7, GroupIndex: 2, Segment: 0, Trained: 2}, {RolloutID: 7, Index: 7, GroupIndex: 2, Segment: 1, Trained: 1, Truncated: true}}
 	assert.Equal(t, append(want, want...), got)
+}
+
+// rawTrajectories writes segments without the encoder's checks, so the
+// reader's own checks can be tested.
+func rawTrajectories(t *testing.T, segs ...Trajectory) []byte {
+	var buf bytes.Buffer
+	aw, err := newArrowWriter(&buf, trajectorySchema, ArrowOptions{})
+	require.NoError(t, err)
+	for _, s := range segs {
+		f := aw.b.Fields()
+		f[0].(*array.Int64Builder).Append(s.RolloutID)
+		f[1].(*array.Int64Builder).Append(s.Index)
+		f[2].(*array.Int64Builder).Append(s.GroupIndex)
+		f[3].(*array.Int32Builder).Append(s.Segment)
+		appendInt32s(f[4], s.Tokens, false)
+		f[5].(*array.Int32Builder).Append(s.ResponseLength)
+		lb := f[6].(*array.ListBuilder)
+		lb.Append(true)
+		lb.ValueBuilder().(*array.Uint8Builder).AppendValues(s.LossMask, nil)
+		appendFloat32s(f[7], s.RolloutLogProbs, false)
+		f[8].(*array.BooleanBuilder).Append(s.Truncated)
+		f[9].(*array.BooleanBuilder).Append(s.UseTool)
+		f[10].(*array.BooleanBuilder).Append(s.IllFormed)
+		appendOptFloat64(f[11], s.Reward)
+		s.Replay.appendTo(f[12:])
+		require.NoError(t, aw.rowDone(len(s.Tokens)))
+	}
+	require.NoError(t, aw.Close())
+	return buf.Bytes()
+}
+
+func TestEachSegmentTotalsRejects(t *testing.T) {
+	good := func() Trajectory {
+		return Trajectory{RolloutID: 9, Segment: 2, Tokens: []int32{1, 2, 3}, ResponseLength: 2, LossMask: []uint8{0, 1}, RolloutLogProbs: []float32{0, -1}}
+	}
+	cases := []struct {
+		edit func(*Trajectory)
+		err  string
+	}{
+		{func(s *Trajectory) { s.LossMask = []uint8{2, 1} }, "rollout_id=9 segment=2: loss_mask[0] = 2"},
+		{func(s *Trajectory) { s.LossMask = []uint8{0, 0} }, "no trained token"},
+		{func(s *Trajectory) { s.LossMask = []uint8{1} }, "loss_mask has 1 entries, response_length is 2"},
+		{func(s *Trajectory) { s.RolloutLogProbs = nil }, "rollout_log_probs has 0 entries"},
+		{func(s *Trajectory) { s.ResponseLength = 4; s.LossMask = []uint8{1, 1, 1, 1} }, "response_length 4 is not within its 3 tokens"},
+		{func(s *Trajectory) { s.ResponseLength = 0; s.LossMask = nil; s.RolloutLogProbs = nil }, "response_length 0"},
+	}
+	for _, c := range cases {
+		s := good()
+		c.edit(&s)
+		err := EachSegmentTotals(rawTrajectories(t, good(), s), func(SegmentTotals) error { return nil })
+		assert.ErrorContains(t, err, c.err)
+	}
+	require.NoError(t, EachSegmentTotals(rawTrajectories(t, good()), func(SegmentTotals) error { return nil }))
 }
