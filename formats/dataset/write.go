@@ -58,6 +58,11 @@ type Spec struct {
 	// Hook, if set, is called at named points of the protocol; tests use it
 	// to kill a writer at each of them.
 	Hook func(point string)
+	// Adopt, if set, decides which row receipts of earlier attempts a
+	// resuming writer keeps: a receipt whose row keys it rejects is
+	// skipped and its rows are redone. A stage writing several versions in
+	// lockstep uses it to keep only the shards every version received.
+	Adopt func(rowKeys []string) bool
 }
 
 // Hook points.
@@ -193,7 +198,7 @@ func (w *Writer) resume(ctx context.Context) error {
 		for _, k := range rr.RowKeys {
 			overlap = overlap || w.done[k]
 		}
-		if overlap {
+		if overlap || (w.spec.Adopt != nil && !w.spec.Adopt(rr.RowKeys)) {
 			continue
 		}
 		if info, err := w.st.Stat(ctx, w.dir+rr.Shard.Key); err != nil || info.Size != rr.Shard.Bytes {

@@ -230,6 +230,12 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 	if o.Endpoint != "" {
 		args = append(args, "--ro-bind", filepath.Join(s.state, "endpoint.sock"), sandboxinit.EndpointSocket)
 	}
+	if err := checkMounts(o.Mounts); err != nil {
+		return nil, err
+	}
+	for _, m := range o.Mounts {
+		args = append(args, "--ro-bind", m.Source, m.Target)
+	}
 	args = append(append(args, "--cap-drop", "ALL"), rootCaps()...)
 	initArgs := []string{"--chdir", "/", sandboxinit.HelperPath, "init", "--agent", Agent}
 	if o.Endpoint != "" {

@@ -31,6 +31,9 @@ type localSandbox struct {
 }
 
 func bootLocal(_ context.Context, o Options) (_ Sandbox, err error) {
+	if len(o.Mounts) > 0 {
+		return nil, errors.New("the local sandbox provider cannot bind mounts (Options.Mounts); use bwrap")
+	}
 	dir, err := filepath.Abs(o.Rootfs)
 	if err != nil {
 		return nil, err

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"time"
 )
 
@@ -34,6 +36,13 @@ type Options struct {
 	// EndpointPort is the in-sandbox loopback port of Endpoint
 	// (DefaultEndpointPort if 0).
 	EndpointPort int
+	// Mounts are host files or directories bound read-only into the
+	// sandbox (bwrap only; the local provider refuses them): binaries a
+	// harness runs that need nothing in the image and must not be copied
+	// per run (docs/rollout.md §3). Each Target is an absolute path; one
+	// under /run/kiln/ appears on the sandbox's tmpfs and leaves the
+	// overlay untouched.
+	Mounts []Mount
 	// Artifacts, if set, receives the sandbox's records: sandbox.json at boot
 	// (if that fails the sandbox is destroyed and Boot fails), and at Close
 	// commands.jsonl plus a copy of each readable ArtifactFiles entry under
@@ -62,6 +71,25 @@ type Options struct {
 	StateDir string
 	// Log receives warnings (slog.Default() if nil).
 	Log *slog.Logger
+}
+
+// Mount binds the host path Source read-only at Target inside a sandbox.
+type Mount struct {
+	Source, Target string
+}
+
+// checkMounts checks that every mount names an existing host path and an
+// absolute, clean target.
+func checkMounts(ms []Mount) error {
+	for _, m := range ms {
+		if !filepath.IsAbs(m.Target) || filepath.Clean(m.Target) != m.Target || m.Target == "/" {
+			return fmt.Errorf("sandbox mount target %q: want an absolute, clean path other than /", m.Target)
+		}
+		if _, err := os.Stat(m.Source); err != nil {
+			return fmt.Errorf("sandbox mount source for %q: %w", m.Target, err)
+		}
+	}
+	return nil
 }
 
 func (o *Options) withDefaults() Options {
