@@ -94,18 +94,22 @@ func NewAdvantageEncoder(w io.Writer, opts ArrowOptions) (*AdvantageEncoder, err
 
 // Write validates and appends rows.
 func (e *AdvantageEncoder) Write(rows ...Advantage) error {
+	// The record builder keeps its field builders across batches, so they
+	// are looked up once, not per row.
+	f := e.b.Fields()
+	rid, seg, grp := f[0].(*array.Int64Builder), f[1].(*array.Int32Builder), f[2].(*array.Int64Builder)
+	adv, tok, rew := f[3].(*array.Float64Builder), f[4].(*array.Int64Builder), f[5].(*array.Float64Builder)
 	for i := range rows {
 		a := &rows[i]
 		if err := a.Validate(); err != nil {
 			return err
 		}
-		f := e.b.Fields()
-		f[0].(*array.Int64Builder).Append(a.RolloutID)
-		f[1].(*array.Int32Builder).Append(a.Segment)
-		f[2].(*array.Int64Builder).Append(a.GroupIndex)
-		f[3].(*array.Float64Builder).Append(a.Advantage)
-		f[4].(*array.Int64Builder).Append(a.RolloutTrainedTokens)
-		f[5].(*array.Float64Builder).Append(a.Reward)
+		rid.Append(a.RolloutID)
+		seg.Append(a.Segment)
+		grp.Append(a.GroupIndex)
+		adv.Append(a.Advantage)
+		tok.Append(a.RolloutTrainedTokens)
+		rew.Append(a.Reward)
 		if err := e.rowDone(1); err != nil {
 			return err
 		}

@@ -428,3 +428,40 @@ func TestStatsGolden(t *testing.T) {
 	require.NoError(t, err, "run go test -update to write %s", path)
 	assert.Equal(t, string(want), got)
 }
+
+// Shards are decoded in parallel but read back in the version's order, and
+// a rollout split across shards is still one rollout.
+func TestReadSegmentsShardOrder(t *testing.T) {
+	st, err := store.NewLocal(t.TempDir())
+	require.NoError(t, err)
+	ctx := context.Background()
+	w, err := dataset.NewWriter(ctx, st, dataset.Spec{Name: "trajectories", Kind: records.TrajectoriesKind, Identity: dataset.Identity{Stage: "test"}})
+	require.NoError(t, err)
+	var want []Segment
+	for sh := range 7 {
+		var segs []records.Trajectory
+		for k := range 5 {
+			r := int64(sh*5+k) / 3 // rollouts straddle shards
+			segs = append(segs, segment(r, r/4, int32((sh*5+k)%3), k+1))
+			want = append(want, Segment{RolloutID: r, Index: r, GroupIndex: r / 4, Segment: int32((sh*5 + k) % 3), Trained: int64(k + 1)})
+		}
+		_, err := w.WriteShard(ctx, int64(len(segs)), nil, func(out io.Writer) error {
+			enc, err := records.NewTrajectoryEncoder(out, records.ArrowOptions{})
+			if err != nil {
+				return err
+			}
+			if err := enc.Write(segs...); err != nil {
+				return err
+			}
+			return enc.Close()
+		})
+		require.NoError(t, err)
+	}
+	res, err := w.Commit(ctx, nil)
+	require.NoError(t, err)
+	v, err := dataset.Open(ctx, st, res.Ref)
+	require.NoError(t, err)
+	got, err := ReadSegments(ctx, v)
+	require.NoError(t, err)
+	assert.Equal(t, want, got)
+}
