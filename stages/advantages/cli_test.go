@@ -1,0 +1,59 @@
+package advantages
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/urfave/cli/v2"
+
+	"github.com/kilnrl/kiln/internal/stagecmd"
+)
+
+// app is kiln-advantages as cmd/kiln-advantages builds it, on buffers.
+func app(stdout, stderr *bytes.Buffer) *cli.App {
+	env := &stagecmd.Env{Stdout: stdout, Stderr: stderr, Log: stagecmd.NewLogger(stderr, false)}
+	return stagecmd.CommonApp(&cli.App{
+		Name: "kiln-advantages", Description: Help, Flags: Flags(), Commands: Commands(env),
+		Action: func(c *cli.Context) error { return Action(c, env) },
+	}, stdout, stderr)
+}
+
+func TestCLI(t *testing.T) {
+	w := newWorld(t)
+	store := w.st.(interface{ Root() string })
+	run := func(args ...string) (string, error) {
+		var stdout, stderr bytes.Buffer
+		a := app(&stdout, &stderr)
+		a.ExitErrHandler = func(*cli.Context, error) {}
+		err := a.RunContext(context.Background(), append([]string{"kiln-advantages"}, args...))
+		return stdout.String(), err
+	}
+	out, err := run("--help")
+	require.NoError(t, err)
+	for _, want := range []string{"Statistics count every ROLLOUT once", "--infra-failures", "EXIT STATUS", "select", "stats"} {
+		assert.Contains(t, out, want)
+	}
+	out, err = run("--store", store.Root(), "--trajectories", w.trajectories.String(), "--grades", w.grades.String(),
+		"--out", "adv", "--estimator", "rloo", "--drop-uniform")
+	require.NoError(t, err)
+	assert.True(t, strings.HasPrefix(lastLine(out), "adv@"), out)
+	printed, err := run("--store", store.Root(), "--trajectories", w.trajectories.String(), "--grades", w.grades.String(),
+		"--out", "adv", "--estimator", "rloo", "--drop-uniform", "--print-version")
+	require.NoError(t, err)
+	assert.Equal(t, lastLine(out), lastLine(printed))
+
+	out, err = run("stats", "--store", store.Root(), "--grades", w.grades.String())
+	require.NoError(t, err)
+	assert.Contains(t, out, "pass@4 1.000000 (2 tasks)")
+
+	_, err = run("--store", store.Root(), "--estimator", "ppo")
+	assert.Equal(t, stagecmd.ExitUsage, stagecmd.ExitCode(err))
+	_, err = run("--store", store.Root(), "--infra-failures", "ignore")
+	assert.Equal(t, stagecmd.ExitUsage, stagecmd.ExitCode(err))
+	_, err = run("stray")
+	assert.Equal(t, stagecmd.ExitUsage, stagecmd.ExitCode(err))
+}
