@@ -1,0 +1,17 @@
+// Command kiln-agent is kiln's shell agent: a minimal coding-agent loop (one
+// bash tool and one file-edit tool) that speaks OpenAI Chat Completions to
+// kiln's adapter, so its turns are recorded like any other client's. The
+// rollout stage bind-mounts it into a task's sandbox, so it must stay a
+// static binary: package shellagent never imports "net" (see its doc).
+// kiln-agent --help is the manual.
+package main
+
+import (
+	"os"
+
+	"github.com/kilnrl/kiln/internal/agent/shellagent"
+)
+
+func main() {
+	os.Exit(shellagent.Main(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
