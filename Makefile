@@ -66,7 +66,7 @@ demo-grade: build
 	@command -v bwrap >/dev/null || { echo 'demo-grade: bubblewrap is missing: run make deps first (as root)' >&2; exit 1; }
 	@fx=$$($(GO) run ./fixtures/cmd/kiln-fixtures build --print-dir) && set -x && \
 	$(BIN)/kiln convert mimo --store $(STORE) --data $$fx/mimo --out demo/tasks && \
-	$(BIN)/kiln images import --store $(STORE) --tasks demo/tasks --root $(BUNDLES) \
+	$(BIN)/kiln images import --store $(STORE) --tasks demo/tasks --bundles $(BUNDLES) \
 		--source kiln.local/fixtures=oci:$$fx/oci --out demo/images && \
 	$(BIN)/kiln grade --store $(STORE) --tasks demo/tasks --images demo/images --bundles $(BUNDLES) \
 		--patches $$fx/gold-patches.jsonl --out demo/grades && \

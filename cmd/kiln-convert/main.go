@@ -6,8 +6,6 @@ import (
 	"os"
 	"runtime/debug"
 
-	"github.com/urfave/cli/v2"
-
 	"github.com/kilnrl/kiln/internal/stagecmd"
 	"github.com/kilnrl/kiln/stages/convert"
 )
@@ -21,11 +19,5 @@ func main() {
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(192 << 20)
 	}
-	env := &stagecmd.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false)}
-	app := env.App(&cli.App{
-		Name:     "kiln-convert",
-		Usage:    "convert coding-RL datasets into versioned tasks",
-		Commands: convert.Commands(env),
-	})
-	os.Exit(stagecmd.Main(app, os.Args, os.Stderr))
+	os.Exit(stagecmd.Run(convert.App))
 }

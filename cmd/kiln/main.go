@@ -1,51 +1,60 @@
-// Command kiln manages kiln datasets (ls, show, log, export, import, gc) and
-// runs the other kiln binaries git-style: "kiln convert" is "kiln-convert".
+// Command kiln manages kiln datasets (ls, show, log, export, import, gc,
+// verify, cat, forget) and runs the other kiln binaries git-style: "kiln
+// convert" is "kiln-convert".
 package main
 
 import (
 	"fmt"
 	"os"
 
-	"github.com/urfave/cli/v2"
-
 	"github.com/kilnrl/kiln/internal/stagecmd"
 	"github.com/kilnrl/kiln/stages/datasets"
 )
 
-func main() {
+func main() { os.Exit(run()) }
+
+// run is kiln on os.Args: a stage's name (after any global flags) runs its
+// binary, with the global flags passed on; anything else is a dataset
+// command.
+func run() int {
 	env := &datasets.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false)}
-	app := env.App(&cli.App{
-		Name:  "kiln",
-		Usage: "versioned datasets and stages for coding-agent RL",
-		Description: `kiln is a batch system on files: stage binaries read and write versioned
-Arrow/Parquet datasets in a store (a directory, or s3://bucket/prefix).
-"kiln NAME ..." runs the binary kiln-NAME (beside kiln, or on PATH), so
-"kiln convert --help" is "kiln-convert --help".`,
-		Commands: datasets.Commands(env),
-	})
-	if len(os.Args) > 2 && (os.Args[1] == "help" || os.Args[1] == "h") && app.Command(os.Args[2]) == nil {
-		// "kiln help convert" is "kiln-convert --help" (and "kiln help
-		// convert mimo" "kiln-convert help mimo").
-		if path := stagecmd.Dispatch("kiln", os.Args[2]); path != "" {
-			args := append([]string{path}, os.Args[3:]...)
-			if len(os.Args) == 3 {
+	app := datasets.App(env)
+	globals, name, rest := stagecmd.SplitCommand(app, os.Args)
+	isStage := func(n string) bool {
+		for _, s := range datasets.Stages() {
+			if s.Name == n {
+				return true
+			}
+		}
+		return app.Command(n) == nil
+	}
+	if (name == "help" || name == "h") && len(rest) > 0 && isStage(rest[0]) {
+		// "kiln help convert" is "kiln-convert --help", and "kiln help
+		// convert mimo" "kiln-convert help mimo".
+		if path := stagecmd.Dispatch("kiln", rest[0]); path != "" {
+			args := append([]string{path}, globals...)
+			if len(rest) == 1 {
 				args = append(args, "--help")
 			} else {
-				args = append([]string{path, "help"}, os.Args[3:]...)
+				args = append(append(args, "help"), rest[1:]...)
 			}
-			err := stagecmd.Exec(path, args)
-			fmt.Fprintf(os.Stderr, "kiln: running %s: %v\n", path, err)
-			os.Exit(stagecmd.ExitFailure)
+			return execStage(path, args)
 		}
 	}
-	if len(os.Args) > 1 && app.Command(os.Args[1]) == nil && os.Args[1][0] != '-' {
-		if path := stagecmd.Dispatch("kiln", os.Args[1]); path != "" {
-			err := stagecmd.Exec(path, append([]string{path}, os.Args[2:]...))
-			fmt.Fprintf(os.Stderr, "kiln: running %s: %v\n", path, err)
-			os.Exit(stagecmd.ExitFailure)
+	if name != "" && name[0] != '-' && isStage(name) {
+		if path := stagecmd.Dispatch("kiln", name); path != "" {
+			return execStage(path, append(append([]string{path}, globals...), rest...))
 		}
-		fmt.Fprintf(os.Stderr, "kiln: %q is not a kiln command, and no kiln-%s binary is beside kiln or on PATH; see kiln --help\n", os.Args[1], os.Args[1])
-		os.Exit(stagecmd.ExitUsage)
+		if app.Command(name) == nil {
+			fmt.Fprintf(os.Stderr, "kiln: %q is not a kiln command, and no kiln-%s binary is beside kiln or on PATH; see kiln --help\n", name, name)
+			return stagecmd.ExitUsage
+		}
 	}
-	os.Exit(stagecmd.Main(app, os.Args, os.Stderr))
+	return stagecmd.Main(app, os.Args, os.Stderr)
+}
+
+func execStage(path string, args []string) int {
+	err := stagecmd.Exec(path, args)
+	fmt.Fprintf(os.Stderr, "kiln: running %s: %v\n", path, err)
+	return stagecmd.ExitFailure
 }

@@ -35,14 +35,31 @@ func PrintVersionFlag() cli.Flag {
 	return &cli.BoolFlag{Name: "print-version", Usage: "print the reference this run would produce (name@version) and exit without doing anything"}
 }
 
-// QuietFlag is --quiet (KILN_QUIET), on every command (Env.App adds it):
+// QuietFlag is -q/--quiet (KILN_QUIET), on every command (Env.App adds it):
 // print only the result on stdout, for a writing command its committed
 // reference, and errors and warnings on stderr; no progress, summaries or
 // info logs.
 func QuietFlag() cli.Flag {
-	return &cli.BoolFlag{Name: "quiet", EnvVars: []string{"KILN_QUIET"},
+	return &cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, EnvVars: []string{"KILN_QUIET"},
 		Usage: "print only the result (a writing command: the committed reference) and errors; no progress, summaries or info logs"}
 }
+
+// VerboseFlag is -v/--verbose (KILN_VERBOSE), on every command: debug logs.
+func VerboseFlag() cli.Flag {
+	return &cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, EnvVars: []string{"KILN_VERBOSE"}, Usage: "log debug messages too"}
+}
+
+// LogFormatFlag is --log-format text|json (KILN_LOG_FORMAT), on every
+// command: how log lines on stderr are written.
+func LogFormatFlag() cli.Flag {
+	return &cli.StringFlag{Name: "log-format", EnvVars: []string{"KILN_LOG_FORMAT"}, Value: "text",
+		Usage: "log lines on stderr as text (key=value) or json (one object per line)"}
+}
+
+// GlobalFlags are the flags Env.App puts on the app and on every command
+// (with StoreFlag on the app), so they may be given before or after the
+// subcommand: -q/--quiet, -v/--verbose, --log-format.
+func GlobalFlags() []cli.Flag { return []cli.Flag{QuietFlag(), VerboseFlag(), LogFormatFlag()} }
 
 // OpenStore opens the store --store names for a writing command: a local
 // directory that does not exist yet is created by the first write. A

@@ -2,6 +2,7 @@ package stagecmd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -61,29 +62,50 @@ func (m minLevel) Handle(ctx context.Context, r slog.Record) error { return m.h.
 func (m minLevel) WithAttrs(as []slog.Attr) slog.Handler           { return minLevel{m.h.WithAttrs(as), m.min} }
 func (m minLevel) WithGroup(name string) slog.Handler              { return minLevel{m.h.WithGroup(name), m.min} }
 
-// App is CommonApp on env's streams, with the options every command shares
-// wired to env: --quiet (QuietFlag), on the app and on every command, sets
-// SetQuiet before the command's action runs.
+// App is CommonApp on env's streams, with the global options wired to
+// env: --store on the app (StoreFlag; commands that use a store define it
+// too), and --quiet, --verbose and --log-format (GlobalFlags) on the app
+// and on every command, which set up env's logger and SetQuiet before the
+// command's action runs. Main's Reorder lets every one of them be given
+// before or after the subcommand.
 func (e *Env) App(app *cli.App) *cli.App {
-	CommonApp(app, e.Stdout, e.Stderr)
-	app.Flags = withQuiet(app.Flags)
-	app.Before = e.quietBefore(app.Before)
+	logw := e.Stderr // where a --verbose or --log-format logger writes
+	app.Flags = withFlags(app.Flags, StoreFlag())
+	app.Flags = withFlags(app.Flags, GlobalFlags()...)
+	app.Before = e.globalBefore(logw, app.Before)
 	for _, c := range app.Commands {
-		e.wireCommand(c)
+		e.wireCommand(c, logw)
 	}
+	CommonApp(app, e.Stdout, e.Stderr)
 	return app
 }
 
-func (e *Env) wireCommand(c *cli.Command) {
-	c.Flags = withQuiet(c.Flags)
-	c.Before = e.quietBefore(c.Before)
+func (e *Env) wireCommand(c *cli.Command, logw io.Writer) {
+	if c.Name == "help" {
+		return
+	}
+	c.Flags = withFlags(c.Flags, GlobalFlags()...)
+	c.Before = e.globalBefore(logw, c.Before)
 	for _, s := range c.Subcommands {
-		e.wireCommand(s)
+		e.wireCommand(s, logw)
 	}
 }
 
-func (e *Env) quietBefore(next cli.BeforeFunc) cli.BeforeFunc {
+// globalBefore applies --verbose, --log-format and --quiet to e, then runs
+// next. Main's Reorder puts each flag on the deepest command that defines
+// it, so one of the levels sees each; a level applies only what is set.
+func (e *Env) globalBefore(logw io.Writer, next cli.BeforeFunc) cli.BeforeFunc {
 	return func(c *cli.Context) error {
+		if c.IsSet("verbose") || c.IsSet("log-format") {
+			format := c.String("log-format")
+			if format != "text" && format != "json" {
+				return Usagef("--log-format %q: want text or json; see `%s --help`", format, helpName(c))
+			}
+			e.Log = NewLoggerFormat(logw, c.Bool("verbose"), format)
+			if e.Quiet {
+				e.Log = slog.New(minLevel{e.Log.Handler(), slog.LevelWarn})
+			}
+		}
 		if c.Bool("quiet") {
 			e.SetQuiet()
 		}
@@ -94,16 +116,14 @@ func (e *Env) quietBefore(next cli.BeforeFunc) cli.BeforeFunc {
 	}
 }
 
-// withQuiet adds QuietFlag to flags unless a flag of that name is there.
-func withQuiet(flags []cli.Flag) []cli.Flag {
-	for _, f := range flags {
-		for _, n := range f.Names() {
-			if n == "quiet" {
-				return flags
-			}
+// withFlags adds each of add to flags unless a flag of its name is there.
+func withFlags(flags []cli.Flag, add ...cli.Flag) []cli.Flag {
+	for _, a := range add {
+		if lookupFlag(flags, a.Names()[0]) == nil || a.Names()[0] == "help" {
+			flags = append(flags, a)
 		}
 	}
-	return append(flags, QuietFlag())
+	return flags
 }
 
 // Main runs app with a context cancelled by SIGINT/SIGTERM, prints a failure
@@ -121,8 +141,8 @@ func Main(app *cli.App, args []string, stderr io.Writer) int {
 		stop() // the default action again: a second Ctrl-C is not ignored
 	}()
 	app.ExitErrHandler = func(*cli.Context, error) {} // exit codes are ours
-	err := app.RunContext(ctx, args)
-	if err == nil {
+	err := app.RunContext(ctx, Reorder(app, args))
+	if err == nil || errors.Is(err, errVersionShown) {
 		return ExitOK
 	}
 	if ctx.Err() != nil { // only a signal cancels ctx before Main returns
@@ -169,12 +189,22 @@ func CommonApp(app *cli.App, stdout, stderr io.Writer) *cli.App {
 	app.Writer, app.ErrWriter = stdout, stderr
 	app.EnableBashCompletion = true
 	app.Version = Build()
+	// -v is --verbose on every binary: --version has no short form.
+	app.HideVersion = true
+	app.Flags = withFlags(app.Flags, &cli.BoolFlag{Name: "version", Usage: "print the version"})
 	if app.HelpName == "" {
 		app.HelpName = app.Name
 	}
+	if len(app.Commands) == 0 && app.UsageText == "" {
+		// No "command [command options]" slot for a binary without commands.
+		app.UsageText = app.HelpName + " [options]"
+		if app.ArgsUsage != "" {
+			app.UsageText += " " + app.ArgsUsage
+		}
+	}
 	app.CustomAppHelpTemplate = cli.AppHelpTemplate + "\n" + ExitStatusHelp + "\n"
 	app.OnUsageError = onUsageError
-	app.Before = requireFlags(app.Flags, app.Before)
+	app.Before = versionBefore(requireFlags(app.Flags, app.Before))
 	if len(app.Commands) > 0 {
 		if app.Action == nil {
 			app.Action = unknownCommand(true)
@@ -189,6 +219,23 @@ func CommonApp(app *cli.App, stdout, stderr io.Writer) *cli.App {
 		setHelp(c)
 	}
 	return app
+}
+
+// errVersionShown stops a run after --version printed the version.
+var errVersionShown = errors.New("version shown")
+
+// versionBefore prints the version for --version and stops the run.
+func versionBefore(next cli.BeforeFunc) cli.BeforeFunc {
+	return func(c *cli.Context) error {
+		if c.Bool("version") {
+			fmt.Fprintf(c.App.Writer, "%s version %s\n", c.App.Name, c.App.Version)
+			return errVersionShown
+		}
+		if next != nil {
+			return next(c)
+		}
+		return nil
+	}
 }
 
 func setHelp(c *cli.Command) {
@@ -304,4 +351,11 @@ func helpCommand() *cli.Command {
 			return c.App.RunContext(c.Context, append(append([]string{c.App.Name}, names...), "--help"))
 		},
 	}
+}
+
+// Run is a binary's main: the app newApp builds on the process's streams,
+// run on os.Args by Main; it returns the exit status.
+func Run(newApp func(*Env) *cli.App) int {
+	env := &Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: NewLogger(os.Stderr, false)}
+	return Main(newApp(env), os.Args, os.Stderr)
 }

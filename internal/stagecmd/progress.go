@@ -23,11 +23,20 @@ func IsTerminal(w io.Writer) bool {
 // NewLogger returns the structured logger of a binary: key=value lines on
 // stderr, which Slurm captures in the job's log.
 func NewLogger(stderr io.Writer, verbose bool) *slog.Logger {
-	level := slog.LevelInfo
+	return NewLoggerFormat(stderr, verbose, "text")
+}
+
+// NewLoggerFormat is NewLogger writing format "json" (one JSON object per
+// line) or "text" (key=value).
+func NewLoggerFormat(stderr io.Writer, verbose bool, format string) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
 	if verbose {
-		level = slog.LevelDebug
+		opts.Level = slog.LevelDebug
 	}
-	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(stderr, opts))
 }
 
 // UnitBytes is the unit of a Progress that counts bytes: its amounts and

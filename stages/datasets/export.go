@@ -33,11 +33,11 @@ kinds are written with their column names as keys.
 
 --format images-json (images datasets) writes the SUNABAKO_IMAGES map of the
 reference stack instead: {IMAGE: {"rootfs", "workdir", "env"}}, with rootfs
-under --root, and prints {"output": PATH, "images": N} when --out is given.
+under --bundles, and prints {"output": PATH, "images": N} when --out is given.
 
 Example:
    kiln export tasks --format jsonl --out tasks.jsonl.zst
-   kiln export images --format images-json --root /var/lib/kiln/images --out images.json`,
+   kiln export images --format images-json --bundles /var/lib/kiln/images --out images.json`,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
 			&cli.StringFlag{Name: "format", Value: "jsonl", Usage: "output format: jsonl, or images-json for an images dataset"},

@@ -20,10 +20,10 @@ import (
 // reference stack's SUNABAKO_IMAGES map (docs/data-and-grading.md §2.2 step 8).
 const formatImagesJSON = "images-json"
 
-// imagesRootFlag is export's --root: the bundle root the map's rootfs paths
-// are under (where kiln-images import put the bundles on the sandbox nodes).
+// imagesRootFlag is export's --bundles (alias --root): the bundle root the
+// map's rootfs paths are under (where kiln-images import put the bundles on the sandbox nodes).
 func imagesRootFlag() cli.Flag {
-	return &cli.StringFlag{Name: "root", Usage: "bundle root of the images (--format images-json; made absolute, symlinks resolved)"}
+	return &cli.StringFlag{Name: "bundles", Aliases: []string{"root"}, Usage: "bundle root of the images (--format images-json; made absolute, symlinks resolved; --root: deprecated alias)"}
 }
 
 // exportImagesJSON writes the images map of v:
@@ -40,16 +40,16 @@ func exportImagesJSON(v *dataset.Version, root string, read func(fn func(records
 		return 0, stagecmd.Usagef("export: --format %s needs an images dataset, %s is %s", formatImagesJSON, v.Ref(), v.Kind().Name)
 	}
 	if root == "" {
-		return 0, stagecmd.Usagef("export: --format %s needs --root, the bundle root the images were imported under", formatImagesJSON)
+		return 0, stagecmd.Usagef("export: --format %s needs --bundles, the bundle root the images were imported under", formatImagesJSON)
 	}
 	abs, err := filepath.Abs(root)
 	if err != nil {
-		return 0, stagecmd.UsageError{Err: fmt.Errorf("--root %q: %w", root, err)}
+		return 0, stagecmd.UsageError{Err: fmt.Errorf("--bundles %q: %w", root, err)}
 	}
 	if r, err := filepath.EvalSymlinks(abs); err == nil {
 		abs = r
 	} else if !os.IsNotExist(err) {
-		return 0, fmt.Errorf("--root %q: %w", root, err)
+		return 0, fmt.Errorf("--bundles %q: %w", root, err)
 	}
 	var b bytes.Buffer
 	b.WriteByte('{')
@@ -121,7 +121,7 @@ func exportImages(c *cli.Context, env *Env, v *dataset.Version) error {
 	out := c.String("out")
 	err := writeOutput(out, env.Stdout, func(w io.Writer) error {
 		var err error
-		n, err = exportImagesJSON(v, c.String("root"), read, w)
+		n, err = exportImagesJSON(v, c.String("bundles"), read, w)
 		return err
 	})
 	if err != nil || out == "" || out == "-" {

@@ -32,6 +32,12 @@ import (
 // bump it whenever the same images would yield different rows.
 const importVersion = "1"
 
+// bundlesFlag is --bundles, the bundle root, as kiln-grade and kiln export
+// name it too; --root is its deprecated alias.
+func bundlesFlag(usage string) cli.Flag {
+	return &cli.StringFlag{Name: "bundles", Aliases: []string{"root"}, Usage: usage + " (--root: deprecated alias)", Required: true}
+}
+
 // Commands returns the kiln-images commands.
 func Commands(env *stagecmd.Env) []*cli.Command {
 	return []*cli.Command{importCommand(env), gcCommand(env)}
@@ -43,7 +49,7 @@ func importCommand(env *stagecmd.Env) *cli.Command {
 		Usage: "unpack the task images of a tasks dataset into bundles and record them",
 		Description: `For each distinct image of the tasks (column image, first-seen order), finds
 the image, verifies it (manifest, config and every layer against their sha256
-digests) and unpacks its layers into a bundle under --root:
+digests) and unpacks its layers into a bundle under --bundles (ROOT):
 
    ROOT/sha256/<manifest hex>/rootfs/      the root filesystem
    ROOT/sha256/<manifest hex>/image.json   {image, manifest_digest, env, cwd,
@@ -53,8 +59,8 @@ digests) and unpacks its layers into a bundle under --root:
 then writes an images dataset (--out) with one row per image: image, digest,
 bundle (ROOT-relative, e.g. sha256/<hex>), env, workdir, config_workdir,
 command, source, size_bytes, files, env_path_prepend. Run it on every
-sandbox node with the same --root (the dataset commits once; bundles are made
-on each node). kiln export images --format images-json --root ROOT writes the
+sandbox node with the same --bundles (the dataset commits once; bundles are made
+on each node). kiln export images --format images-json --bundles ROOT writes the
 SUNABAKO_IMAGES map from it.
 
 Where images come from: --source KEY=KIND:PATH, repeatable, the longest
@@ -97,12 +103,12 @@ image's manifest digest; --print-version therefore resolves the manifests (it
 unpacks nothing).
 
 Example:
-   kiln-images import --tasks tasks/mimo --root /var/lib/kiln/images \
+   kiln-images import --tasks tasks/mimo --bundles /var/lib/kiln/images \
      --source kiln.local/fixtures=oci:/data/layout -j 4 --out images/mimo`,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
 			&cli.StringFlag{Name: "tasks", Usage: "tasks dataset whose images to import (name or name@version)", Required: true},
-			&cli.StringFlag{Name: "root", Usage: "bundle root directory on this node (created if missing)", Required: true},
+			bundlesFlag("bundle root directory on this node (created if missing)"),
 			&cli.StringFlag{Name: "out", Value: "images", Usage: "images dataset name to write"},
 			&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: 2, Usage: "images imported in parallel"},
 			&cli.StringSliceFlag{Name: "source", Usage: "KEY=oci:DIR | KEY=oci-archive:FILE | KEY=docker-archive:FILE (repeatable)"},
@@ -234,7 +240,7 @@ func runImport(c *cli.Context, env *stagecmd.Env) error {
 			return stagecmd.Usagef("import: --env-path-prepend names image %q, which no task of %s uses", im, inputs[0])
 		}
 	}
-	if opts.root, err = absRoot(c.String("root")); err != nil {
+	if opts.root, err = absRoot(c.String("bundles")); err != nil {
 		return stagecmd.UsageError{Err: err}
 	}
 	res := newResolver(opts.sources, filepath.Join(opts.root, ".sources"), opts.remote)
@@ -284,11 +290,11 @@ func runImport(c *cli.Context, env *stagecmd.Env) error {
 // it), so the rootfs paths derived from it are the same on every node.
 func absRoot(root string) (string, error) {
 	if err := os.MkdirAll(root, 0o755); err != nil {
-		return "", fmt.Errorf("--root %q: %w", root, err)
+		return "", fmt.Errorf("--bundles %q: %w", root, err)
 	}
 	abs, err := filepath.Abs(root)
 	if err != nil {
-		return "", fmt.Errorf("--root %q: %w", root, err)
+		return "", fmt.Errorf("--bundles %q: %w", root, err)
 	}
 	return filepath.EvalSymlinks(abs)
 }
@@ -453,7 +459,7 @@ func gcCommand(env *stagecmd.Env) *cli.Command {
 	return &cli.Command{
 		Name:  "gc",
 		Usage: "remove bundles that no kept images dataset references",
-		Description: `Removes every bundle under --root that none of the --keep images datasets
+		Description: `Removes every bundle under --bundles that none of the --keep images datasets
 names, and temporary directories left by killed imports. A bundle whose
 import lock is held (an import is running) is left alone. A bundle is first
 renamed aside, then deleted, so it never looks complete while half-deleted.
@@ -461,12 +467,13 @@ Sandboxes still running on a removed bundle lose their image: run gc between
 jobs.
 
 Example:
-   kiln-images gc --root /var/lib/kiln/images --keep images/mimo --keep images/swe`,
+   kiln-images gc --bundles /var/lib/kiln/images --keep images/mimo --keep images/swe
+   kiln-images gc -n --bundles /var/lib/kiln/images --keep images/mimo`,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
-			&cli.StringFlag{Name: "root", Usage: "bundle root directory", Required: true},
+			bundlesFlag("bundle root directory"),
 			&cli.StringSliceFlag{Name: "keep", Usage: "images dataset whose bundles to keep (name or name@version; repeatable)", Required: true},
-			&cli.BoolFlag{Name: "dry-run", Usage: "only print what would be removed"},
+			&cli.BoolFlag{Name: "dry-run", Aliases: []string{"n"}, Usage: "only print what would be removed"},
 		},
 		Action: func(c *cli.Context) error { return runGC(c, env) },
 	}
@@ -496,10 +503,10 @@ func runGC(c *cli.Context, env *stagecmd.Env) error {
 			return err
 		}
 	}
-	root := c.String("root")
+	root := c.String("bundles")
 	algos, err := os.ReadDir(root)
 	if err != nil {
-		return fmt.Errorf("gc: --root %q: %w", root, err)
+		return fmt.Errorf("gc: --bundles %q: %w", root, err)
 	}
 	dry := c.Bool("dry-run")
 	verb := "removed"

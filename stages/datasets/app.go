@@ -1,0 +1,54 @@
+package datasets
+
+import (
+	"fmt"
+
+	"github.com/urfave/cli/v2"
+)
+
+// Stage is a binary kiln runs git-style: "kiln NAME ..." is "kiln-NAME ...".
+type Stage struct{ Name, Usage string }
+
+// Stages are the stage binaries kiln dispatches to, as its help lists them.
+func Stages() []Stage {
+	return []Stage{
+		{"convert", "convert coding-RL datasets (MiMo, SWE-bench, SWE-bench Pro, f2p) into tasks"},
+		{"images", "import task images into rootfs bundles on a sandbox node (import, gc)"},
+		{"rollout", "run agents and record token-exact trajectories (adapter, assemble)"},
+		{"grade", "grade patches with the tasks' official tests in fresh sandboxes"},
+		{"advantages", "per-segment advantages from grades; select learnable tasks; stats"},
+	}
+}
+
+// App is the kiln binary's dataset commands on env; cmd/kiln adds the
+// dispatch to the stage binaries.
+func App(env *Env) *cli.App {
+	app := &cli.App{
+		Name:  "kiln",
+		Usage: "versioned datasets and stages for coding-agent RL",
+		Description: `kiln is a batch system on files: stage binaries read and write versioned
+Arrow/Parquet datasets in a store (a directory, or s3://bucket/prefix).
+"kiln NAME ..." runs the binary kiln-NAME (beside kiln, or on PATH), so
+"kiln convert --help" is "kiln-convert --help" and "kiln help convert" too.
+Flags and arguments go in any order; the global options may come before or
+after the command.`,
+		Commands: Commands(env),
+	}
+	for _, s := range Stages() {
+		app.Commands = append(app.Commands, stageCommand(s))
+	}
+	return env.App(app)
+}
+
+// stageCommand lists a stage binary in kiln's help. cmd/kiln runs the
+// binary before the app sees the name; this action runs only when there is
+// none to run.
+func stageCommand(s Stage) *cli.Command {
+	return &cli.Command{
+		Name: s.Name, Usage: s.Usage, Category: "stages (kiln NAME runs the binary kiln-NAME)",
+		SkipFlagParsing: true, HideHelp: true,
+		Action: func(c *cli.Context) error {
+			return fmt.Errorf("%s: no kiln-%s binary beside kiln or on PATH: build it (make build puts every binary in bin/) or add its directory to PATH", s.Name, s.Name)
+		},
+	}
+}
