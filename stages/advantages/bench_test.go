@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -127,29 +128,53 @@ func plainRead(b *testing.B, st store.Store, tr, gr dataset.Ref) int {
 	return rows
 }
 
+// benchRounds is how many alternating read/stage rounds one op runs: 3,
+// or KILN_BENCH_ADV_ROUNDS.
+func benchRounds(b *testing.B) int {
+	if s := os.Getenv("KILN_BENCH_ADV_ROUNDS"); s != "" {
+		n, err := strconv.Atoi(s)
+		require.NoError(b, err, "KILN_BENCH_ADV_ROUNDS")
+		return max(n, 1)
+	}
+	return 3
+}
+
 // BenchmarkAdvantages times kiln-advantages (read both inputs, check, join,
-// GRPO, write the advantages version) beside a plain read of the same two
-// datasets, in one run, and reports segments/s of each and their ratio
-// (goal: stage/read <= 1.5).
+// GRPO, write and commit the advantages version) beside a plain read of the
+// same two datasets, in one run: rounds alternate read and stage so a load
+// spike on a shared machine hits both, and the figures are the fastest
+// round of each (the median ratio is reported too). It reports segments/s
+// of each and their ratio (goal: stage/read <= 1.5).
 func BenchmarkAdvantages(b *testing.B) {
 	n := benchSegments(b)
+	rounds := benchRounds(b)
 	st, tr, gr := benchWorld(b, n)
 	env := &stagecmd.Env{Stdout: io.Discard, Stderr: io.Discard, Log: stagecmd.NewLogger(os.Stderr, false)}
 	plainRead(b, st, tr, gr) // warm the page cache for both
-	var readT, stageT time.Duration
+	var reads, stages []time.Duration
 	b.ResetTimer()
 	for i := range b.N {
-		t0 := time.Now()
-		require.Equal(b, n, plainRead(b, st, tr, gr))
-		readT += time.Since(t0)
-		t0 = time.Now()
-		o := RunOptions{Trajectories: tr.String(), Grades: gr.String(), Options: Options{Estimator: GRPO, StdEps: 1e-6, Infra: InfraExclude, MinGroupSize: 1}}
-		res, err := Run(context.Background(), env, st, stagecmd.Output{Name: fmt.Sprintf("advantages/%d", i)}, o)
-		require.NoError(b, err)
-		stageT += time.Since(t0)
-		require.Equal(b, int64(n), res.Version.Rows)
+		for k := range rounds {
+			t0 := time.Now()
+			require.Equal(b, n, plainRead(b, st, tr, gr))
+			reads = append(reads, time.Since(t0))
+			t0 = time.Now()
+			o := RunOptions{Trajectories: tr.String(), Grades: gr.String(), Options: Options{Estimator: GRPO, StdEps: 1e-6, Infra: InfraExclude, MinGroupSize: 1}}
+			res, err := Run(context.Background(), env, st, stagecmd.Output{Name: fmt.Sprintf("advantages/%d-%d", i, k)}, o)
+			require.NoError(b, err)
+			stages = append(stages, time.Since(t0))
+			require.Equal(b, int64(n), res.Version.Rows)
+		}
 	}
-	b.ReportMetric(float64(n*b.N)/readT.Seconds(), "read_segments/s")
-	b.ReportMetric(float64(n*b.N)/stageT.Seconds(), "stage_segments/s")
-	b.ReportMetric(stageT.Seconds()/readT.Seconds(), "stage/read")
+	b.StopTimer()
+	minOf := func(ds []time.Duration) time.Duration { return slices.Min(ds) }
+	ratios := make([]float64, len(reads))
+	for i := range reads {
+		ratios[i] = stages[i].Seconds() / reads[i].Seconds()
+	}
+	slices.Sort(ratios)
+	b.ReportMetric(float64(n)/minOf(reads).Seconds(), "read_segments/s")
+	b.ReportMetric(float64(n)/minOf(stages).Seconds(), "stage_segments/s")
+	b.ReportMetric(minOf(stages).Seconds()/minOf(reads).Seconds(), "stage/read")
+	b.ReportMetric(ratios[len(ratios)/2], "median_stage/read")
 }
