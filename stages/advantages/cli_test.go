@@ -11,6 +11,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/kilnrl/kiln/internal/stagecmd"
+	"github.com/kilnrl/kiln/stages/datasets"
 )
 
 // app is kiln-advantages as cmd/kiln-advantages builds it, on buffers.
@@ -45,6 +46,16 @@ func TestCLI(t *testing.T) {
 		"--out", "adv", "--estimator", "rloo", "--drop-uniform", "--print-version")
 	require.NoError(t, err)
 	assert.Equal(t, lastLine(out), lastLine(printed))
+
+	// kiln show prints the metrics and the rows.
+	var showOut, showErr bytes.Buffer
+	env := &stagecmd.Env{Stdout: &showOut, Stderr: &showErr, Log: stagecmd.NewLogger(&showErr, false)}
+	kiln := stagecmd.CommonApp(&cli.App{Name: "kiln", Commands: datasets.Commands(env)}, &showOut, &showErr)
+	require.NoError(t, kiln.RunContext(context.Background(), []string{"kiln", "show", "--store", store.Root(), "--rows", "1", lastLine(out)}), showErr.String())
+	for _, want := range []string{"kind       advantages", `"segments_per_rollout":{"1":3,"2":3,"3":2}`, `"pass_at_k":{"1":0.375`,
+		`"group_stats":{`, `{"rollout_id":0,"segment":0,"group_index":0,"advantage":0.6666666666666667,"rollout_trained_tokens":1,"reward":1}`} {
+		assert.Contains(t, showOut.String(), want)
+	}
 
 	out, err = run("stats", "--store", store.Root(), "--grades", w.grades.String())
 	require.NoError(t, err)
