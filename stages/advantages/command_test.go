@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"flag"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -268,7 +269,7 @@ func TestRunBadInput(t *testing.T) {
 				o := w.opts()
 				o.Grades = commitRawGrades(t, w, func(g *records.Grade) {
 					if g.RolloutID == 3 {
-						g.Reward = nan()
+						g.Reward = math.NaN()
 					}
 				}).String()
 				return o
@@ -316,8 +317,6 @@ func TestRunBadInput(t *testing.T) {
 		})
 	}
 }
-
-func nan() float64 { var z float64; return z / z }
 
 // commitRawGrades writes the world's grades, edited, with parquet-go
 // directly: the grades encoder refuses invalid rows, and the point is a
