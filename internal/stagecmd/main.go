@@ -98,6 +98,9 @@ func (e *Env) globalBefore(logw io.Writer, next cli.BeforeFunc) cli.BeforeFunc {
 	return func(c *cli.Context) error {
 		if c.IsSet("verbose") || c.IsSet("log-format") {
 			format := c.String("log-format")
+			if format == "" {
+				format = "text" // KILN_LOG_FORMAT set but empty
+			}
 			if format != "text" && format != "json" {
 				return Usagef("--log-format %q: want text or json; see `%s --help`", format, helpName(c))
 			}
@@ -195,14 +198,19 @@ func CommonApp(app *cli.App, stdout, stderr io.Writer) *cli.App {
 	if app.HelpName == "" {
 		app.HelpName = app.Name
 	}
-	if len(app.Commands) == 0 && app.UsageText == "" {
-		// No "command [command options]" slot for a binary without commands.
-		app.UsageText = app.HelpName + " [options]"
-		if app.ArgsUsage != "" {
-			app.UsageText += " " + app.ArgsUsage
-		}
-	}
 	app.CustomAppHelpTemplate = cli.AppHelpTemplate + "\n" + ExitStatusHelp + "\n"
+	if len(app.Commands) == 0 {
+		// A binary without commands: no "command [command options]" slot,
+		// no help command, and its flags are just OPTIONS.
+		app.HideHelpCommand = true
+		if app.UsageText == "" {
+			app.UsageText = app.HelpName + " [options]"
+			if app.ArgsUsage != "" {
+				app.UsageText += " " + app.ArgsUsage
+			}
+		}
+		app.CustomAppHelpTemplate = strings.ReplaceAll(app.CustomAppHelpTemplate, "GLOBAL OPTIONS:", "OPTIONS:")
+	}
 	app.OnUsageError = onUsageError
 	app.Before = versionBefore(requireFlags(app.Flags, app.Before))
 	if len(app.Commands) > 0 {
