@@ -129,7 +129,14 @@ func FuzzParseGenerate(f *testing.F) {
 		`{"token_id":7,"logprob":-0.0,"rank":2,"top_logprobs":[{"token_id":9,"logprob":-1,"rank":1},{"token_id":7,"logprob":-0.0,"rank":2}]}]}}]}`))
 	f.Add([]byte(`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"token":"token_id:5","logprob":-1}]},"finish_reason":"length","stop_reason":7}],"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}}`))
 	f.Add(benchGenerateReply(3))
+	// Repeated and case-folded keys, which the typed reading must not
+	// merge (TestTypedGenerate).
+	f.Add([]byte(`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"token_id":5,"logprob":-1,"top_logprobs":[{"token_id":5,"logprob":-1}]}]},"sampling_mask":[[5]]}],"Choices":[{"token_ids":[5],"logprobs":{"content":[{"token":"token_id:5","logprob":-1}]}}],"usage":{"completion_tokens":1}}`))
+	f.Add([]byte(`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"token_id":5,"logprob":-1,"top_logprobs":[{"token_id":5,"logprob":-1}]}],"content":[{"logprob":-1}]},"logprobs":{"content":[{"logprob":-2}]}}]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
+		// Wherever the typed reading takes a reply, the step-by-step
+		// reading gives the same Generation.
+		checkTyped(t, body)
 		g, err := parseGenerate(body, &GenerateRequest{PromptIDs: []int32{1, 2}})
 		if err != nil || !json.Valid(body) {
 			return

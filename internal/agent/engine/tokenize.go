@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 )
 
 // ChatRequest is the chat form of POST /tokenize (vllm-wire.md §2.2).
@@ -149,6 +150,18 @@ func (c *Client) tokenize(ctx context.Context, body []byte, memo *Memo) ([]int32
 // readTokenize reads a /tokenize reply: its ids (through memo, see Memo)
 // and max_model_len (0 when absent).
 func readTokenize(body []byte, memo *Memo) (ids []int32, maxLen int, err error) {
+	if memo == nil {
+		if ids, maxLen, ok := readTokenizeTyped(body); ok {
+			return ids, maxLen, nil
+		}
+	}
+	return readTokenizeSteps(body, memo)
+}
+
+// readTokenizeSteps is readTokenize the long way: the reply decoded with
+// its tokens list raw, the list read through memo (decoded whole without
+// one), and the reply decoded again to word an error.
+func readTokenizeSteps(body []byte, memo *Memo) (ids []int32, maxLen int, err error) {
 	var resp struct {
 		Count       *int            `json:"count"`
 		MaxModelLen int             `json:"max_model_len"`
@@ -163,6 +176,45 @@ func readTokenize(body []byte, memo *Memo) (ids []int32, maxLen int, err error) 
 		}
 	}
 	return readTokenizeIDs(body)
+}
+
+// readTokenizeTyped is what readTokenize reads without a memo (the last
+// "tokens" list decoded as ids, count and max_model_len decoded as struct
+// fields are), in one decoding of the reply rather than two; ok=false
+// for anything else, an error or not, which readTokenize then reads the
+// long way. The reply is walked key by key (see walker) so that each
+// "tokens" value is decoded on its own, as the memo's path decodes the
+// last one: decoded into one []int64, a repeated key would keep an earlier
+// list's ids where a later one has null.
+func readTokenizeTyped(body []byte) (ids []int32, maxLen int, ok bool) {
+	var (
+		count  *int
+		tokens []int64
+	)
+	w := walker{json.NewDecoder(bytes.NewReader(body))}
+	root := func(key string) bool {
+		switch {
+		case strings.EqualFold(key, "count"):
+			return w.value(&count)
+		case strings.EqualFold(key, "max_model_len"):
+			return w.value(&maxLen)
+		case strings.EqualFold(key, "tokens"):
+			tokens = nil
+			return w.value(&tokens)
+		}
+		return w.skip()
+	}
+	if !w.object(root) || !w.end() || tokens == nil || count != nil && *count != len(tokens) {
+		return nil, 0, false
+	}
+	ids = make([]int32, len(tokens))
+	for i, t := range tokens {
+		if t < 0 || t > math.MaxInt32 {
+			return nil, 0, false
+		}
+		ids[i] = int32(t)
+	}
+	return ids, maxLen, true
 }
 
 // readTokenizeIDs reads a /tokenize reply the memo did not take (tokens
