@@ -183,32 +183,27 @@ func dialTCP(ctx context.Context, addr netip.AddrPort) (*os.File, error) {
 		f.Close()
 		return nil, err
 	}
+	// RawConn.Write resets the poller's readiness before its first call of
+	// the function, so that call must check the socket itself: a connection
+	// made before it is seen there, one made after it wakes the wait.
 	var cerr error
-	first := true
 	werr := rc.Write(func(fd uintptr) bool {
-		if first { // not yet waited for writability
-			first = false
-			return false
-		}
-		n, err := syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_ERROR)
-		if err != nil {
+		if _, err := syscall.Getpeername(int(fd)); err == nil {
+			return true
+		} else if !errors.Is(err, syscall.ENOTCONN) {
 			cerr = err
 			return true
 		}
-		switch e := syscall.Errno(n); e {
-		case syscall.EINPROGRESS, syscall.EALREADY, syscall.EINTR:
-			return false
-		case 0:
-			if _, err := syscall.Getpeername(int(fd)); errors.Is(err, syscall.ENOTCONN) {
-				return false // a spurious wake-up
-			} else if err != nil {
-				cerr = err
-			}
-			return true
+		n, err := syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_ERROR)
+		switch {
+		case err != nil:
+			cerr = err
+		case n != 0:
+			cerr = syscall.Errno(n)
 		default:
-			cerr = e
-			return true
+			return false // still connecting
 		}
+		return true
 	})
 	if werr == nil {
 		werr = cerr

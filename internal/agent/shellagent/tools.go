@@ -75,7 +75,7 @@ func (t *tools) call(ctx context.Context, name string, args json.RawMessage) too
 		var s [3]string
 		for i, k := range []string{"path", "old_str", "new_str"} {
 			v, ok := fields[k].(string)
-			if !ok && !(k != "path" && fields[k] == nil) {
+			if !ok {
 				return errResult("edit: the argument %q (a string) is required", k)
 			}
 			s[i] = v
@@ -151,13 +151,21 @@ func (t *tools) bash(ctx context.Context, command string) toolResult {
 	res.Truncated = truncated
 	switch {
 	case res.TimedOut && ctx.Err() != nil:
-		res.Output = text + "\n[killed: the run's time budget is spent]"
+		res.Output = withNote(text, "[killed: the run's time budget is spent]")
 	case res.TimedOut:
-		res.Output = text + fmt.Sprintf("\n[killed: the command ran past its %s timeout]", t.commandTimeout)
+		res.Output = withNote(text, fmt.Sprintf("[killed: the command ran past its %s timeout]", t.commandTimeout))
 	default:
-		res.Output = text + fmt.Sprintf("\n[exit code %d]", *res.ExitCode)
+		res.Output = withNote(text, fmt.Sprintf("[exit code %d]", *res.ExitCode))
 	}
 	return res
+}
+
+// withNote puts note on a line of its own after text.
+func withNote(text, note string) string {
+	if text != "" && !strings.HasSuffix(text, "\n") {
+		text += "\n"
+	}
+	return text + note
 }
 
 // waitDelay is how long a finished or killed command's output pipe may stay
