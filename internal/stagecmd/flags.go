@@ -30,9 +30,14 @@ func ShardFlag() cli.Flag {
 	}
 }
 
-// PrintVersionFlag is --print-version for writing commands.
-func PrintVersionFlag() cli.Flag {
-	return &cli.BoolFlag{Name: "print-version", Usage: "print the reference this run would produce (name@version) and exit without doing anything"}
+// PrintVersionFlag is --print-version for writing commands, bound to dst
+// when given (a command reads the field, not the flag by name).
+func PrintVersionFlag(dst ...*bool) cli.Flag {
+	var d *bool
+	if len(dst) > 0 {
+		d = dst[0]
+	}
+	return &cli.BoolFlag{Name: "print-version", Destination: d, Usage: "print the reference this run would produce (name@version) and exit without doing anything"}
 }
 
 // QuietFlag is -q/--quiet (KILN_QUIET), on every command (Env.App adds it):

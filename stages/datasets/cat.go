@@ -13,6 +13,7 @@ import (
 )
 
 func catCommand(env *Env) *cli.Command {
+	var list bool
 	return &cli.Command{
 		Name:      "cat",
 		Usage:     "print an attachment of a version (a grading log, an agent's artifacts)",
@@ -38,10 +39,9 @@ Examples:
 Exit status 3: no such version, or no such attachment in it.`,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
-			&cli.BoolFlag{Name: "list", Aliases: []string{"l"}, Usage: "list REF's attachments instead of printing one"},
+			&cli.BoolFlag{Name: "list", Aliases: []string{"l"}, Destination: &list, Usage: "list REF's attachments instead of printing one"},
 		},
 		Action: func(c *cli.Context) error {
-			list := c.Bool("list")
 			if list {
 				if err := stagecmd.RequireArgs(c, 1, "REF (with --list)"); err != nil {
 					return err

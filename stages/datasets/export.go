@@ -17,7 +17,11 @@ import (
 	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
+// exportFlags are export's flags, bound.
+type exportFlags struct{ format, out, bundles string }
+
 func exportCommand(env *Env) *cli.Command {
+	var o exportFlags
 	return &cli.Command{
 		Name:      "export",
 		Usage:     "write a version's rows as JSON lines",
@@ -40,15 +44,15 @@ Example:
    kiln export images --format images-json --bundles /var/lib/kiln/images --out images.json`,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
-			&cli.StringFlag{Name: "format", Value: "jsonl", Usage: "output format: jsonl, or images-json for an images dataset"},
-			&cli.StringFlag{Name: "out", Usage: "output file (default stdout); .zst compresses"},
-			imagesRootFlag(),
+			&cli.StringFlag{Name: "format", Value: "jsonl", Destination: &o.format, Usage: "output format: jsonl, or images-json for an images dataset"},
+			&cli.StringFlag{Name: "out", Destination: &o.out, Usage: "output file (default stdout); .zst compresses"},
+			imagesRootFlag(&o.bundles),
 		},
 		Action: func(c *cli.Context) error {
 			if err := stagecmd.RequireArgs(c, 1, "REF"); err != nil {
 				return err
 			}
-			if f := c.String("format"); f != "jsonl" && f != formatImagesJSON {
+			if f := o.format; f != "jsonl" && f != formatImagesJSON {
 				return stagecmd.Usagef("export: unknown --format %q (want jsonl or %s)", f, formatImagesJSON)
 			}
 			st, err := stagecmd.OpenExistingStore(c)
@@ -59,10 +63,10 @@ Example:
 			if err != nil {
 				return err
 			}
-			if c.String("format") == formatImagesJSON {
-				return exportImages(c, env, v)
+			if o.format == formatImagesJSON {
+				return exportImages(c, env, v, o)
 			}
-			return writeOutput(c.String("out"), env.Stdout, func(w io.Writer) error {
+			return writeOutput(o.out, env.Stdout, func(w io.Writer) error {
 				bw := bufio.NewWriterSize(w, 1<<20)
 				if err := exportRows(c, v, bw); err != nil {
 					return err

@@ -22,8 +22,8 @@ const formatImagesJSON = "images-json"
 
 // imagesRootFlag is export's --bundles (alias --root): the bundle root the
 // map's rootfs paths are under (where kiln-images import put the bundles on the sandbox nodes).
-func imagesRootFlag() cli.Flag {
-	return &cli.StringFlag{Name: "bundles", Aliases: []string{"root"}, Usage: "bundle root of the images (--format images-json; made absolute, symlinks resolved; --root: deprecated alias)"}
+func imagesRootFlag(dst *string) cli.Flag {
+	return &cli.StringFlag{Name: "bundles", Aliases: []string{"root"}, Destination: dst, Usage: "bundle root of the images (--format images-json; made absolute, symlinks resolved; --root: deprecated alias)"}
 }
 
 // exportImagesJSON writes the images map of v:
@@ -113,15 +113,15 @@ func asciiJSON(b []byte) []byte {
 }
 
 // exportImages runs --format images-json for the export command.
-func exportImages(c *cli.Context, env *Env, v *dataset.Version) error {
+func exportImages(c *cli.Context, env *Env, v *dataset.Version, o exportFlags) error {
 	read := func(fn func(records.Image) error) error {
 		return v.EachShard(c.Context, func(_ int, data []byte) error { return records.EachImage(data, fn) })
 	}
 	var n int
-	out := c.String("out")
+	out := o.out
 	err := writeOutput(out, env.Stdout, func(w io.Writer) error {
 		var err error
-		n, err = exportImagesJSON(v, c.String("bundles"), read, w)
+		n, err = exportImagesJSON(v, o.bundles, read, w)
 		return err
 	})
 	if err != nil || out == "" || out == "-" {

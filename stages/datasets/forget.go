@@ -12,6 +12,10 @@ import (
 )
 
 func forgetCommand(env *Env) *cli.Command {
+	var o struct {
+		keepLast               int
+		keepReferenced, dryRun bool
+	}
 	return &cli.Command{
 		Name:      "forget",
 		Usage:     "remove old versions of a dataset (retention), keeping what kept versions were made from",
@@ -52,9 +56,9 @@ Exit status 3: NAME has no committed version; 4: a manifest or the latest
 pointer is corrupt (nothing was removed).`,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
-			&cli.IntFlag{Name: "keep-last", Usage: "keep the N versions committed last (required; 0 keeps only latest and lineage)"},
-			&cli.BoolFlag{Name: "keep-referenced", Usage: "also keep versions in the lineage of any other dataset's versions in the store"},
-			&cli.BoolFlag{Name: "dry-run", Aliases: []string{"n"}, Usage: "list what would be removed without removing it"},
+			&cli.IntFlag{Name: "keep-last", Destination: &o.keepLast, Usage: "keep the N versions committed last (required; 0 keeps only latest and lineage)"},
+			&cli.BoolFlag{Name: "keep-referenced", Destination: &o.keepReferenced, Usage: "also keep versions in the lineage of any other dataset's versions in the store"},
+			&cli.BoolFlag{Name: "dry-run", Aliases: []string{"n"}, Destination: &o.dryRun, Usage: "list what would be removed without removing it"},
 		},
 		Action: func(c *cli.Context) error {
 			if err := stagecmd.RequireArgs(c, 1, "NAME"); err != nil {
@@ -70,7 +74,7 @@ pointer is corrupt (nothing was removed).`,
 			if !c.IsSet("keep-last") {
 				return stagecmd.Usagef("forget: --keep-last N is required: how many of the versions committed last to keep")
 			}
-			n := c.Int("keep-last")
+			n := o.keepLast
 			if n < 0 {
 				return stagecmd.Usagef("forget: --keep-last %d is negative: give how many versions to keep, 0 or more", n)
 			}
@@ -79,12 +83,12 @@ pointer is corrupt (nothing was removed).`,
 				return err
 			}
 			verb := "forget     "
-			if c.Bool("dry-run") {
+			if o.dryRun {
 				verb = "would forget"
 			}
 			var kept, gone, files int
 			var bytes int64
-			opts := dataset.ForgetOptions{KeepLast: n, KeepReferenced: c.Bool("keep-referenced"), DryRun: c.Bool("dry-run")}
+			opts := dataset.ForgetOptions{KeepLast: n, KeepReferenced: o.keepReferenced, DryRun: o.dryRun}
 			err = dataset.Forget(c.Context, st, name, opts, func(d dataset.ForgetDecision) {
 				when := d.Committed.UTC().Format(time.RFC3339)
 				if d.Keep {
@@ -101,7 +105,7 @@ pointer is corrupt (nothing was removed).`,
 				return err
 			}
 			total := "forgot"
-			if c.Bool("dry-run") {
+			if o.dryRun {
 				total = "would forget"
 			}
 			fmt.Fprintf(env.Stdout, "%s %d version(s), %d file(s), %d bytes; kept %d\n", total, gone, files, bytes, kept)

@@ -11,6 +11,7 @@ import (
 )
 
 func gcCommand(env *Env) *cli.Command {
+	var o dataset.GCOptions
 	return &cli.Command{
 		Name:  "gc",
 		Usage: "remove what interrupted or losing writers left behind",
@@ -34,15 +35,15 @@ Example:
    kiln gc --dry-run --grace 72h`,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
-			&cli.BoolFlag{Name: "dry-run", Aliases: []string{"n"}, Usage: "list orphans without removing them"},
-			&cli.DurationFlag{Name: "grace", Value: 24 * time.Hour, Usage: "keep files younger than this"},
-			&cli.StringFlag{Name: "prefix", Usage: "only datasets whose names start with this"},
+			&cli.BoolFlag{Name: "dry-run", Aliases: []string{"n"}, Destination: &o.DryRun, Usage: "list orphans without removing them"},
+			&cli.DurationFlag{Name: "grace", Value: 24 * time.Hour, Destination: &o.Grace, Usage: "keep files younger than this"},
+			&cli.StringFlag{Name: "prefix", Destination: &o.Prefix, Usage: "only datasets whose names start with this"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 0 {
 				return stagecmd.Usagef("gc: takes no arguments (did you mean --prefix?)")
 			}
-			if g := c.Duration("grace"); g < 0 {
+			if g := o.Grace; g < 0 {
 				return stagecmd.Usagef("gc: --grace %s is negative: it would remove files a live writer is still writing; give 0 or more (default 24h)", g)
 			}
 			st, err := stagecmd.OpenExistingStore(c)
@@ -50,11 +51,11 @@ Example:
 				return err
 			}
 			verb := "removed"
-			if c.Bool("dry-run") {
+			if o.DryRun {
 				verb = "would remove"
 			}
 			var n, bytes int64
-			err = dataset.GC(c.Context, st, dataset.GCOptions{Prefix: c.String("prefix"), Grace: c.Duration("grace"), DryRun: c.Bool("dry-run")},
+			err = dataset.GC(c.Context, st, o,
 				func(o dataset.Orphan) {
 					n++
 					bytes += o.Size

@@ -184,6 +184,7 @@ kind kiln export writes as JSON lines comes back equal through it.`,
 
 func importKindCommand(env *Env, k importKind) *cli.Command {
 	name := k.kind.Name
+	o := &importFlags{}
 	return &cli.Command{
 		Name:      name,
 		Usage:     k.usage,
@@ -203,15 +204,21 @@ Example:
    ` + k.example,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
-			&cli.StringFlag{Name: "out", Value: name, Usage: "dataset name to write"},
+			&cli.StringFlag{Name: "out", Value: name, Destination: &o.out, Usage: "dataset name to write"},
 			stagecmd.ShardFlag(),
-			stagecmd.PrintVersionFlag(),
+			stagecmd.PrintVersionFlag(&o.printVersion),
 		},
-		Action: func(c *cli.Context) error { return importFile(c, env, k) },
+		Action: func(c *cli.Context) error { return importFile(c, env, k, o) },
 	}
 }
 
-func importFile(c *cli.Context, env *Env, k importKind) error {
+// importFlags are an import command's flags, bound.
+type importFlags struct {
+	out          string
+	printVersion bool
+}
+
+func importFile(c *cli.Context, env *Env, k importKind, o *importFlags) error {
 	if err := stagecmd.RequireArgs(c, 1, "FILE.jsonl"); err != nil {
 		return err
 	}
@@ -234,7 +241,7 @@ func importFile(c *cli.Context, env *Env, k importKind) error {
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	out := stagecmd.Output{
-		Name: c.String("out"), Kind: k.kind, Part: part, PrintVersion: c.Bool("print-version"), Hook: env.Hook,
+		Name: o.out, Kind: k.kind, Part: part, PrintVersion: o.printVersion, Hook: env.Hook,
 		Identity: dataset.Identity{Stage: "import-" + k.kind.Name, CodeVersion: importTasksVersion,
 			Args: map[string]any{"format": k.format}, External: []dataset.External{file}},
 	}

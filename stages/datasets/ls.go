@@ -15,7 +15,11 @@ import (
 	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
+// lsFlags are ls's flags, bound.
+type lsFlags struct{ all, shards, json bool }
+
 func lsCommand(env *Env) *cli.Command {
+	var o lsFlags
 	return &cli.Command{
 		Name:      "ls",
 		Usage:     "list datasets and their versions, or one version's shard files",
@@ -44,19 +48,19 @@ Examples:
 Exit status 3: --shards REF does not exist; 4: its manifest is corrupt.`,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
-			&cli.BoolFlag{Name: "all", Usage: "list every version, not only the latest"},
-			&cli.BoolFlag{Name: "shards", Usage: "print the shard URIs of the version REF names"},
-			&cli.BoolFlag{Name: "json", Usage: "print JSON lines"},
+			&cli.BoolFlag{Name: "all", Destination: &o.all, Usage: "list every version, not only the latest"},
+			&cli.BoolFlag{Name: "shards", Destination: &o.shards, Usage: "print the shard URIs of the version REF names"},
+			&cli.BoolFlag{Name: "json", Destination: &o.json, Usage: "print JSON lines"},
 		},
 		Action: func(c *cli.Context) error {
-			if c.Bool("shards") {
-				if c.Bool("all") {
+			if o.shards {
+				if o.all {
 					return stagecmd.Usagef("ls: --shards lists one version: drop --all")
 				}
 				if err := stagecmd.RequireArgs(c, 1, "REF (with --shards)"); err != nil {
 					return err
 				}
-				return lsShards(c, env)
+				return lsShards(c, env, o)
 			}
 			if c.NArg() > 1 {
 				return stagecmd.Usagef("ls: want at most one PREFIX")
@@ -71,7 +75,7 @@ Exit status 3: --shards REF does not exist; 4: its manifest is corrupt.`,
 				return err
 			}
 			tw := tabwriter.NewWriter(env.Stdout, 2, 4, 2, ' ', 0)
-			if !c.Bool("json") {
+			if !o.json {
 				fmt.Fprintln(tw, "DATASET\tVERSION\tKIND\tROWS\tCOMMITTED\tVERSIONS\tLATEST")
 			}
 			// List sorts by name, then newest first: take one dataset at a time.
@@ -88,10 +92,10 @@ Exit status 3: --shards REF does not exist; 4: its manifest is corrupt.`,
 					if s.Ref.Version == latest {
 						m = mark
 					}
-					if !c.Bool("all") && m == "" {
+					if !o.all && m == "" {
 						continue
 					}
-					if err := lsLine(ctx, c, env, tw, st, s, len(versions), m); err != nil {
+					if err := lsLine(ctx, o, env, tw, st, s, len(versions), m); err != nil {
 						return err
 					}
 				}
@@ -124,7 +128,7 @@ func lsLatest(ctx context.Context, env *Env, st store.Store, versions []dataset.
 	return newest, "newest?"
 }
 
-func lsLine(ctx context.Context, c *cli.Context, env *Env, tw *tabwriter.Writer, st store.Store, s dataset.Summary, n int, mark string) error {
+func lsLine(ctx context.Context, o lsFlags, env *Env, tw *tabwriter.Writer, st store.Store, s dataset.Summary, n int, mark string) error {
 	v, err := dataset.Open(ctx, st, s.Ref)
 	kind, rows, size := "?", int64(-1), int64(-1)
 	if err == nil {
@@ -132,7 +136,7 @@ func lsLine(ctx context.Context, c *cli.Context, env *Env, tw *tabwriter.Writer,
 	} else {
 		env.Log.Warn("unreadable version", "ref", s.Ref.String(), "err", err)
 	}
-	if c.Bool("json") {
+	if o.json {
 		b, _ := json.Marshal(map[string]any{"dataset": s.Ref.Name, "version": s.Ref.Version, "ref": s.Ref.String(),
 			"kind": kind, "rows": rows, "bytes": size, "committed": s.Committed.UTC().Format(time.RFC3339Nano),
 			"versions": n, "latest": mark == "latest" || mark == "newest"})
@@ -144,7 +148,7 @@ func lsLine(ctx context.Context, c *cli.Context, env *Env, tw *tabwriter.Writer,
 }
 
 // lsShards prints the shard URIs of one version.
-func lsShards(c *cli.Context, env *Env) error {
+func lsShards(c *cli.Context, env *Env, o lsFlags) error {
 	st, err := stagecmd.OpenExistingStore(c)
 	if err != nil {
 		return err
@@ -159,7 +163,7 @@ func lsShards(c *cli.Context, env *Env) error {
 	}
 	for i, s := range v.Shards {
 		line := v.ShardURI(i)
-		if c.Bool("json") {
+		if o.json {
 			b, _ := json.Marshal(map[string]any{"uri": v.ShardURI(i), "key": s.Key, "part": s.Part, "rows": s.Rows, "bytes": s.Bytes, "sha256": s.SHA256})
 			line = string(b)
 		}

@@ -14,6 +14,10 @@ import (
 )
 
 func showCommand(env *Env) *cli.Command {
+	var o struct {
+		rows int
+		json bool
+	}
 	return &cli.Command{
 		Name:      "show",
 		Usage:     "describe a version and print its first rows",
@@ -29,8 +33,8 @@ they are read.
 before pointers existed: its bare name means its newest committed version).`,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
-			&cli.IntFlag{Name: "rows", Value: 5, Usage: "how many rows to print"},
-			&cli.BoolFlag{Name: "json", Usage: "print one JSON object"},
+			&cli.IntFlag{Name: "rows", Value: 5, Destination: &o.rows, Usage: "how many rows to print"},
+			&cli.BoolFlag{Name: "json", Destination: &o.json, Usage: "print one JSON object"},
 		},
 		Action: func(c *cli.Context) error {
 			if err := stagecmd.RequireArgs(c, 1, "REF"); err != nil {
@@ -49,7 +53,7 @@ before pointers existed: its bare name means its newest committed version).`,
 				latestErr = nil
 			}
 			rows := []json.RawMessage{}
-			if n := c.Int("rows"); n > 0 {
+			if n := o.rows; n > 0 {
 				err := v.EachJSON(c.Context, func(row json.RawMessage) error {
 					rows = append(rows, row)
 					if len(rows) >= n {
@@ -61,7 +65,7 @@ before pointers existed: its bare name means its newest committed version).`,
 					return err
 				}
 			}
-			if c.Bool("json") {
+			if o.json {
 				if latestErr != nil {
 					return latestErr
 				}

@@ -11,6 +11,10 @@ import (
 )
 
 func verifyCommand(env *Env) *cli.Command {
+	var o struct {
+		all    bool
+		prefix string
+	}
 	return &cli.Command{
 		Name:      "verify",
 		Usage:     "check every shard of versions against their manifests (checksum, schema, rows)",
@@ -37,11 +41,11 @@ Exit status 4: some stored data is corrupt (named on stderr); 3: a REF does
 not exist.`,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
-			&cli.BoolFlag{Name: "all", Usage: "check every committed version (of --prefix) instead of REFs"},
-			&cli.StringFlag{Name: "prefix", Usage: "with --all: only datasets whose names start with this"},
+			&cli.BoolFlag{Name: "all", Destination: &o.all, Usage: "check every committed version (of --prefix) instead of REFs"},
+			&cli.StringFlag{Name: "prefix", Destination: &o.prefix, Usage: "with --all: only datasets whose names start with this"},
 		},
 		Action: func(c *cli.Context) error {
-			all := c.Bool("all")
+			all := o.all
 			switch {
 			case all && c.NArg() > 0:
 				return stagecmd.Usagef("verify: give REFs or --all, not both")
@@ -56,7 +60,7 @@ not exist.`,
 			}
 			var refs []dataset.Ref
 			if all {
-				list, err := dataset.List(c.Context, st, c.String("prefix"))
+				list, err := dataset.List(c.Context, st, o.prefix)
 				if err != nil {
 					return err
 				}
