@@ -234,7 +234,9 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 		return nil, err
 	}
 	for _, m := range o.Mounts {
-		args = append(args, "--ro-bind", m.Source, m.Target)
+		// The directories bwrap makes for a mount point are root's alone
+		// (0700) unless told otherwise: the agent must reach the binary.
+		args = append(args, "--perms", "0755", "--dir", filepath.Dir(m.Target), "--ro-bind", m.Source, m.Target)
 	}
 	args = append(append(args, "--cap-drop", "ALL"), rootCaps()...)
 	initArgs := []string{"--chdir", "/", sandboxinit.HelperPath, "init", "--agent", Agent}

@@ -26,7 +26,7 @@ const shardTokens = 16 << 20
 
 // Commands returns the kiln-rollout commands.
 func Commands(env *stagecmd.Env) []*cli.Command {
-	return []*cli.Command{assembleCommand(env), adapterCommand(env)}
+	return []*cli.Command{assembleCommand(env), adapterCommand(env), runCommand(env)}
 }
 
 func assembleCommand(env *stagecmd.Env) *cli.Command {

@@ -1,0 +1,707 @@
+package rollout
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/formats/store"
+	"github.com/kilnrl/kiln/internal/agent/adapter"
+	"github.com/kilnrl/kiln/internal/agent/engine"
+	"github.com/kilnrl/kiln/internal/agent/harness"
+	"github.com/kilnrl/kiln/internal/sandbox"
+	"github.com/kilnrl/kiln/internal/stagecmd"
+	"github.com/kilnrl/kiln/internal/workspace"
+)
+
+// runVersion is the run stage's code version (dataset.Identity): bump it
+// whenever the same inputs and arguments would be run differently.
+const runVersion = "1"
+
+// Defaults of the run stage (docs/rollout.md §2).
+const (
+	DefaultBudget       = 1200 * time.Second // the agent's time budget
+	DefaultSetupTimeout = 600 * time.Second  // boot, workspace preparation, patch capture
+	DefaultMargin       = 180 * time.Second  // on top of both, for the whole-run deadline
+	// agentGrace is how long past its budget the agent may take to exit
+	// on its own before it is killed (its own timeout is the budget).
+	agentGrace = 5 * time.Second
+	// The model name agents send; the adapter ignores it.
+	agentModel = "kiln-policy"
+)
+
+// Abort reasons a run stage writes (docs/records.md §4, docs/rollout.md §2.4).
+const (
+	AbortMissingImage  = "missing_image_or_workdir"
+	AbortSessionEmpty  = "adapter_session_empty"
+	AbortDeadline      = "wall_clock_timeout"
+	AbortEngineError   = "engine_error"
+	AbortAgentCrash    = "agent_crash"
+	AbortPreempted     = "preempted"
+	abortExceptionPref = "exception:"
+)
+
+// RunOptions describe one run stage.
+type RunOptions struct {
+	Tasks, Images string // dataset references
+	Bundles       string // bundle root on this node
+	// Engines are the engines' base URLs; each session goes to one.
+	Engines      []string
+	EngineAPIKey string
+	Mode         engine.Mode
+	// TokenizerDir holds the served checkpoint's tokenizer files (special
+	// ids for prefix reuse); "" reads none.
+	TokenizerDir string
+	Samples      int
+	// Agent is the default harness; a task's agent column overrides it.
+	Agent          string
+	WeightsVersion string
+	Split          string
+	Jobs           int
+	// Budget is the agent's time budget; SetupTimeout and Margin make the
+	// whole-run deadline Budget + SetupTimeout + Margin.
+	Budget, SetupTimeout, Margin time.Duration
+	// Sampling: the session defaults, recorded in the version id.
+	Temperature, TopP  float64
+	TopK               int
+	MaxTokens          int
+	MaxContextTokens   int
+	StopTokenIDs       []int32
+	ChatTemplateKwargs string // a JSON object, or ""
+	ReasoningParser    string
+	ToolParser         string
+	// MaxTurns bounds each agent's model calls (0: the agent's default).
+	MaxTurns int
+	// Harness settings (the shell agent's binary, ...).
+	Harness harness.Options
+	// BootConcurrency bounds concurrent sandbox boots (default Jobs).
+	BootConcurrency int
+	// Sandbox are the base options of every agent sandbox (tests set the
+	// helper); the stage fills in rootfs, env, endpoint, mounts, artifacts.
+	Sandbox sandbox.Options
+	// FlushRuns is the number of finished runs written per batch
+	// (flushRuns if 0); tests lower it.
+	FlushRuns int
+}
+
+// identityArgs are the arguments that make the version id: everything that
+// changes what the runs produce, and nothing that only says where they run
+// (engine URLs, -j, --shard).
+func (o *RunOptions) identityArgs() map[string]any {
+	return map[string]any{
+		"samples": o.Samples, "agent": harness.Normalize(o.Agent), "weights_version": o.WeightsVersion, "split": o.Split,
+		"budget_s": o.Budget.Seconds(), "temperature": o.Temperature, "top_p": o.TopP, "top_k": o.TopK,
+		"max_tokens": o.MaxTokens, "max_context_tokens": o.MaxContextTokens, "stop_token_ids": o.StopTokenIDs,
+		"chat_template_kwargs": o.ChatTemplateKwargs, "reasoning_parser": o.ReasoningParser, "tool_parser": o.ToolParser,
+		"max_turns": o.MaxTurns,
+	}
+}
+
+func (o *RunOptions) check() error {
+	switch {
+	case o.Bundles == "":
+		return stagecmd.Usagef("--bundles DIR is required: the bundle root kiln-images unpacked the images into on this node")
+	case len(o.Engines) == 0:
+		return stagecmd.Usagef("--engine URL is required (several: --engine URL1,URL2)")
+	case o.Samples < 1:
+		return stagecmd.Usagef("--samples %d: want at least 1", o.Samples)
+	case o.Jobs < 1:
+		return stagecmd.Usagef("--jobs %d: want at least 1", o.Jobs)
+	case o.Budget <= 0:
+		return stagecmd.Usagef("--budget %s: want a positive duration such as 20m", o.Budget)
+	case o.SetupTimeout <= 0 || o.Margin < 0:
+		return stagecmd.Usagef("--setup-timeout %s, --deadline-margin %s: want a positive setup timeout and a margin of 0 or more", o.SetupTimeout, o.Margin)
+	case o.MaxContextTokens < 0 || o.MaxTokens < 0 || o.MaxTurns < 0:
+		return stagecmd.Usagef("--max-context-tokens, --max-tokens and --max-turns must be 0 or more")
+	}
+	if _, err := adapterOptions(adapterFlags{maxTokens: o.MaxTokens, temperature: &o.Temperature, topP: &o.TopP, topK: &o.TopK,
+		chatTemplateKwargs: o.ChatTemplateKwargs, reasoningParser: o.ReasoningParser, toolParser: o.ToolParser}); err != nil {
+		return stagecmd.UsageError{Err: err}
+	}
+	return nil
+}
+
+// RunOutput names what a run stage writes: NAME/rollouts, NAME/turns and
+// NAME/trajectories, one part of each.
+type RunOutput struct {
+	Name         string
+	Part         dataset.Part
+	PrintVersion bool
+	Hook         func(point string)
+}
+
+// RunResults are the three committed (or pending) versions.
+type RunResults struct {
+	Rollouts, Turns, Trajectories dataset.Result
+}
+
+// Run runs every task × sample of o's tasks in agent sandboxes and commits
+// the rollouts, turns and trajectories (docs/rollout.md §2).
+func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out RunOutput, o RunOptions) (RunResults, error) {
+	var res RunResults
+	if err := o.check(); err != nil {
+		return res, err
+	}
+	for _, suffix := range []string{"/rollouts", "/turns", "/trajectories"} {
+		if err := dataset.CheckName(out.Name + suffix); err != nil {
+			return res, stagecmd.UsageError{Err: err}
+		}
+	}
+	bundles, err := filepath.Abs(o.Bundles)
+	if err != nil {
+		return res, stagecmd.UsageError{Err: err}
+	}
+	inputs, err := stagecmd.ResolveInputs(ctx, st, []string{o.Tasks, o.Images}, out.Part)
+	if err != nil {
+		return res, err
+	}
+	id := dataset.Identity{Stage: "rollout-run", CodeVersion: runVersion, Inputs: inputs, Args: o.identityArgs()}
+	specs := [3]dataset.Spec{
+		{Name: out.Name + "/rollouts", Kind: records.RolloutsKind},
+		{Name: out.Name + "/turns", Kind: records.TurnsKind},
+		{Name: out.Name + "/trajectories", Kind: records.TrajectoriesKind},
+	}
+	for i := range specs {
+		specs[i].Identity, specs[i].Part, specs[i].Build, specs[i].Hook = id, out.Part, stagecmd.Build(), out.Hook
+	}
+	if out.PrintVersion {
+		version, err := id.Version()
+		if err != nil {
+			return res, err
+		}
+		for _, s := range specs {
+			fmt.Fprintln(env.Stdout, dataset.Ref{Name: s.Name, Version: version})
+		}
+		return res, nil
+	}
+	rw, err := dataset.NewWriter(ctx, st, specs[0])
+	if err != nil {
+		return res, err
+	}
+	// The turns and trajectories of a batch of runs are written before its
+	// rollouts rows, each receipt naming the batch: a resuming writer keeps
+	// only the batches whose rollouts rows were receipted too, so the three
+	// versions always hold the same runs (docs/rollout.md §2.5).
+	adopt := func(keys []string) bool {
+		for _, k := range keys {
+			if strings.HasPrefix(k, batchKeyPrefix) {
+				return rw.Done(k)
+			}
+		}
+		return false
+	}
+	specs[1].Adopt, specs[2].Adopt = adopt, adopt
+	tw, err := dataset.NewWriter(ctx, st, specs[1])
+	if err != nil {
+		return res, err
+	}
+	jw, err := dataset.NewWriter(ctx, st, specs[2])
+	if err != nil {
+		return res, err
+	}
+	writers := [3]*dataset.Writer{rw, tw, jw}
+	finished := func(w *dataset.Writer) bool { return w.Existing() != nil || w.PartDone() }
+	var metrics map[string]any
+	switch {
+	case finished(rw) && finished(tw) && finished(jw):
+		env.Log.Info("already written; nothing to run", "ref", rw.Ref().String(), "part", out.Part.String())
+	case finished(rw) || finished(tw) || finished(jw):
+		// A crash between the commits of the three; their receipts no longer
+		// say which batches the finished one holds.
+		return res, stagecmd.CorruptError{Err: fmt.Errorf("%s, %s and %s: some are written and some are not (interrupted between their commits?); "+
+			"remove the unfinished ones' receipts (kiln forget) and rerun", rw.Ref(), tw.Ref(), jw.Ref())}
+	default:
+		if n := rw.Resumed(); n > 0 {
+			env.Log.Info("resuming", "ref", rw.Ref().String(), "part", out.Part.String(), "rows_done", n)
+		}
+		if metrics, err = produceRuns(ctx, env, st, writers, inputs, bundles, o, out.Part); err != nil {
+			return res, err
+		}
+	}
+	// Turns, then rollouts, then trajectories: the trajectories version
+	// appearing means the other two are committed.
+	results := [3]*dataset.Result{&res.Turns, &res.Rollouts, &res.Trajectories}
+	for i, w := range []*dataset.Writer{tw, rw, jw} {
+		r, err := w.Commit(ctx, metrics)
+		if err != nil {
+			return res, err
+		}
+		*results[i] = r
+		switch {
+		case r.Pending:
+			env.Log.Info("part written; the version commits when its last part lands", "ref", r.Ref.String(), "part", out.Part.String())
+		case r.Committed:
+			env.Log.Info("committed", "ref", r.Ref.String(), "rows", r.Version.Rows, "shards", len(r.Version.Shards))
+		}
+	}
+	fmt.Fprintln(env.Stdout, res.Rollouts.Ref)
+	fmt.Fprintln(env.Stdout, res.Turns.Ref)
+	fmt.Fprintln(env.Stdout, res.Trajectories.Ref)
+	return res, nil
+}
+
+// batchKeyPrefix marks the row key that names a batch of runs in the
+// receipts of all three versions.
+const batchKeyPrefix = "batch:"
+
+// runJob is one agent run to do.
+type runJob struct {
+	key     string          // row key: stable across reruns of the version
+	row     records.Rollout // ids, task, agent, weights version filled in
+	abort   string          // decided before running ("" = run it)
+	detail  string          // why, for the log
+	harness harness.Harness
+	rootfs  string
+	env     []string
+	workdir string
+	setup   workspace.Setup
+}
+
+// planRuns lists the runs of the tasks this part owns (tasks are dealt to
+// parts round-robin, all samples of a task in one part), in task order.
+// Problems of one task (no image, a bundle missing on this node) become
+// aborts of its runs; an unknown harness stops the stage before any run.
+func planRuns(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles string, o RunOptions, part dataset.Part) ([]*runJob, error) {
+	tv, err := dataset.Open(ctx, st, inputs[0])
+	if err != nil {
+		return nil, err
+	}
+	if tv.Kind().Name != records.TasksKind.Name {
+		return nil, stagecmd.Usagef("--tasks %s holds %s records, not tasks", tv.Ref(), tv.Kind().Name)
+	}
+	var tasks []records.Task
+	if err := tv.EachShard(ctx, func(_ int, data []byte) error {
+		return records.EachTask(data, func(t records.Task) error { tasks = append(tasks, t); return nil })
+	}); err != nil {
+		return nil, err
+	}
+	iv, err := dataset.Open(ctx, st, inputs[1])
+	if err != nil {
+		return nil, err
+	}
+	if iv.Kind().Name != records.ImagesKind.Name {
+		return nil, stagecmd.Usagef("--images %s holds %s records, not images", iv.Ref(), iv.Kind().Name)
+	}
+	images := map[string]records.Image{}
+	if err := iv.EachShard(ctx, func(_ int, data []byte) error {
+		return records.EachImage(data, func(im records.Image) error { images[im.Image] = im; return nil })
+	}); err != nil {
+		return nil, err
+	}
+	harnesses := map[string]harness.Harness{}
+	getHarness := func(name string) (harness.Harness, error) {
+		name = harness.Normalize(name)
+		if h, ok := harnesses[name]; ok {
+			return h, nil
+		}
+		ho := o.Harness
+		ho.MaxTurns = o.MaxTurns
+		h, err := harness.New(name, ho)
+		if err != nil {
+			return nil, stagecmd.UsageError{Err: err}
+		}
+		harnesses[name] = h
+		return h, nil
+	}
+	var jobs []*runJob
+	owned := 0
+	for _, t := range tasks {
+		if o.Split != "" && (t.Split == nil || *t.Split != o.Split) {
+			continue
+		}
+		owned++
+		if !part.Owns(owned - 1) {
+			continue
+		}
+		agent := o.Agent
+		if t.Agent != nil && strings.TrimSpace(*t.Agent) != "" {
+			agent = *t.Agent
+		}
+		h, err := getHarness(agent)
+		if err != nil {
+			return nil, fmt.Errorf("task %q: %w", t.TaskID, err)
+		}
+		base := runJob{harness: h}
+		base.abort, base.detail = resolveTask(&t, images, bundles, &base)
+		for s := range o.Samples {
+			j := base
+			idx := t.TaskIndex*int64(o.Samples) + int64(s)
+			j.key = fmt.Sprintf("run-%d", idx)
+			j.row = records.Rollout{RolloutID: idx, Index: idx, GroupIndex: t.TaskIndex, Sample: int64(s), TaskID: t.TaskID,
+				Agent: h.Name(), WeightsVersion: o.WeightsVersion, AgentExitCode: -1}
+			jobs = append(jobs, &j)
+		}
+	}
+	if o.Split != "" && owned == 0 {
+		return nil, stagecmd.BadInputf("tasks %s has no task of split %q", tv.Ref(), o.Split)
+	}
+	return jobs, nil
+}
+
+// resolveTask fills in the sandbox and workspace of a task's runs, or says
+// why they abort.
+func resolveTask(t *records.Task, images map[string]records.Image, bundles string, j *runJob) (abort, detail string) {
+	if t.Image == nil || *t.Image == "" {
+		return AbortMissingImage, "the task has no image"
+	}
+	im, ok := images[*t.Image]
+	if !ok {
+		return AbortMissingImage, fmt.Sprintf("image %q is not in the images dataset", *t.Image)
+	}
+	switch {
+	case t.Workdir != nil && *t.Workdir != "":
+		j.workdir = *t.Workdir
+	case im.Workdir != nil && *im.Workdir != "":
+		j.workdir = *im.Workdir
+	default:
+		return AbortMissingImage, "the task has no workdir"
+	}
+	j.rootfs = filepath.Join(bundles, filepath.FromSlash(im.Bundle), "rootfs")
+	if fi, err := os.Stat(j.rootfs); err != nil || !fi.IsDir() {
+		return AbortMissingImage, fmt.Sprintf("the bundle of image %q is not on this node (%s)", *t.Image, j.rootfs)
+	}
+	var err error
+	if j.env, err = envList(im.Env); err != nil {
+		return abortExceptionPref + "bad_image_env", fmt.Sprintf("image %q: env: %v", im.Image, err)
+	}
+	if t.ProblemStatement != nil {
+		j.setup.ProblemStatement = *t.ProblemStatement
+	}
+	if t.PreCommands != nil {
+		var v any
+		if err := json.Unmarshal([]byte(*t.PreCommands), &v); err != nil {
+			return abortExceptionPref + "bad_pre_commands", fmt.Sprintf("pre_commands: %v", err)
+		}
+		j.setup.PreCommands = workspace.PreCommandsBody(v)
+	}
+	return "", ""
+}
+
+// envList turns an env JSON object into KEY=VALUE entries in its order.
+func envList(obj string) ([]string, error) {
+	dec := json.NewDecoder(strings.NewReader(obj))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, errors.New("not a JSON object")
+	}
+	var out []string
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		var v string
+		if err := dec.Decode(&v); err != nil {
+			return nil, fmt.Errorf("value of %v is not a string", k)
+		}
+		out = append(out, fmt.Sprint(k)+"="+v)
+	}
+	return out, nil
+}
+
+// Shards are flushed (with their receipts) every flushRuns runs or
+// flushRunsEvery, whichever comes first.
+const (
+	flushRuns      = 64
+	flushRunsEvery = 30 * time.Second
+)
+
+// produceRuns starts the adapter, runs the jobs with a pool of workers and
+// writes their rows in receipted batches from this goroutine (the writers
+// are not safe for concurrent use).
+func produceRuns(ctx context.Context, env *stagecmd.Env, st store.Store, ws [3]*dataset.Writer, inputs []dataset.Ref,
+	bundles string, o RunOptions, part dataset.Part) (map[string]any, error) {
+	if fi, err := os.Stat(bundles); err != nil || !fi.IsDir() {
+		return nil, stagecmd.Usagef("--bundles %q is not a directory: pass the bundle root kiln-images unpacked the images into", o.Bundles)
+	}
+	jobs, err := planRuns(ctx, st, inputs, bundles, o, part)
+	if err != nil {
+		return nil, err
+	}
+	var todo []*runJob
+	resumed := 0
+	for _, j := range jobs {
+		if ws[0].Done(j.key) {
+			resumed++
+			continue
+		}
+		todo = append(todo, j)
+	}
+	rt, err := startRuntime(ctx, env, o)
+	if err != nil {
+		return nil, err
+	}
+	defer rt.close()
+	p := &runProducer{env: env, st: st, ws: ws, rt: rt, o: o,
+		metrics: map[string]any{"runs": 0, "aborted": 0, "resumed": resumed, "turns": 0, "segments": 0}}
+	return p.run(ctx, todo)
+}
+
+// runRuntime is what the runs share: the adapters (one per engine) behind one
+// front on a loopback port, every sandbox's one endpoint.
+type runRuntime struct {
+	front   *front
+	addr    string // host:port the sandboxes' endpoints forward to
+	hs      interface{ Close() error }
+	boots   *sandbox.Limiter
+	engines []string
+}
+
+func startRuntime(ctx context.Context, env *stagecmd.Env, o RunOptions) (*runRuntime, error) {
+	aopts, err := adapterOptions(adapterFlags{maxTokens: o.MaxTokens, temperature: &o.Temperature, topP: &o.TopP, topK: &o.TopK,
+		chatTemplateKwargs: o.ChatTemplateKwargs, reasoningParser: o.ReasoningParser, toolParser: o.ToolParser})
+	if err != nil {
+		return nil, stagecmd.UsageError{Err: err}
+	}
+	aopts.Sampling.StopTokenIDs = o.StopTokenIDs
+	f := false
+	aopts.AutoOpen = &f // only sessions the stage opened are served
+	if o.TokenizerDir != "" {
+		if aopts.Special, err = engine.LoadSpecialTokens(o.TokenizerDir); err != nil {
+			return nil, err
+		}
+	} else {
+		env.Log.Warn("no --tokenizer-dir: prefix reuse cannot check special tokens; histories may be re-rendered")
+	}
+	var adapters []*adapter.Server
+	var failed []string
+	for _, url := range o.Engines {
+		cl, err := engine.New(engine.Options{BaseURL: url, Mode: o.Mode, APIKey: o.EngineAPIKey})
+		if err != nil {
+			return nil, stagecmd.UsageError{Err: fmt.Errorf("--engine %q: %w", url, err)}
+		}
+		caps, err := cl.Probe(ctx)
+		if err != nil {
+			failed = append(failed, fmt.Sprintf("%s: %v", url, err))
+			continue
+		}
+		env.Log.Info("engine ready", "engine", url, "route", string(caps.Route), "context", caps.ContextLength)
+		ao := aopts
+		ao.Engine = cl
+		adapters = append(adapters, adapter.New(ao))
+	}
+	if len(failed) > 0 {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("engine probe failed, so no run was started: %s", strings.Join(failed, "; "))
+	}
+	fr := newFront(adapters)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("adapter listener: %w", err)
+	}
+	hs := adapter.NewHTTPServer(fr, adapter.HTTPLimits{}, slog.NewLogLogger(env.Log.Handler(), slog.LevelWarn))
+	go func() { _ = hs.Serve(ln) }()
+	boots := o.BootConcurrency
+	if boots <= 0 {
+		boots = o.Jobs
+	}
+	return &runRuntime{front: fr, addr: ln.Addr().String(), hs: hs, boots: sandbox.NewLimiter(boots), engines: o.Engines}, nil
+}
+
+func (rt *runRuntime) close() { _ = rt.hs.Close() }
+
+// runProducer runs jobs and writes their results.
+type runProducer struct {
+	env *stagecmd.Env
+	st  store.Store
+	ws  [3]*dataset.Writer // rollouts, turns, trajectories
+	rt  *runRuntime
+	o   RunOptions
+
+	pending []*runResult
+	metrics map[string]any
+	batch   int
+}
+
+// runResult is one finished run: its row, turns and segments (none when
+// aborted).
+type runResult struct {
+	job      *runJob
+	row      records.Rollout
+	turns    []records.Turn
+	segments []records.Trajectory
+	err      error // the stage must stop (ctx cancelled, store failure)
+}
+
+func (p *runProducer) count(key string, n int) {
+	v, _ := p.metrics[key].(int)
+	p.metrics[key] = v + n
+}
+
+func (p *runProducer) run(ctx context.Context, todo []*runJob) (map[string]any, error) {
+	prog := stagecmd.NewProgress(p.env.Stderr, p.env.Log, "rollout", "runs", int64(len(todo)))
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	work := make(chan *runJob)
+	results := make(chan *runResult)
+	var wg sync.WaitGroup
+	for range min(p.o.Jobs, max(len(todo), 1)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range work {
+				results <- p.runOne(ctx, j)
+			}
+		}()
+	}
+	go func() {
+		defer close(work)
+		for _, j := range todo {
+			select {
+			case work <- j:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	go func() { wg.Wait(); close(results) }()
+
+	var firstErr error
+	last := time.Now()
+	for res := range results {
+		if res.err != nil {
+			if firstErr == nil && !errors.Is(res.err, context.Canceled) {
+				firstErr = res.err
+				cancel()
+			}
+			if res.row.AbortReason != nil && *res.row.AbortReason == AbortPreempted {
+				p.count("preempted", 1)
+			}
+			continue
+		}
+		prog.Add(1)
+		p.add(res)
+		if len(p.pending) >= p.flushAt() || time.Since(last) >= flushRunsEvery {
+			if err := p.flush(ctx); err != nil && firstErr == nil {
+				firstErr = err
+				cancel()
+			}
+			last = time.Now()
+		}
+	}
+	// Runs finished before an interruption are kept: a rerun does only the
+	// others (the preempted ones among them).
+	if err := p.flush(context.WithoutCancel(ctx)); err != nil && firstErr == nil {
+		firstErr = err
+	}
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	prog.Done()
+	fmt.Fprintln(p.env.Stderr, runTally(p.metrics))
+	return p.metrics, nil
+}
+
+func (p *runProducer) flushAt() int {
+	if p.o.FlushRuns > 0 {
+		return p.o.FlushRuns
+	}
+	return flushRuns
+}
+
+func (p *runProducer) add(res *runResult) {
+	p.pending = append(p.pending, res)
+	p.count("runs", 1)
+	if r := res.row.AbortReason; r != nil {
+		p.count("aborted", 1)
+		p.count("abort_"+*r, 1)
+	}
+	p.count("turns", len(res.turns))
+	p.count("segments", len(res.segments))
+	if res.row.AbortReason == nil && res.row.Patch != "" {
+		p.count("patches", 1)
+	}
+}
+
+// flush writes the pending runs as one batch: their turns, then their
+// segments, then their rollouts rows, each shard receipted with the runs'
+// keys and the batch's key (docs/rollout.md §2.5).
+func (p *runProducer) flush(ctx context.Context) error {
+	if len(p.pending) == 0 {
+		return nil
+	}
+	runs := p.pending
+	p.pending = nil
+	sort.SliceStable(runs, func(i, j int) bool { return runs[i].row.Index < runs[j].row.Index })
+	keys := []string{fmt.Sprintf("%s%s-%05d", batchKeyPrefix, newSessionID()[5:], p.batch)}
+	p.batch++
+	var rows []records.Rollout
+	var turns []records.Turn
+	var segs []records.Trajectory
+	for _, r := range runs {
+		keys = append(keys, r.job.key)
+		rows = append(rows, r.row)
+		turns = append(turns, r.turns...)
+		segs = append(segs, r.segments...)
+	}
+	if _, err := p.ws[1].WriteShard(ctx, int64(len(turns)), keys, func(out io.Writer) error {
+		enc, err := records.NewTurnEncoder(out, records.ArrowOptions{})
+		if err != nil {
+			return err
+		}
+		if err := enc.Write(turns...); err != nil {
+			return err
+		}
+		return enc.Close()
+	}); err != nil {
+		return err
+	}
+	if _, err := p.ws[2].WriteShard(ctx, int64(len(segs)), keys, func(out io.Writer) error {
+		enc, err := records.NewTrajectoryEncoder(out, records.ArrowOptions{})
+		if err != nil {
+			return err
+		}
+		if err := enc.Write(segs...); err != nil {
+			return err
+		}
+		return enc.Close()
+	}); err != nil {
+		return err
+	}
+	_, err := p.ws[0].WriteShard(ctx, int64(len(rows)), keys, func(out io.Writer) error {
+		enc := records.NewRolloutEncoder(out)
+		if err := enc.Write(rows...); err != nil {
+			return err
+		}
+		return enc.Close()
+	})
+	return err
+}
+
+// runTally is the end-of-run summary line.
+func runTally(m map[string]any) string {
+	n := func(k string) int { v, _ := m[k].(int); return v }
+	var b strings.Builder
+	fmt.Fprintf(&b, "rollout: %d runs: %d with a patch, %d aborted", n("runs"), n("patches"), n("aborted"))
+	var reasons []string
+	for k := range m {
+		if r, ok := strings.CutPrefix(k, "abort_"); ok {
+			reasons = append(reasons, fmt.Sprintf("%s %d", r, n(k)))
+		}
+	}
+	sort.Strings(reasons)
+	if len(reasons) > 0 {
+		fmt.Fprintf(&b, " (%s)", strings.Join(reasons, ", "))
+	}
+	fmt.Fprintf(&b, "; %d turns, %d segments", n("turns"), n("segments"))
+	if r := n("resumed"); r > 0 {
+		fmt.Fprintf(&b, "; %d resumed from an earlier attempt", r)
+	}
+	return b.String()
+}

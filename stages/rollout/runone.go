@@ -1,0 +1,197 @@
+package rollout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/internal/agent/adapter"
+	"github.com/kilnrl/kiln/internal/agent/assembly"
+	"github.com/kilnrl/kiln/internal/agent/engine"
+	"github.com/kilnrl/kiln/internal/agent/harness"
+	"github.com/kilnrl/kiln/internal/sandbox"
+	"github.com/kilnrl/kiln/internal/workspace"
+)
+
+// agentLogName is the shell agent's transcript inside the workdir's
+// harness directory (excluded from patch capture).
+const agentLogName = "agent.jsonl"
+
+// runOne runs one agent (docs/rollout.md §2.2) and returns its result.
+// Every outcome but an interruption of the stage is a row: a failure of
+// the run is an abort reason. res.err is set only when the stage must stop
+// or was stopped (then the row says preempted and is not written).
+func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
+	res := &runResult{job: j, row: j.row}
+	row := &res.row
+	row.StartedAt = time.Now().UTC()
+	abort := func(reason, detail string) *runResult {
+		row.AbortReason = &reason
+		res.turns, res.segments = nil, nil
+		row.EndedAt = time.Now().UTC()
+		p.env.Log.Warn("run aborted", "task", row.TaskID, "rollout", row.RolloutID, "reason", reason, "detail", detail)
+		return res
+	}
+	if j.abort != "" {
+		return abort(j.abort, j.detail)
+	}
+	deadline := p.o.Budget + p.o.SetupTimeout + p.o.Margin
+	rctx, cancel := context.WithTimeoutCause(ctx, deadline, errDeadline)
+	defer cancel()
+	// interrupted is the abort of a run its context ended: the whole-run
+	// deadline, or the stage stopping (preempted: not written, redone by
+	// the rerun).
+	interrupted := func(err error) *runResult {
+		if ctx.Err() != nil {
+			res.err = ctx.Err()
+			return abort(AbortPreempted, err.Error())
+		}
+		return abort(AbortDeadline, fmt.Sprintf("the run passed its deadline of %s: %v", deadline, err))
+	}
+
+	sid := newSessionID()
+	sampling := engine.SamplingParams{MaxTokens: p.o.MaxTokens, Temperature: &p.o.Temperature, TopP: &p.o.TopP, TopK: &p.o.TopK,
+		StopTokenIDs: p.o.StopTokenIDs}
+	eng, err := p.rt.front.open(sid, adapter.SessionOptions{RolloutID: row.RolloutID, Index: row.Index, GroupIndex: row.GroupIndex,
+		Sampling: &sampling, MaxContextTokens: p.o.MaxContextTokens})
+	if err != nil {
+		return abort(abortExceptionPref+"adapter", err.Error())
+	}
+	sessionOpen := true
+	finishSession := func() ([]records.Turn, int, error) {
+		sessionOpen = false
+		errs := p.rt.front.close(sid)
+		turns, err := p.rt.front.adapters[eng].Finish(sid)
+		return turns, errs, err
+	}
+	defer func() {
+		if sessionOpen {
+			p.rt.front.close(sid)
+			p.rt.front.adapters[eng].Drop(sid)
+		}
+	}()
+
+	// The run's artifacts: an attachment of the rollouts version, under a
+	// prefix of this attempt (a rerun of an unfinished run writes anew).
+	artifacts := dataset.AttachmentKey(p.ws[0].Ref(), fmt.Sprintf("runs/%s/%s/", j.key, sid[len(sid)-8:]))
+	logFile := path.Join(j.workdir, workspace.HarnessDir, agentLogName)
+	opts := p.o.Sandbox
+	opts.Rootfs, opts.Env, opts.Endpoint = j.rootfs, j.env, p.rt.addr
+	opts.Mounts = append(append([]sandbox.Mount(nil), opts.Mounts...), j.harness.Mounts()...)
+	opts.Artifacts = storeSink{ctx: context.WithoutCancel(ctx), st: p.st, prefix: artifacts}
+	opts.ArtifactFiles = []string{logFile}
+	opts.BootLimiter = p.rt.boots
+	if opts.Log == nil {
+		opts.Log = p.env.Log
+	}
+	sb, err := sandbox.Boot(rctx, opts)
+	if err != nil {
+		if rctx.Err() != nil {
+			return interrupted(err)
+		}
+		return abort(abortExceptionPref+"sandbox_boot", err.Error())
+	}
+	closed := false
+	closeSandbox := func() {
+		if !closed {
+			closed = true
+			if err := sb.Close(); err != nil {
+				p.env.Log.Warn("closing an agent sandbox failed", "task", row.TaskID, "rollout", row.RolloutID, "err", err)
+			}
+		}
+	}
+	defer closeSandbox()
+	row.Artifacts = &artifacts
+
+	baseline, err := workspace.Prepare(rctx, sb, j.workdir, j.setup)
+	if err != nil {
+		if rctx.Err() != nil {
+			return interrupted(err)
+		}
+		return abort(abortExceptionPref+"workspace", err.Error())
+	}
+	spec := harness.RunSpec{SessionID: sid, BaseURL: "http://" + sb.Endpoint(), Model: agentModel, Workdir: j.workdir,
+		TaskFile: path.Join(j.workdir, workspace.ProblemFile), Budget: p.o.Budget, LogFile: logFile}
+	if _, err := sb.Exec(rctx, sandbox.Cmd{Argv: []string{"mkdir", "-p", path.Join(j.workdir, workspace.HarnessDir)}, User: sandbox.Agent,
+		Timeout: 30 * time.Second, Check: true}); err != nil {
+		if rctx.Err() != nil {
+			return interrupted(err)
+		}
+		return abort(abortExceptionPref+"workspace", err.Error())
+	}
+	for _, f := range j.harness.Files(spec) {
+		if err := sb.WriteFile(rctx, f.Path, f.Data, f.Perm, f.User); err != nil {
+			if rctx.Err() != nil {
+				return interrupted(err)
+			}
+			return abort(abortExceptionPref+"harness_config", err.Error())
+		}
+	}
+	argv, env := j.harness.Command(spec)
+	ares, err := sb.Exec(rctx, sandbox.Cmd{Argv: argv, Env: env, User: sandbox.Agent, Dir: j.workdir, Timeout: p.o.Budget + agentGrace})
+	if err != nil {
+		if rctx.Err() != nil {
+			return interrupted(err)
+		}
+		return abort(abortExceptionPref+"agent_exec", err.Error())
+	}
+	row.AgentExitCode = int64(ares.ExitCode)
+	if ares.TimedOut {
+		row.AgentExitCode = sandbox.BudgetExceeded
+	}
+	// The agent is gone (its process tree is killed at the budget), so the
+	// workspace no longer changes under the capture.
+	patch, err := workspace.Diff(rctx, sb, j.workdir, baseline)
+	if err != nil {
+		if rctx.Err() != nil {
+			return interrupted(err)
+		}
+		return abort(abortExceptionPref+"patch_capture", err.Error())
+	}
+	row.Patch = patch
+	turns, serverErrors, err := finishSession()
+	if err != nil {
+		return abort(abortExceptionPref+"adapter", err.Error())
+	}
+	closeSandbox() // saves the artifacts (the agent's log among them)
+	row.Turns = int64(len(turns))
+	for _, t := range turns {
+		row.PromptTokens += int64(len(t.PromptIDs))
+		row.OutputTokens += int64(len(t.OutputIDs))
+	}
+	if err := rctx.Err(); err != nil {
+		return interrupted(context.Cause(rctx))
+	}
+	switch {
+	case serverErrors > 0 && ares.ExitCode != 0:
+		return abort(AbortEngineError, fmt.Sprintf("%d model calls failed with a server error; the agent exited %d", serverErrors, ares.ExitCode))
+	case !ares.TimedOut && ares.ExitCode >= 126:
+		return abort(AbortAgentCrash, fmt.Sprintf("the agent exited %d (not runnable, or killed by a signal): %s", ares.ExitCode, lastLines(ares.Stderr)))
+	case len(turns) == 0:
+		return abort(AbortSessionEmpty, fmt.Sprintf("the agent made no model call (exit %d): %s", ares.ExitCode, lastLines(ares.Stderr)))
+	}
+	segs, err := assembleSession(&session{id: sid, turns: turns}, assembly.Options{})
+	if err != nil {
+		return abort(abortExceptionPref+"assembly", err.Error())
+	}
+	res.turns, res.segments = turns, segs
+	row.EndedAt = time.Now().UTC()
+	return res
+}
+
+// errDeadline is the cause of a run context that passed its deadline.
+var errDeadline = errors.New("whole-run deadline")
+
+// lastLines is the end of a command's output, for a log line.
+func lastLines(b []byte) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) > 400 {
+		s = "..." + s[len(s)-400:]
+	}
+	return s
+}
