@@ -34,9 +34,15 @@ type stack struct {
 // format: the script writes calls as JSON, so arguments are exact).
 func newStack(t *testing.T, script enginetest.Script, ao adapter.Options) *stack {
 	t.Helper()
+	return newStackWith(t, enginetest.Options{MaxModelLen: 1 << 16, Script: script}, ao)
+}
+
+// newStackWith is newStack with the engine's options.
+func newStackWith(t *testing.T, eo enginetest.Options, ao adapter.Options) *stack {
+	t.Helper()
 	dir := t.TempDir()
 	require.NoError(t, enginetest.WriteTokenizerFiles(dir))
-	eng := enginetest.New(enginetest.Options{MaxModelLen: 1 << 16, Script: script})
+	eng := enginetest.New(eo)
 	esrv := serve(t, eng)
 	c, err := engine.New(engine.Options{BaseURL: esrv, Mode: engine.ModeGenerate})
 	require.NoError(t, err)
