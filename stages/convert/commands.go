@@ -110,32 +110,42 @@ repo, when present, is the split unit.`+commonHelp),
 	}
 }
 
+// flags are a conversion's flags, bound.
+type flags struct {
+	data, out, split, dataset, scripts string
+	ids                                cli.StringSlice
+	seed                               uint64
+	limit                              int
+	keepUngradeable, printVersion      bool
+}
+
 func command(env *stagecmd.Env, format, usage, args, desc string) *cli.Command {
-	flags := []cli.Flag{
+	f := &flags{}
+	fl := []cli.Flag{
 		stagecmd.StoreFlag(),
-		&cli.StringFlag{Name: "data", Required: true, Usage: "the input (see above)"},
-		&cli.StringFlag{Name: "out", Value: "tasks/" + format, Usage: "dataset name to write"},
-		&cli.StringSliceFlag{Name: "ids", Usage: "convert only these instance ids (repeat the flag, or comma-separate; extra arguments are ids too)"},
-		&cli.StringFlag{Name: "split", Usage: "NAME=FRACTION,... e.g. train=0.9,eval=0.1: whole units per split"},
-		&cli.Uint64Flag{Name: "seed", Usage: "seed of --split and --limit"},
-		&cli.IntFlag{Name: "limit", Usage: "keep at most N tasks per split, spread across repositories"},
-		&cli.StringFlag{Name: "dataset", Usage: "the dataset column (default: the format's source name)"},
+		&cli.StringFlag{Name: "data", Required: true, Destination: &f.data, Usage: "the input (see above)"},
+		&cli.StringFlag{Name: "out", Value: "tasks/" + format, Destination: &f.out, Usage: "dataset name to write"},
+		&cli.StringSliceFlag{Name: "ids", Destination: &f.ids, Usage: "convert only these instance ids (repeat the flag, or comma-separate; extra arguments are ids too)"},
+		&cli.StringFlag{Name: "split", Destination: &f.split, Usage: "NAME=FRACTION,... e.g. train=0.9,eval=0.1: whole units per split"},
+		&cli.Uint64Flag{Name: "seed", Destination: &f.seed, Usage: "seed of --split and --limit"},
+		&cli.IntFlag{Name: "limit", Destination: &f.limit, Usage: "keep at most N tasks per split, spread across repositories"},
+		&cli.StringFlag{Name: "dataset", Destination: &f.dataset, Usage: "the dataset column (default: the format's source name)"},
 		stagecmd.ShardFlag(),
-		stagecmd.PrintVersionFlag(),
+		stagecmd.PrintVersionFlag(&f.printVersion),
 	}
 	switch format {
 	case "swebench":
-		flags = append(flags, &cli.BoolFlag{Name: "keep-ungradeable", Usage: "keep rows whose log parser kiln does not implement"})
+		fl = append(fl, &cli.BoolFlag{Name: "keep-ungradeable", Destination: &f.keepUngradeable, Usage: "keep rows whose log parser kiln does not implement"})
 	case "swepro":
-		flags = append(flags, &cli.StringFlag{Name: "scripts", Usage: "directory of <instance_id>/run_script.sh and parser.py (and of relative script paths rows name)"})
+		fl = append(fl, &cli.StringFlag{Name: "scripts", Destination: &f.scripts, Usage: "directory of <instance_id>/run_script.sh and parser.py (and of relative script paths rows name)"})
 	}
 	return &cli.Command{
-		Name: format, Usage: usage, ArgsUsage: args, Description: desc, Flags: flags,
-		Action: func(c *cli.Context) error { return action(c, env, format) },
+		Name: format, Usage: usage, ArgsUsage: args, Description: desc, Flags: fl,
+		Action: func(c *cli.Context) error { return action(c, env, format, f) },
 	}
 }
 
-func action(c *cli.Context, env *stagecmd.Env, format string) error {
+func action(c *cli.Context, env *stagecmd.Env, format string, f *flags) error {
 	st, err := stagecmd.OpenStore(c)
 	if err != nil {
 		return err
@@ -144,22 +154,22 @@ func action(c *cli.Context, env *stagecmd.Env, format string) error {
 	if err != nil {
 		return err
 	}
-	splits, err := ParseSplits(c.String("split"))
+	splits, err := ParseSplits(f.split)
 	if err != nil {
 		return stagecmd.UsageError{Err: err}
 	}
 	// --ids takes several values, as the reference's nargs="+": the flag
 	// may repeat, and the arguments after it are ids too.
-	ids := append(c.StringSlice("ids"), c.Args().Slice()...)
-	if c.NArg() > 0 && !c.IsSet("ids") {
+	ids := append(f.ids.Value(), c.Args().Slice()...)
+	if c.NArg() > 0 && len(f.ids.Value()) == 0 {
 		return stagecmd.Usagef("%s: unexpected arguments %q; ids go after --ids", c.Command.FullName(), c.Args().Slice())
 	}
 	o := Options{
-		Format: format, Data: c.String("data"), Scripts: c.String("scripts"), IDs: ids,
-		Splits: splits, Seed: c.Uint64("seed"), Limit: c.Int("limit"),
-		KeepUngradeable: c.Bool("keep-ungradeable"), Dataset: c.String("dataset"),
+		Format: format, Data: f.data, Scripts: f.scripts, IDs: ids,
+		Splits: splits, Seed: f.seed, Limit: f.limit,
+		KeepUngradeable: f.keepUngradeable, Dataset: f.dataset,
 	}
-	out := stagecmd.Output{Name: c.String("out"), Part: part, PrintVersion: c.Bool("print-version"), Hook: env.Hook}
+	out := stagecmd.Output{Name: f.out, Part: part, PrintVersion: f.printVersion, Hook: env.Hook}
 	_, err = Run(c.Context, env, st, out, o)
 	return err
 }
