@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -120,6 +121,10 @@ func (w *runWorld) options(urls ...string) RunOptions {
 		Temperature: 1, TopP: 1, TopK: -1, ReasoningParser: "qwen3", ToolParser: "qwen3_coder", MaxTurns: 20,
 		Harness: harness.Options{ShellAgent: filepath.Join(w.tools, harness.ShellAgentName)},
 		Sandbox: sandbox.Options{HelperPath: filepath.Join(w.tools, sandbox.HelperName)}}
+}
+
+func (w *runWorld) env(stdout io.Writer) *stagecmd.Env {
+	return &stagecmd.Env{Stdout: stdout, Stderr: io.Discard, Log: stagecmd.NewLogger(io.Discard, false)}
 }
 
 func (w *runWorld) run(t *testing.T, ctx context.Context, name string, o RunOptions, hook func(string)) (RunResults, error, string) {

@@ -1,0 +1,185 @@
+package rollout
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kilnrl/kiln/fixtures"
+	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/internal/stagecmd/stagetest"
+)
+
+// TestRunFaults: each fault ends as rollouts rows with an abort reason (or,
+// for an agent out of its budget, exit code -1) and no turns or segments
+// for the aborted runs; nothing is dropped.
+func TestRunFaults(t *testing.T) {
+	w := newRunWorld(t)
+	cases := []struct {
+		name   string
+		do     behaviour
+		adjust func(*RunOptions)
+		abort  string // "" = not aborted
+		exit   int64
+		turns  bool // the run's turns are kept
+	}{
+		{name: "engine fails mid-run", do: failLater, abort: AbortEngineError, exit: 1},
+		{name: "agent hangs past its budget", do: hang, exit: -1, turns: true,
+			adjust: func(o *RunOptions) { o.Budget = 3 * time.Second }},
+		{name: "whole-run deadline", do: hang, abort: AbortDeadline, exit: -1,
+			adjust: func(o *RunOptions) { o.Budget, o.SetupTimeout, o.Margin = 4*time.Second, time.Nanosecond, 0 }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			model := newScriptedModel(w.set, func(fixtures.Task, int) behaviour { return c.do })
+			o := w.options(startEngine(t, model.script))
+			o.Samples = 1
+			if c.adjust != nil {
+				c.adjust(&o)
+			}
+			start := time.Now()
+			res, err, logs := w.run(t, context.Background(), "rollout/"+strings.ReplaceAll(c.name, " ", "-"), o, nil)
+			require.NoError(t, err, logs)
+			assert.Less(t, time.Since(start), o.Budget+o.SetupTimeout+o.Margin+time.Minute)
+			rows := readRollouts(t, w.st, res.Rollouts.Ref)
+			require.Len(t, rows, len(w.set.Tasks), logs)
+			turns := readTurns(t, w.st, res.Turns.Ref)
+			segs := readSegments(t, w.st, res.Trajectories.Ref)
+			for _, r := range rows {
+				assert.Equal(t, c.abort, deref(r.AbortReason), "%s: %s", r.TaskID, logs)
+				assert.Equal(t, c.exit, r.AgentExitCode, r.TaskID)
+			}
+			if c.turns {
+				assert.Len(t, turns, len(rows))
+				assert.NotEmpty(t, segs)
+			} else {
+				assert.Empty(t, turns)
+				assert.Empty(t, segs)
+			}
+		})
+	}
+}
+
+// TestRunMissingBundle: a task whose bundle is not on this node aborts its
+// runs as missing_image_or_workdir; the other tasks run.
+func TestRunMissingBundle(t *testing.T) {
+	w := newRunWorld(t)
+	v, err := dataset.OpenString(context.Background(), w.st, w.images)
+	require.NoError(t, err)
+	var imgs []records.Image
+	require.NoError(t, v.EachShard(context.Background(), func(_ int, data []byte) error {
+		return records.EachImage(data, func(im records.Image) error { imgs = append(imgs, im); return nil })
+	}))
+	missing := w.set.Tasks[0].Image
+	root := t.TempDir()
+	for _, im := range imgs {
+		if im.Image == missing {
+			continue
+		}
+		p := filepath.Join(root, filepath.FromSlash(im.Bundle))
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.Symlink(filepath.Join(w.bundles, filepath.FromSlash(im.Bundle)), p))
+	}
+	model := newScriptedModel(w.set, func(fixtures.Task, int) behaviour { return lookAround })
+	o := w.options(startEngine(t, model.script))
+	o.Bundles = root
+	res, err, logs := w.run(t, context.Background(), "rollout/missing", o, nil)
+	require.NoError(t, err, logs)
+	rows := readRollouts(t, w.st, res.Rollouts.Ref)
+	require.Len(t, rows, 2*len(w.set.Tasks))
+	for _, r := range rows {
+		if r.TaskID == w.set.Tasks[0].ID {
+			assert.Equal(t, AbortMissingImage, deref(r.AbortReason))
+			assert.Zero(t, r.Turns)
+		} else {
+			assert.Nil(t, r.AbortReason, "%s: %v\n%s", r.TaskID, deref(r.AbortReason), logs)
+		}
+	}
+}
+
+// TestRunEngineDownAtStart: an engine that does not answer its probe stops
+// the stage before any run, with an error naming it; nothing is committed.
+func TestRunEngineDownAtStart(t *testing.T) {
+	w := newRunWorld(t)
+	up := startEngine(t, newScriptedModel(w.set, func(fixtures.Task, int) behaviour { return lookAround }).script)
+	down := "http://127.0.0.1:1"
+	r := stagetest.Run(t, stageCommands, "run", "--store", w.storeDir, "--tasks", w.tasks, "--images", w.images,
+		"--bundles", w.bundles, "--engine", up+","+down, "--tokenizer-dir", w.tokenizer, "--mode", "generate",
+		"--agent-binary", filepath.Join(w.tools, "kiln-agent"), "--out", "rollout/down")
+	assert.Equal(t, 1, r.Code, r.Stderr)
+	assert.Contains(t, r.Stderr, "engine probe failed")
+	assert.Contains(t, r.Stderr, down)
+	for _, name := range []string{"rollout/down/rollouts", "rollout/down/turns", "rollout/down/trajectories"} {
+		_, err := dataset.OpenString(context.Background(), w.st, name)
+		assert.Error(t, err, name)
+	}
+}
+
+// TestRunResume: a stage stopped after two committed batches (as SIGTERM
+// stops it) leaves them receipted; the rerun runs only the others and
+// commits the version --print-version names, with every run once in all
+// three datasets.
+func TestRunResume(t *testing.T) {
+	w := newRunWorld(t)
+	model := newScriptedModel(w.set, func(_ fixtures.Task, nth int) behaviour {
+		if nth == 0 {
+			return fixIt
+		}
+		return lookAround
+	})
+	o := w.options(startEngine(t, model.script))
+	o.Jobs, o.FlushRuns = 1, 1
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	receipts := 0
+	hook := func(point string) {
+		// Each batch receipts its turns, trajectories and rollouts shards.
+		if point == dataset.HookRowsReceipted {
+			if receipts++; receipts == 6 {
+				cancel()
+			}
+		}
+	}
+	_, err, logs := w.run(t, ctx, "rollout/resume", o, hook)
+	require.ErrorIs(t, err, context.Canceled, logs)
+
+	var printed strings.Builder
+	env := w.env(&printed)
+	_, err = Run(context.Background(), env, w.st, RunOutput{Name: "rollout/resume", PrintVersion: true}, o)
+	require.NoError(t, err)
+	want := strings.Fields(printed.String())
+	require.Len(t, want, 3)
+
+	res, err, logs := w.run(t, context.Background(), "rollout/resume", o, nil)
+	require.NoError(t, err, logs)
+	assert.Equal(t, want, []string{res.Rollouts.Ref.String(), res.Turns.Ref.String(), res.Trajectories.Ref.String()})
+	assert.Contains(t, logs, "2 resumed from an earlier attempt")
+	rows := readRollouts(t, w.st, res.Rollouts.Ref)
+	require.Len(t, rows, 2*len(w.set.Tasks))
+	seen := map[int64]bool{}
+	for _, r := range rows {
+		assert.False(t, seen[r.Index], "rollout %d twice", r.Index)
+		seen[r.Index] = true
+		assert.Nil(t, r.AbortReason)
+	}
+	sessions := map[int64]string{}
+	for _, tr := range readTurns(t, w.st, res.Turns.Ref) {
+		if s, ok := sessions[tr.RolloutID]; ok {
+			assert.Equal(t, s, tr.Session, "rollout %d has turns of two sessions", tr.RolloutID)
+		}
+		sessions[tr.RolloutID] = tr.Session
+	}
+	assert.Len(t, sessions, len(rows))
+	segRollouts := map[int64]bool{}
+	for _, s := range readSegments(t, w.st, res.Trajectories.Ref) {
+		segRollouts[s.RolloutID] = true
+	}
+	assert.Len(t, segRollouts, len(rows))
+}
