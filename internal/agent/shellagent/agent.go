@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 )
@@ -108,7 +109,8 @@ func Run(ctx context.Context, cfg Config) Result {
 		"max_output_bytes": cfg.MaxOutputBytes, "task": cfg.Task})
 
 	c := &client{url: u, cfg: &cfg, tr: tr}
-	tl := &tools{workdir: cfg.Workdir, commandTimeout: cfg.CommandTimeout, maxOutput: cfg.MaxOutputBytes}
+	tl := &tools{workdir: cfg.Workdir, commandTimeout: cfg.CommandTimeout, maxOutput: cfg.MaxOutputBytes,
+		env: commandEnv(os.Environ())}
 	sys, task := SystemPrompt(cfg.Workdir), cfg.Task
 	msgs := []message{{Role: "system", Content: &sys}, {Role: "user", Content: &task}}
 	timedOut := func(turns int) Result {

@@ -13,7 +13,8 @@
 // tool message with the call's id. The whole history is re-sent every turn.
 // It ends on:
 //
-//   - a reply without tool calls: the final answer (ExitFinal, 0);
+//   - a reply without tool calls: the final answer (ExitFinal, 0), also
+//     when the reply was cut at the token limit;
 //   - a failed model call (ExitError, 1): 5xx replies and connection errors
 //     are retried twice with a doubling backoff (1 s, 2 s), 4xx replies and
 //     unreadable bodies are not;
@@ -26,7 +27,8 @@
 //
 // Tools (tools.go): bash runs /bin/sh -c (an image may have no bash) in the
 // workdir in its own process group, stdin /dev/null, stdout and stderr
-// combined, and reports the exit code; past CommandTimeout the group is
+// combined, the environment kiln-agent's less KILN_AGENT_* (the agent's key
+// and session are not the task's), and reports the exit code; past CommandTimeout the group is
 // SIGKILLed, the result says so, and the loop goes on. edit replaces the
 // single occurrence of old_str, or creates the file when old_str is empty
 // and the file does not exist. Every output keeps at most MaxOutputBytes

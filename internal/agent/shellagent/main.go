@@ -57,7 +57,8 @@ Environment:
 Tools offered to the model:
   bash {command}            /bin/sh -c COMMAND in the workdir (the image may
                             have no bash), stdin /dev/null, stdout and stderr
-                            combined, the exit code reported
+                            combined, the exit code reported; the environment
+                            is kiln-agent's less its KILN_AGENT_* variables
   edit {path, old_str, new_str}
                             replace the one occurrence of old_str with
                             new_str; with an empty old_str, create the file
@@ -68,7 +69,8 @@ an error result; a tool's failure never ends the run.
 Output: the final answer on stdout; errors on stderr.
 
 Exit status:
-  0  the model gave a final answer (a reply without tool calls)
+  0  the model gave a final answer (a reply without tool calls, even one
+     cut at the token limit)
   1  a model call failed: a 4xx reply, or a 5xx reply or connection error
      still failing after 2 retries (1 s, then 2 s apart), or a bad reply
   2  bad usage (flags, task file, workdir, log file)

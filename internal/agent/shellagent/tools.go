@@ -54,6 +54,20 @@ type tools struct {
 	workdir        string
 	commandTimeout time.Duration
 	maxOutput      int
+	env            []string // the commands' environment; nil: this process's
+}
+
+// commandEnv is environ without kiln-agent's own KILN_AGENT_* variables:
+// they are for the agent (its API key, its session), not for the task's
+// commands.
+func commandEnv(environ []string) []string {
+	out := make([]string, 0, len(environ))
+	for _, kv := range environ {
+		if !strings.HasPrefix(kv, "KILN_AGENT_") {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // call runs one tool call. It never fails: every problem (unknown tool, bad
@@ -119,7 +133,7 @@ func decodeArgs(raw json.RawMessage) (map[string]any, error) {
 
 // bash runs command with /bin/sh -c (an image may have no bash) in the
 // workdir, stdin from /dev/null, stdout and stderr combined, in its own
-// process group. At the per-command timeout, or when the run's context ends,
+// process group, with t.env. At the per-command timeout, or when the run's context ends,
 // the whole group is killed; background processes of a command that exited
 // on its own are left running (the agent may have started a server), and
 // their hold on the output pipe is cut after waitDelay.
@@ -129,6 +143,7 @@ func (t *tools) bash(ctx context.Context, command string) toolResult {
 	out := newCapWriter(t.maxOutput)
 	cmd := exec.CommandContext(cctx, "/bin/sh", "-c", command)
 	cmd.Dir = t.workdir
+	cmd.Env = t.env
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }

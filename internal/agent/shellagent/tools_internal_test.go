@@ -167,6 +167,13 @@ func TestBashKillsTheGroup(t *testing.T) {
 	}, 5*time.Second, 20*time.Millisecond)
 }
 
+func TestCommandEnv(t *testing.T) {
+	assert.Equal(t, []string{"PATH=/bin", "HOME=/root", "XKILN_AGENT_A=1"},
+		commandEnv([]string{"PATH=/bin", "KILN_AGENT_API_KEY=k", "HOME=/root", "KILN_AGENT_SESSION=s", "XKILN_AGENT_A=1"}))
+	tl := &tools{workdir: t.TempDir(), commandTimeout: time.Minute, maxOutput: 1024, env: []string{"A=1"}}
+	assert.Equal(t, "A=1\n[exit code 0]", tl.bash(context.Background(), "env | grep -v '^PWD=' | grep -v '^SHLVL=' | grep -v '^_='").Output)
+}
+
 func TestCapWriter(t *testing.T) {
 	cases := []struct {
 		name      string
