@@ -11,6 +11,9 @@
 // received (reasoning_content included, so the adapter can reuse the turn's
 // exact tokens), and its tool calls run in order, each result appended as a
 // tool message with the call's id. The whole history is re-sent every turn.
+// kiln's adapter names the session by the Bearer token, else by
+// metadata.session_id (docs/adapter.md §2.1); x-session-id is the header
+// the engine's router reads, sent for a router between agent and adapter.
 // It ends on:
 //
 //   - a reply without tool calls: the final answer (ExitFinal, 0), also
@@ -25,16 +28,16 @@
 //
 // Bad usage is ExitUsage (2, Main only).
 //
-// Tools (tools.go): bash runs /bin/sh -c (an image may have no bash) in the
-// workdir in its own process group, stdin /dev/null, stdout and stderr
-// combined, the environment kiln-agent's less KILN_AGENT_* (the agent's key
-// and session are not the task's), and reports the exit code; past CommandTimeout the group is
-// SIGKILLed, the result says so, and the loop goes on. edit replaces the
-// single occurrence of old_str, or creates the file when old_str is empty
-// and the file does not exist. Every output keeps at most MaxOutputBytes
-// (head and tail, with a note of the bytes cut). An unknown tool, arguments
-// that are not a JSON object, or missing fields give an error result, never
-// a failed run.
+// Tools (tools.go): bash runs /bin/sh -c (an image may have no bash) in
+// the workdir in its own process group, stdin /dev/null, stdout and stderr
+// combined, in kiln-agent's environment less KILN_AGENT_* (the agent's key
+// and session are not the task's), and reports the exit code; past
+// CommandTimeout the group is SIGKILLed, the result says so, and the loop
+// goes on. edit replaces the single occurrence of old_str, or creates the
+// file when old_str is empty and the file does not exist. Every output
+// keeps at most MaxOutputBytes (head and tail, with a note of the bytes
+// cut). An unknown tool, arguments that are not a JSON object, or missing
+// fields give an error result, never a failed run.
 //
 // Static binary: kiln-agent is bind-mounted into images that may have any
 // libc or none, so this package must not import "net" (or "os/user",
@@ -45,8 +48,11 @@
 // /etc/hosts names; inside a sandbox the adapter is 127.0.0.1:PORT).
 // TestStaticBinary holds both: no "net" among the command's dependencies,
 // and an ELF with no interpreter and no needed libraries, built with the
-// environment's CGO_ENABLED. Like kiln-sandbox-helper, it is found beside
-// the kiln binaries: make build (go build -o bin/ ./cmd/...) puts it in bin/.
+// environment's CGO_ENABLED. It ships as kiln-sandbox-helper does: make
+// build (go build -o bin/ ./cmd/...) puts it in bin/ beside the kiln
+// binaries, and FindBinary looks for it as the bwrap provider looks for the
+// helper (a configured path, else beside the running executable, else on
+// PATH).
 //
 // The transcript (Config.Log, --log): one JSON object per line, each with
 // "event" and "time": start (the config and task), assistant (turn,

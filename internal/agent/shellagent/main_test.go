@@ -113,3 +113,26 @@ func TestStaticBinary(t *testing.T) {
 		assert.Equal(t, shellagent.Manual, stdout.String())
 	}
 }
+
+func TestFindBinary(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, shellagent.BinaryName)
+	require.NoError(t, os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755))
+
+	p, err := shellagent.FindBinary(bin)
+	require.NoError(t, err)
+	assert.Equal(t, bin, p)
+	_, err = shellagent.FindBinary(filepath.Join(dir, "missing"))
+	assert.ErrorContains(t, err, "missing")
+	_, err = shellagent.FindBinary(dir)
+	assert.ErrorContains(t, err, "is a directory")
+
+	// Not beside the test binary, so PATH decides.
+	t.Setenv("PATH", dir)
+	p, err = shellagent.FindBinary("")
+	require.NoError(t, err)
+	assert.Equal(t, bin, p)
+	t.Setenv("PATH", t.TempDir())
+	_, err = shellagent.FindBinary("")
+	assert.ErrorContains(t, err, "not found beside the executable or on PATH")
+}
