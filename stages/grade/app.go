@@ -8,11 +8,12 @@ import (
 
 // App is the kiln-grade binary on env: one command, no subcommands.
 func App(env *stagecmd.Env) *cli.App {
+	f := &Flags{}
 	return env.App(&cli.App{
 		Name:        "kiln-grade",
 		Usage:       "grade patches with the tasks' official tests in fresh sandboxes",
 		Description: Help,
-		Flags:       Flags(),
-		Action:      func(c *cli.Context) error { return Action(c, env) },
+		Flags:       f.Flags(),
+		Action:      func(c *cli.Context) error { return Action(c, env, f) },
 	})
 }

@@ -39,25 +39,34 @@ func Commands(env *stagecmd.Env) []*cli.Command {
 	return []*cli.Command{Command(env)}
 }
 
-// Flags are kiln-grade's flags.
-func Flags() []cli.Flag {
+// Flags are kiln-grade's flags, bound to the fields of f.
+func (f *Flags) Flags() []cli.Flag {
+	o := &f.Options
 	return []cli.Flag{
 		stagecmd.StoreFlag(),
-		&cli.StringFlag{Name: "tasks", Value: "tasks", Usage: "tasks dataset (name or name@version)"},
-		&cli.StringFlag{Name: "images", Value: "images", Usage: "images dataset of the tasks' images (kiln-images)"},
-		&cli.StringFlag{Name: "bundles", Usage: "bundle root on this node: the directory kiln-images unpacked the images into (required)"},
-		&cli.StringFlag{Name: "rollouts", Usage: "rollouts dataset whose patches to grade"},
-		&cli.StringFlag{Name: "patches", Usage: "patches file to grade (local or s3://; .zst ok): JSON lines {task_id, patch, sample?} or SWE-bench predictions {instance_id, model_patch} (JSONL or a JSON array)"},
-		&cli.BoolFlag{Name: "baseline", Usage: "grade the empty patch once per task instead, and flag tasks that pass without a fix"},
-		&cli.StringFlag{Name: "split", Usage: "grade only tasks of this split (the tasks' split column)"},
-		&cli.StringFlag{Name: "out", Value: "grades", Usage: "dataset name to write"},
-		&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Usage: "gradings run at once"},
-		&cli.DurationFlag{Name: "timeout", Value: DefaultTimeout, Usage: "limit of each grading command (the tests); a command past it is killed and graded failure timeout"},
-		&cli.StringFlag{Name: "sandbox", Value: "bwrap", Usage: "sandbox provider: bwrap, or local (no isolation: debugging only)"},
-		&cli.IntFlag{Name: "boot-concurrency", Usage: "sandboxes booting at once (default: --jobs)"},
+		&cli.StringFlag{Name: "tasks", Value: "tasks", Destination: &o.Tasks, Usage: "tasks dataset (name or name@version)"},
+		&cli.StringFlag{Name: "images", Value: "images", Destination: &o.Images, Usage: "images dataset of the tasks' images (kiln-images)"},
+		&cli.StringFlag{Name: "bundles", Destination: &o.Bundles, Usage: "bundle root on this node: the directory kiln-images unpacked the images into (required)"},
+		&cli.StringFlag{Name: "rollouts", Destination: &o.Rollouts, Usage: "rollouts dataset whose patches to grade"},
+		&cli.StringFlag{Name: "patches", Destination: &o.Patches, Usage: "patches file to grade (local or s3://; .zst ok): JSON lines {task_id, patch, sample?} or SWE-bench predictions {instance_id, model_patch} (JSONL or a JSON array)"},
+		&cli.BoolFlag{Name: "baseline", Destination: &o.Baseline, Usage: "grade the empty patch once per task instead, and flag tasks that pass without a fix"},
+		&cli.StringFlag{Name: "split", Destination: &o.Split, Usage: "grade only tasks of this split (the tasks' split column)"},
+		&cli.StringFlag{Name: "out", Value: "grades", Destination: &f.Out, Usage: "dataset name to write"},
+		&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Destination: &o.Jobs, Usage: "gradings run at once"},
+		&cli.DurationFlag{Name: "timeout", Value: DefaultTimeout, Destination: &o.Timeout, Usage: "limit of each grading command (the tests); a command past it is killed and graded failure timeout"},
+		&cli.StringFlag{Name: "sandbox", Value: "bwrap", Destination: &o.Provider, Usage: "sandbox provider: bwrap, or local (no isolation: debugging only)"},
+		&cli.IntFlag{Name: "boot-concurrency", Destination: &o.BootConcurrency, Usage: "sandboxes booting at once (default: --jobs)"},
 		stagecmd.ShardFlag(),
-		stagecmd.PrintVersionFlag(),
+		stagecmd.PrintVersionFlag(&f.PrintVersion),
 	}
+}
+
+// Flags is what kiln-grade's flags set: the grading Options, the output
+// name and --print-version.
+type Flags struct {
+	Options
+	Out          string
+	PrintVersion bool
 }
 
 // Help is kiln-grade's manual.
@@ -120,26 +129,22 @@ Examples:
 
 // Command is the grade command.
 func Command(env *stagecmd.Env) *cli.Command {
+	f := &Flags{}
 	return &cli.Command{
 		Name:        "grade",
 		Usage:       "grade patches with the tasks' official tests in fresh sandboxes",
 		Description: Help,
-		Flags:       Flags(),
-		Action:      func(c *cli.Context) error { return Action(c, env) },
+		Flags:       f.Flags(),
+		Action:      func(c *cli.Context) error { return Action(c, env, f) },
 	}
 }
 
 // Action runs kiln-grade from parsed flags.
-func Action(c *cli.Context, env *stagecmd.Env) error {
+func Action(c *cli.Context, env *stagecmd.Env, f *Flags) error {
 	if c.NArg() != 0 {
 		return stagecmd.Usagef("kiln-grade takes no arguments (did you mean --patches %s?)", c.Args().First())
 	}
-	o := Options{
-		Tasks: c.String("tasks"), Images: c.String("images"), Bundles: c.String("bundles"),
-		Rollouts: c.String("rollouts"), Patches: c.String("patches"), Baseline: c.Bool("baseline"),
-		Split: c.String("split"), Jobs: c.Int("jobs"), Timeout: c.Duration("timeout"),
-		Provider: c.String("sandbox"), BootConcurrency: c.Int("boot-concurrency"),
-	}
+	o := f.Options
 	st, err := stagecmd.OpenStore(c)
 	if err != nil {
 		return err
@@ -148,7 +153,7 @@ func Action(c *cli.Context, env *stagecmd.Env) error {
 	if err != nil {
 		return err
 	}
-	out := stagecmd.Output{Name: c.String("out"), Part: part, PrintVersion: c.Bool("print-version"), Hook: env.Hook}
+	out := stagecmd.Output{Name: f.Out, Part: part, PrintVersion: f.PrintVersion, Hook: env.Hook}
 	_, err = Run(c.Context, env, st, out, o)
 	return err
 }

@@ -34,8 +34,23 @@ const importVersion = "1"
 
 // bundlesFlag is --bundles, the bundle root, as kiln-grade and kiln export
 // name it too; --root is its deprecated alias.
-func bundlesFlag(usage string) cli.Flag {
-	return &cli.StringFlag{Name: "bundles", Aliases: []string{"root"}, Usage: usage + " (--root: deprecated alias)", Required: true}
+func bundlesFlag(dst *string, usage string) cli.Flag {
+	return &cli.StringFlag{Name: "bundles", Aliases: []string{"root"}, Destination: dst, Usage: usage + " (--root: deprecated alias)", Required: true}
+}
+
+// importFlags are import's flags, bound.
+type importFlags struct {
+	tasks, bundles, out     string
+	jobs                    int
+	sources, envPathPrepend cli.StringSlice
+	noSync, printVersion    bool
+}
+
+// gcFlags are gc's flags, bound.
+type gcFlags struct {
+	bundles string
+	keep    cli.StringSlice
+	dryRun  bool
 }
 
 // Commands returns the kiln-images commands.
@@ -44,6 +59,7 @@ func Commands(env *stagecmd.Env) []*cli.Command {
 }
 
 func importCommand(env *stagecmd.Env) *cli.Command {
+	f := &importFlags{}
 	return &cli.Command{
 		Name:  "import",
 		Usage: "unpack the task images of a tasks dataset into bundles and record them",
@@ -107,17 +123,17 @@ Example:
      --source kiln.local/fixtures=oci:/data/layout -j 4 --out images/mimo`,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
-			&cli.StringFlag{Name: "tasks", Usage: "tasks dataset whose images to import (name or name@version)", Required: true},
-			bundlesFlag("bundle root directory on this node (created if missing)"),
-			&cli.StringFlag{Name: "out", Value: "images", Usage: "images dataset name to write"},
-			&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: 2, Usage: "images imported in parallel"},
-			&cli.StringSliceFlag{Name: "source", Usage: "KEY=oci:DIR | KEY=oci-archive:FILE | KEY=docker-archive:FILE (repeatable)"},
-			&cli.StringSliceFlag{Name: "env-path-prepend", Usage: "IMAGE=DIR: put DIR in front of PATH in IMAGE's env (repeatable)"},
-			&cli.BoolFlag{Name: "no-sync", Usage: "do not flush a bundle to disk before putting it in place (faster; a power loss may then leave a damaged bundle that looks complete)"},
+			&cli.StringFlag{Name: "tasks", Destination: &f.tasks, Usage: "tasks dataset whose images to import (name or name@version)", Required: true},
+			bundlesFlag(&f.bundles, "bundle root directory on this node (created if missing)"),
+			&cli.StringFlag{Name: "out", Value: "images", Destination: &f.out, Usage: "images dataset name to write"},
+			&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: 2, Destination: &f.jobs, Usage: "images imported in parallel"},
+			&cli.StringSliceFlag{Name: "source", Destination: &f.sources, Usage: "KEY=oci:DIR | KEY=oci-archive:FILE | KEY=docker-archive:FILE (repeatable)"},
+			&cli.StringSliceFlag{Name: "env-path-prepend", Destination: &f.envPathPrepend, Usage: "IMAGE=DIR: put DIR in front of PATH in IMAGE's env (repeatable)"},
+			&cli.BoolFlag{Name: "no-sync", Destination: &f.noSync, Usage: "do not flush a bundle to disk before putting it in place (faster; a power loss may then leave a damaged bundle that looks complete)"},
 			stagecmd.ShardFlag(),
-			stagecmd.PrintVersionFlag(),
+			stagecmd.PrintVersionFlag(&f.printVersion),
 		},
-		Action: func(c *cli.Context) error { return runImport(c, env) },
+		Action: func(c *cli.Context) error { return runImport(c, env, f) },
 	}
 }
 
@@ -181,16 +197,16 @@ type importOptions struct {
 	remote      []remote.Option
 }
 
-func runImport(c *cli.Context, env *stagecmd.Env) error {
+func runImport(c *cli.Context, env *stagecmd.Env, f *importFlags) error {
 	if c.NArg() != 0 {
 		return stagecmd.Usagef("import: takes no arguments (got %q); see --help", c.Args().First())
 	}
-	opts := importOptions{jobs: c.Int("jobs"), pathPrepend: map[string]string{}, sync: !c.Bool("no-sync")}
+	opts := importOptions{jobs: f.jobs, pathPrepend: map[string]string{}, sync: !f.noSync}
 	if opts.jobs < 1 {
 		return stagecmd.Usagef("import: -j must be >= 1, got %d", opts.jobs)
 	}
 	keys := map[string]bool{}
-	for _, s := range c.StringSlice("source") {
+	for _, s := range f.sources.Value() {
 		src, err := ParseSource(s)
 		if err != nil {
 			return stagecmd.UsageError{Err: err}
@@ -201,7 +217,7 @@ func runImport(c *cli.Context, env *stagecmd.Env) error {
 		keys[src.Key] = true
 		opts.sources = append(opts.sources, src)
 	}
-	for _, s := range c.StringSlice("env-path-prepend") {
+	for _, s := range f.envPathPrepend.Value() {
 		im, dir, ok := strings.Cut(s, "=")
 		if !ok || im == "" || dir == "" {
 			return stagecmd.Usagef("import: --env-path-prepend %q: want IMAGE=DIR", s)
@@ -216,7 +232,7 @@ func runImport(c *cli.Context, env *stagecmd.Env) error {
 		return err
 	}
 	ctx := c.Context
-	inputs, err := stagecmd.ResolveInputs(ctx, st, []string{c.String("tasks")}, opts.part)
+	inputs, err := stagecmd.ResolveInputs(ctx, st, []string{f.tasks}, opts.part)
 	if err != nil {
 		return err
 	}
@@ -240,7 +256,7 @@ func runImport(c *cli.Context, env *stagecmd.Env) error {
 			return stagecmd.Usagef("import: --env-path-prepend names image %q, which no task of %s uses", im, inputs[0])
 		}
 	}
-	if opts.root, err = absRoot(c.String("bundles")); err != nil {
+	if opts.root, err = absRoot(f.bundles); err != nil {
 		return stagecmd.UsageError{Err: err}
 	}
 	res := newResolver(opts.sources, filepath.Join(opts.root, ".sources"), opts.remote)
@@ -263,8 +279,8 @@ func runImport(c *cli.Context, env *stagecmd.Env) error {
 	}
 	id := dataset.Identity{Stage: "images-import", CodeVersion: importVersion, Inputs: inputs,
 		Args: map[string]any{"sources": srcs, "env_path_prepend": opts.pathPrepend, "images": digests}}
-	out := stagecmd.Output{Name: c.String("out"), Kind: records.ImagesKind, Identity: id, Part: opts.part,
-		PrintVersion: c.Bool("print-version"), Hook: env.Hook}
+	out := stagecmd.Output{Name: f.out, Kind: records.ImagesKind, Identity: id, Part: opts.part,
+		PrintVersion: f.printVersion, Hook: env.Hook}
 	if out.PrintVersion {
 		_, err := stagecmd.Write(ctx, st, out, env.Stdout, env.Log, nil)
 		return err
@@ -456,6 +472,7 @@ func prependPath(env json.RawMessage, dir string) (json.RawMessage, error) {
 }
 
 func gcCommand(env *stagecmd.Env) *cli.Command {
+	f := &gcFlags{}
 	return &cli.Command{
 		Name:  "gc",
 		Usage: "remove bundles that no kept images dataset references",
@@ -471,21 +488,21 @@ Example:
    kiln-images gc -n --bundles /var/lib/kiln/images --keep images/mimo`,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
-			bundlesFlag("bundle root directory"),
-			&cli.StringSliceFlag{Name: "keep", Usage: "images dataset whose bundles to keep (name or name@version; repeatable)", Required: true},
-			&cli.BoolFlag{Name: "dry-run", Aliases: []string{"n"}, Usage: "only print what would be removed"},
+			bundlesFlag(&f.bundles, "bundle root directory"),
+			&cli.StringSliceFlag{Name: "keep", Destination: &f.keep, Usage: "images dataset whose bundles to keep (name or name@version; repeatable)", Required: true},
+			&cli.BoolFlag{Name: "dry-run", Aliases: []string{"n"}, Destination: &f.dryRun, Usage: "only print what would be removed"},
 		},
-		Action: func(c *cli.Context) error { return runGC(c, env) },
+		Action: func(c *cli.Context) error { return runGC(c, env, f) },
 	}
 }
 
-func runGC(c *cli.Context, env *stagecmd.Env) error {
+func runGC(c *cli.Context, env *stagecmd.Env, f *gcFlags) error {
 	st, err := stagecmd.OpenExistingStore(c)
 	if err != nil {
 		return err
 	}
 	keep := map[string]bool{}
-	for _, ref := range c.StringSlice("keep") {
+	for _, ref := range f.keep.Value() {
 		v, err := dataset.OpenString(c.Context, st, ref)
 		if err != nil {
 			return err
@@ -503,12 +520,12 @@ func runGC(c *cli.Context, env *stagecmd.Env) error {
 			return err
 		}
 	}
-	root := c.String("bundles")
+	root := f.bundles
 	algos, err := os.ReadDir(root)
 	if err != nil {
 		return fmt.Errorf("gc: --bundles %q: %w", root, err)
 	}
-	dry := c.Bool("dry-run")
+	dry := f.dryRun
 	verb := "removed"
 	if dry {
 		verb = "would remove"
