@@ -65,7 +65,7 @@ type Config struct {
 // Result is how a run ended.
 type Result struct {
 	ExitCode int
-	Reason   string // "final", "max_turns", "timeout", "error"
+	Reason   string // "final", "max_turns", "timeout", "error", "interrupted"
 	Turns    int    // model calls answered
 	Final    string // the final answer's text (ExitFinal)
 	Err      error  // ExitError and ExitTimeout: what happened
@@ -80,9 +80,10 @@ Use the bash tool to run shell commands (each call runs "/bin/sh -c COMMAND" in 
 When you are done, reply with a final message that makes no tool calls: it ends the session.`, workdir, workdir)
 }
 
-// Run runs the agent loop until a final answer, MaxTurns, the Timeout or a
-// model error. It never fails on a tool's failure: those are results the
-// model reads.
+// Run runs the agent loop until a final answer, MaxTurns, the Timeout, a
+// model error or the end of ctx (ExitError, reason "interrupted"; a running
+// command is killed). It never fails on a tool's failure: those are results
+// the model reads.
 func Run(ctx context.Context, cfg Config) Result {
 	cfg.defaults()
 	tr := &transcript{w: cfg.Log, now: cfg.Now}
@@ -113,21 +114,27 @@ func Run(ctx context.Context, cfg Config) Result {
 		env: commandEnv(os.Environ())}
 	sys, task := SystemPrompt(cfg.Workdir), cfg.Task
 	msgs := []message{{Role: "system", Content: &sys}, {Role: "user", Content: &task}}
-	timedOut := func(turns int) Result {
-		return end(Result{ExitCode: ExitTimeout, Reason: "timeout", Turns: turns,
-			Err: fmt.Errorf("the run's %s time budget ran out", cfg.Timeout)})
+	// stopped is the end once ctx is done: the run's Timeout (or a deadline
+	// of the caller's), else the caller cancelled it (kiln-agent: a signal).
+	stopped := func(turns int) Result {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return end(Result{ExitCode: ExitTimeout, Reason: "timeout", Turns: turns,
+				Err: fmt.Errorf("the run's %s time budget ran out", cfg.Timeout)})
+		}
+		return end(Result{ExitCode: ExitError, Reason: "interrupted", Turns: turns,
+			Err: fmt.Errorf("interrupted: %w", context.Cause(ctx))})
 	}
 	for turn := 0; ; turn++ {
 		if turn >= cfg.MaxTurns {
 			return end(Result{ExitCode: ExitMaxTurns, Reason: "max_turns", Turns: turn})
 		}
 		if ctx.Err() != nil {
-			return timedOut(turn)
+			return stopped(turn)
 		}
 		reply, err := c.complete(ctx, turn, msgs)
 		if err != nil {
 			if ctx.Err() != nil {
-				return timedOut(turn)
+				return stopped(turn)
 			}
 			return end(Result{ExitCode: ExitError, Reason: "error", Turns: turn, Err: err})
 		}
@@ -147,7 +154,7 @@ func Run(ctx context.Context, cfg Config) Result {
 			out := res.Output
 			msgs = append(msgs, message{Role: "tool", ToolCallID: call.ID, Content: &out})
 			if ctx.Err() != nil {
-				return timedOut(turn + 1)
+				return stopped(turn + 1)
 			}
 		}
 	}

@@ -24,7 +24,9 @@
 //   - MaxTurns model calls without a final answer (ExitMaxTurns, 3; the
 //     last turn's tool calls still run);
 //   - the whole-run Timeout (ExitTimeout, 4), which also kills a running
-//     command.
+//     command;
+//   - the end of Run's context (ExitError, 1, reason "interrupted"; in
+//     kiln-agent, SIGTERM or SIGINT), which kills a running command too.
 //
 // Bad usage is ExitUsage (2, Main only).
 //

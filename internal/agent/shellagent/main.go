@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // Manual is kiln-agent's --help.
@@ -76,6 +78,7 @@ Exit status:
   2  bad usage (flags, task file, workdir, log file)
   3  --max-turns model calls made without a final answer
   4  the --timeout ran out
+A SIGTERM or SIGINT kills the running command and exits 1.
 
 Build: kiln-agent is a static binary whatever CGO_ENABLED is (it never
 imports "net", whose cgo resolver would link libc), so it runs in any image:
@@ -188,7 +191,12 @@ func Main(args []string, getenv func(string) string, stdout, stderr io.Writer) i
 		cfg.Log = f
 	}
 
-	res := Run(context.Background(), cfg)
+	// SIGTERM or SIGINT ends the run as an interruption (exit 1), killing
+	// the running command's process group, which a signal to kiln-agent
+	// alone would leave behind (each command has its own group).
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	res := Run(ctx, cfg)
 	switch res.ExitCode {
 	case ExitFinal:
 		fmt.Fprintln(stdout, res.Final)

@@ -165,8 +165,10 @@ func (t *tools) bash(ctx context.Context, command string) toolResult {
 	text, truncated := out.String()
 	res.Truncated = truncated
 	switch {
-	case res.TimedOut && ctx.Err() != nil:
+	case res.TimedOut && errors.Is(ctx.Err(), context.DeadlineExceeded):
 		res.Output = withNote(text, "[killed: the run's time budget is spent]")
+	case res.TimedOut && ctx.Err() != nil:
+		res.Output = withNote(text, "[killed: the run was interrupted]")
 	case res.TimedOut:
 		res.Output = withNote(text, fmt.Sprintf("[killed: the command ran past its %s timeout]", t.commandTimeout))
 	default:

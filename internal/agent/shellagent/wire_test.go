@@ -1,6 +1,8 @@
 package shellagent_test
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -9,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -210,4 +213,23 @@ func TestReasoningEchoKeepsPrefixReuse(t *testing.T) {
 	assert.Equal(t, full, turns[1].PromptIDs[:len(full)])
 	msg := ofKind(evs, "assistant")[0]["message"].(map[string]any)
 	assert.Equal(t, "I should look.\n", msg["reasoning_content"])
+}
+
+// Cancelling Run's context (kiln-agent: SIGTERM or SIGINT) kills the
+// running command and ends the run as interrupted, exit 1.
+func TestInterrupted(t *testing.T) {
+	f := &fake{replies: []fakeReply{{200, completion("", [2]string{"bash", `{"command":"sleep 30"}`})}}}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(300*time.Millisecond, cancel)
+	var log bytes.Buffer
+	start := time.Now()
+	res := shellagent.Run(ctx, shellagent.Config{BaseURL: serve(t, f) + "/v1", Model: "m", Task: "t", Workdir: t.TempDir(), Log: &log})
+	assert.Less(t, time.Since(start), 10*time.Second)
+	assert.Equal(t, shellagent.ExitError, res.ExitCode)
+	assert.Equal(t, "interrupted", res.Reason)
+	assert.ErrorIs(t, res.Err, context.Canceled)
+	r := toolResults(events(t, log.Bytes()))
+	require.Len(t, r, 1)
+	assert.Equal(t, true, r[0]["timed_out"])
+	assert.Contains(t, r[0]["output"], "[killed: the run was interrupted]")
 }
