@@ -190,14 +190,25 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out RunOutput, 
 	if err != nil {
 		return res, err
 	}
+	finished := func(w *dataset.Writer) bool { return w.Existing() != nil || w.PartDone() }
 	// The turns and trajectories of a batch of runs are written before its
 	// rollouts rows, each receipt naming the batch: a resuming writer keeps
 	// only the batches whose rollouts rows were receipted too, so the three
-	// versions always hold the same runs (docs/rollout.md §2.5).
+	// versions always hold the same runs (docs/rollout.md §2.5). When the
+	// rollouts part is already finished (a stage stopped between the
+	// commits), its batches are read from its receipts.
+	batchDone := rw.Done
+	if finished(rw) {
+		kept, err := dataset.ReceiptedRows(ctx, st, rw.Ref(), out.Part)
+		if err != nil {
+			return res, err
+		}
+		batchDone = func(k string) bool { return kept[k] }
+	}
 	adopt := func(keys []string) bool {
 		for _, k := range keys {
 			if strings.HasPrefix(k, batchKeyPrefix) {
-				return rw.Done(k)
+				return batchDone(k)
 			}
 		}
 		return false
@@ -212,16 +223,18 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out RunOutput, 
 		return res, err
 	}
 	writers := [3]*dataset.Writer{rw, tw, jw}
-	finished := func(w *dataset.Writer) bool { return w.Existing() != nil || w.PartDone() }
 	var metrics map[string]any
 	switch {
 	case finished(rw) && finished(tw) && finished(jw):
 		env.Log.Info("already written; nothing to run", "ref", rw.Ref().String(), "part", out.Part.String())
-	case finished(rw) || finished(tw) || finished(jw):
-		// A crash between the commits of the three; their receipts no longer
-		// say which batches the finished one holds.
-		return res, stagecmd.CorruptError{Err: fmt.Errorf("%s, %s and %s: some are written and some are not (interrupted between their commits?); "+
-			"remove the unfinished ones' receipts (kiln forget) and rerun", rw.Ref(), tw.Ref(), jw.Ref())}
+	case finished(rw):
+		for _, w := range []*dataset.Writer{tw, jw} {
+			if v := rw.Existing(); v != nil && v.Rows > 0 && !finished(w) && w.Resumed() == 0 {
+				return res, stagecmd.CorruptError{Err: fmt.Errorf("%s is committed but %s is not, and the row receipts that would complete it are gone (kiln gc?): "+
+					"remove the three versions (kiln forget) and rerun", rw.Ref(), w.Ref())}
+			}
+		}
+		env.Log.Info("rollouts already written; completing turns and trajectories", "ref", rw.Ref().String(), "part", out.Part.String())
 	default:
 		if n := rw.Resumed(); n > 0 {
 			env.Log.Info("resuming", "ref", rw.Ref().String(), "part", out.Part.String(), "rows_done", n)
@@ -437,6 +450,11 @@ func produceRuns(ctx context.Context, env *stagecmd.Env, st store.Store, ws [3]*
 			continue
 		}
 		todo = append(todo, j)
+	}
+	if len(todo) == 0 {
+		// Every run is receipted (a stage stopped after its last batch):
+		// only the commits are left, and no engine is needed.
+		return map[string]any{"runs": 0, "resumed": resumed}, nil
 	}
 	rt, err := startRuntime(ctx, env, o)
 	if err != nil {

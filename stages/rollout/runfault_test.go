@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -182,4 +183,45 @@ func TestRunResume(t *testing.T) {
 		segRollouts[s.RolloutID] = true
 	}
 	assert.Len(t, segRollouts, len(rows))
+}
+
+// TestRunStopBetweenCommits: a stage killed after the turns commit, or
+// after the rollouts commit, is completed by the rerun with the same
+// versions and the same runs in all three.
+func TestRunStopBetweenCommits(t *testing.T) {
+	w := newRunWorld(t)
+	for _, stopAt := range []int{1, 2} {
+		t.Run(fmt.Sprintf("after commit %d", stopAt), func(t *testing.T) {
+			model := newScriptedModel(w.set, func(fixtures.Task, int) behaviour { return lookAround })
+			o := w.options(startEngine(t, model.script))
+			o.Samples = 1
+			name := fmt.Sprintf("rollout/stop-%d", stopAt)
+			type killed struct{}
+			commits := 0
+			hook := func(point string) {
+				if point == dataset.HookBeforeLatest {
+					if commits++; commits == stopAt {
+						panic(killed{})
+					}
+				}
+			}
+			func() {
+				defer func() {
+					_, ok := recover().(killed)
+					require.True(t, ok, "the stage was not stopped at commit %d", stopAt)
+				}()
+				w.run(t, context.Background(), name, o, hook)
+			}()
+			res, err, logs := w.run(t, context.Background(), name, o, nil)
+			require.NoError(t, err, logs)
+			rows := readRollouts(t, w.st, res.Rollouts.Ref)
+			require.Len(t, rows, len(w.set.Tasks))
+			ids := map[int64]bool{}
+			for _, tr := range readTurns(t, w.st, res.Turns.Ref) {
+				ids[tr.RolloutID] = true
+			}
+			assert.Len(t, ids, len(rows))
+			assert.Equal(t, res.Rollouts.Ref.Version, res.Trajectories.Ref.Version)
+		})
+	}
 }
