@@ -38,7 +38,7 @@ func TestMainFixesAFileThroughTheAdapter(t *testing.T) {
 	dir := t.TempDir()
 	task := filepath.Join(dir, "task.md")
 	require.NoError(t, os.WriteFile(task, []byte("Add subtracts; make it add."), 0o644))
-	logPath := filepath.Join(dir, "agent.jsonl")
+	logPath := filepath.Join(dir, ".harness", "agent.jsonl") // its directory is made
 	env := map[string]string{"KILN_AGENT_API_KEY": "sess-1", "KILN_AGENT_BASE_URL": s.url}
 
 	var stdout, stderr bytes.Buffer

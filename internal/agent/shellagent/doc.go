@@ -52,9 +52,9 @@
 // and an ELF with no interpreter and no needed libraries, built with the
 // environment's CGO_ENABLED. It ships as kiln-sandbox-helper does: make
 // build (go build -o bin/ ./cmd/...) puts it in bin/ beside the kiln
-// binaries, and FindBinary looks for it as the bwrap provider looks for the
-// helper (a configured path, else beside the running executable, else on
-// PATH).
+// binaries, where harness.FindShellAgent looks for it (then on PATH), as
+// the bwrap provider looks for the helper; the shell harness binds it
+// read-only at harness.ShellAgentPath (docs/rollout.md §3.2).
 //
 // The transcript (Config.Log, --log): one JSON object per line, each with
 // "event" and "time": start (the config and task), assistant (turn,

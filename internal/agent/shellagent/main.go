@@ -44,7 +44,8 @@ Flags:
                             tail kept with a note of what was cut
                             (default 16384)
   --log FILE                write a JSONL transcript, one object per event
-                            (start, assistant, tool, model_error, end)
+                            (start, assistant, tool, model_error, end); its
+                            directory is made if missing
   --temperature F           sent as temperature (default: not sent)
   --max-tokens N            sent as max_tokens (default: not sent)
   --help                    this manual
@@ -82,7 +83,8 @@ A SIGTERM or SIGINT kills the running command and exits 1.
 
 Build: kiln-agent is a static binary whatever CGO_ENABLED is (it never
 imports "net", whose cgo resolver would link libc), so it runs in any image:
-bind-mount it like kiln-sandbox-helper. make build puts it in bin/ beside
+bind-mount it like kiln-sandbox-helper (kiln-rollout run's shell harness
+binds it at /run/kiln/bin/kiln-agent). make build puts it in bin/ beside
 the other binaries; alone: go build -o bin/ ./cmd/kiln-agent.
 `
 
@@ -183,6 +185,11 @@ func Main(args []string, getenv func(string) string, stdout, stderr io.Writer) i
 		return usage("workdir %s: not a directory", cfg.Workdir)
 	}
 	if logFile != "" {
+		// The log's directory is made if missing (the harness puts the log
+		// under WORKDIR/.harness/).
+		if err := os.MkdirAll(filepath.Dir(logFile), 0o755); err != nil {
+			return usage("log: %v", err)
+		}
 		f, err := os.OpenFile(logFile, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 		if err != nil {
 			return usage("log: %v", err)

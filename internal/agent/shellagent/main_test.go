@@ -49,7 +49,7 @@ func TestMainUsage(t *testing.T) {
 		{"extra argument", append(base, "extra"), nil, 2, "unexpected arguments"},
 		{"workdir missing", append([]string{"--workdir", filepath.Join(dir, "none")}, base...), nil, 2, "workdir:"},
 		{"workdir a file", append([]string{"--workdir", task}, base...), nil, 2, "not a directory"},
-		{"log unwritable", append([]string{"--log", filepath.Join(dir, "no", "log")}, base...), nil, 2, "log:"},
+		{"log unwritable", append([]string{"--log", filepath.Join(task, "log")}, base...), nil, 2, "log:"},
 		// The environment's base URL is used: the run gets as far as the
 		// connection (nothing listens on port 1) and fails with exit 1.
 		{"env base url", []string{"--model", "m", "--task-file", task, "--timeout", "5s"},
@@ -112,27 +112,4 @@ func TestStaticBinary(t *testing.T) {
 		require.NoError(t, run.Run())
 		assert.Equal(t, shellagent.Manual, stdout.String())
 	}
-}
-
-func TestFindBinary(t *testing.T) {
-	dir := t.TempDir()
-	bin := filepath.Join(dir, shellagent.BinaryName)
-	require.NoError(t, os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755))
-
-	p, err := shellagent.FindBinary(bin)
-	require.NoError(t, err)
-	assert.Equal(t, bin, p)
-	_, err = shellagent.FindBinary(filepath.Join(dir, "missing"))
-	assert.ErrorContains(t, err, "missing")
-	_, err = shellagent.FindBinary(dir)
-	assert.ErrorContains(t, err, "is a directory")
-
-	// Not beside the test binary, so PATH decides.
-	t.Setenv("PATH", dir)
-	p, err = shellagent.FindBinary("")
-	require.NoError(t, err)
-	assert.Equal(t, bin, p)
-	t.Setenv("PATH", t.TempDir())
-	_, err = shellagent.FindBinary("")
-	assert.ErrorContains(t, err, "not found beside the executable or on PATH")
 }
