@@ -233,3 +233,17 @@ func TestInterrupted(t *testing.T) {
 	assert.Equal(t, true, r[0]["timed_out"])
 	assert.Contains(t, r[0]["output"], "[killed: the run was interrupted]")
 }
+
+// An IPv6 adapter address works as well (skipped where there is no ::1).
+func TestIPv6(t *testing.T) {
+	ln, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	srv := &http.Server{Handler: &fake{replies: []fakeReply{{200, completion("v6")}}}}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	res, _ := run(t, shellagent.Config{BaseURL: "http://" + ln.Addr().String() + "/v1"})
+	require.Equal(t, shellagent.ExitFinal, res.ExitCode, "%+v", res)
+	assert.Equal(t, "v6", res.Final)
+}
