@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -94,7 +95,13 @@ type RunOptions struct {
 	// FlushRuns is the number of finished runs written per batch
 	// (flushRuns if 0); tests lower it.
 	FlushRuns int
+	// HealthInterval is the time between health checks of every engine
+	// (DefaultHealthInterval if 0; negative: none).
+	HealthInterval time.Duration
 }
+
+// DefaultHealthInterval is the time between engine health checks.
+const DefaultHealthInterval = 15 * time.Second
 
 // identityArgs are the arguments that make the version id: everything that
 // changes what the runs produce, and nothing that only says where they run
@@ -531,6 +538,69 @@ func startRuntime(ctx context.Context, env *stagecmd.Env, o RunOptions) (*runRun
 
 func (rt *runRuntime) close() { _ = rt.hs.Close() }
 
+// watchHealth checks every engine's GET /health each o.HealthInterval
+// until ctx ends or the returned stop is called. An engine that fails is
+// left out of new sessions and its running runs abort engine_error
+// (docs/rollout.md §2.3); when none is left, stopStage ends the stage with
+// errNoEngine.
+func (rt *runRuntime) watchHealth(ctx context.Context, env *stagecmd.Env, o RunOptions, stopStage context.CancelCauseFunc) (stop func()) {
+	every := o.HealthInterval
+	if every == 0 {
+		every = DefaultHealthInterval
+	}
+	if every < 0 {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		hc := &http.Client{Timeout: min(every, 10*time.Second)}
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			for i, url := range rt.engines {
+				why := checkHealth(ctx, hc, url, o.EngineAPIKey)
+				if why == "" || ctx.Err() != nil {
+					continue
+				}
+				env.Log.Error("engine failed its health check; its running runs abort (engine_error)", "engine", url, "why", why)
+				if !rt.front.engineDown(i, why) {
+					stopStage(fmt.Errorf("%w (last: %s: %s); rerun to resume", errNoEngine, url, why))
+					return
+				}
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// checkHealth is "" when the engine answers GET /health with 2xx, else why
+// not.
+func checkHealth(ctx context.Context, hc *http.Client, base, apiKey string) string {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(base, "/")+"/health", nil)
+	if err != nil {
+		return err.Error()
+	}
+	if apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err.Error()
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Sprintf("GET /health: HTTP %d", resp.StatusCode)
+	}
+	return ""
+}
+
 // runProducer runs jobs and writes their results.
 type runProducer struct {
 	env *stagecmd.Env
@@ -561,8 +631,11 @@ func (p *runProducer) count(key string, n int) {
 
 func (p *runProducer) run(ctx context.Context, todo []*runJob) (map[string]any, error) {
 	prog := stagecmd.NewProgress(p.env.Stderr, p.env.Log, "rollout", "runs", int64(len(todo)))
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	cancel := func() { stop(context.Canceled) }
+	stopHealth := p.rt.watchHealth(ctx, p.env, p.o, stop)
+	defer stopHealth()
 	work := make(chan *runJob)
 	results := make(chan *runResult)
 	var wg sync.WaitGroup
@@ -591,7 +664,7 @@ func (p *runProducer) run(ctx context.Context, todo []*runJob) (map[string]any, 
 	last := time.Now()
 	for res := range results {
 		if res.err != nil {
-			if firstErr == nil && !errors.Is(res.err, context.Canceled) {
+			if firstErr == nil && !errors.Is(res.err, context.Canceled) && !errors.Is(res.err, errNoEngine) {
 				firstErr = res.err
 				cancel()
 			}
@@ -618,7 +691,7 @@ func (p *runProducer) run(ctx context.Context, todo []*runJob) (map[string]any, 
 	if firstErr != nil {
 		return nil, firstErr
 	}
-	if err := ctx.Err(); err != nil {
+	if err := context.Cause(ctx); err != nil {
 		return nil, err
 	}
 	prog.Done()

@@ -3,6 +3,7 @@ package rollout
 import (
 	"context"
 	"fmt"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/kilnrl/kiln/fixtures"
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/internal/agent/enginetest"
 	"github.com/kilnrl/kiln/internal/stagecmd/stagetest"
 )
 
@@ -224,4 +226,41 @@ func TestRunStopBetweenCommits(t *testing.T) {
 			assert.Equal(t, res.Rollouts.Ref.Version, res.Trajectories.Ref.Version)
 		})
 	}
+}
+
+// TestRunEngineUnhealthy: an engine that fails its health check mid-run
+// ends its running runs as engine_error rows; with no engine left the
+// stage stops with an error, and the rerun against a healthy engine runs
+// only the rest.
+func TestRunEngineUnhealthy(t *testing.T) {
+	w := newRunWorld(t)
+	model := newScriptedModel(w.set, func(fixtures.Task, int) behaviour { return hang })
+	eng := enginetest.New(enginetest.Options{Script: model.script, MaxModelLen: 1 << 16})
+	srv := httptest.NewServer(eng)
+	t.Cleanup(srv.Close)
+	o := w.options(srv.URL)
+	o.Samples, o.Jobs, o.Budget, o.HealthInterval = 1, 2, time.Minute, 200*time.Millisecond
+	go func() {
+		// Once both running agents made their call, the engine goes bad.
+		for len(model.behaviours()) < 2 {
+			time.Sleep(20 * time.Millisecond)
+		}
+		eng.SetHealthy(false)
+	}()
+	start := time.Now()
+	_, err, logs := w.run(t, context.Background(), "rollout/unhealthy", o, nil)
+	require.ErrorIs(t, err, errNoEngine, logs)
+	assert.Less(t, time.Since(start), o.Budget, "the runs were not ended when their engine failed")
+
+	healthy := newScriptedModel(w.set, func(fixtures.Task, int) behaviour { return lookAround })
+	o.Engines = []string{startEngine(t, healthy.script)}
+	res, err, logs := w.run(t, context.Background(), "rollout/unhealthy", o, nil)
+	require.NoError(t, err, logs)
+	rows := readRollouts(t, w.st, res.Rollouts.Ref)
+	require.Len(t, rows, len(w.set.Tasks))
+	reasons := map[string]int{}
+	for _, r := range rows {
+		reasons[deref(r.AbortReason)]++
+	}
+	assert.Equal(t, map[string]int{AbortEngineError: 2, "": len(rows) - 2}, reasons, logs)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -25,15 +26,34 @@ type front struct {
 
 	mu       sync.Mutex
 	sessions map[string]*frontSession
+	down     map[int]string // engines left out after a failed health check, and why
 }
 
 type frontSession struct {
 	srv          *adapter.Server
+	engine       int
 	serverErrors int
+	// abort ends the session's run (its context) when its engine fails.
+	abort context.CancelCauseFunc
+}
+
+// errNoEngine is the error of opening a session when every engine has
+// failed its health check.
+var errNoEngine = errors.New("every engine failed its health check")
+
+// engineDownError is the cause of a run ended because its engine failed
+// its health check.
+type engineDownError struct {
+	engine int
+	why    string
+}
+
+func (e *engineDownError) Error() string {
+	return fmt.Sprintf("engine %d failed its health check: %s", e.engine, e.why)
 }
 
 func newFront(adapters []*adapter.Server) *front {
-	return &front{adapters: adapters, sessions: map[string]*frontSession{}}
+	return &front{adapters: adapters, sessions: map[string]*frontSession{}, down: map[int]string{}}
 }
 
 // newSessionID is an unguessable session token (128 random bits): the
@@ -45,26 +65,61 @@ func newSessionID() string {
 	return "kiln-" + hex.EncodeToString(b[:])
 }
 
-// engineFor is the engine index a session goes to: a hash of its id, so
-// sessions spread evenly and every turn of one session meets the same
-// engine's prefix cache.
+// engineFor is the engine index a session goes to: a hash of its id over
+// the engines still in service, so sessions spread evenly and every turn
+// of one session meets the same engine's prefix cache. -1: none is left.
 func (f *front) engineFor(id string) int {
-	h := fnv.New32a()
-	h.Write([]byte(id))
-	return int(h.Sum32() % uint32(len(f.adapters)))
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.engineForLocked(id)
 }
 
-// open opens a session on its engine's adapter and admits its token.
-func (f *front) open(id string, o adapter.SessionOptions) (engine int, err error) {
-	engine = f.engineFor(id)
-	srv := f.adapters[engine]
-	if err := srv.Open(id, o); err != nil {
+func (f *front) engineForLocked(id string) int {
+	var up []int
+	for i := range f.adapters {
+		if _, down := f.down[i]; !down {
+			up = append(up, i)
+		}
+	}
+	if len(up) == 0 {
+		return -1
+	}
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	return up[h.Sum32()%uint32(len(up))]
+}
+
+// open opens a session on its engine's adapter and admits its token;
+// abort is called with an *engineDownError if that engine fails its health
+// check while the session is open.
+func (f *front) open(id string, o adapter.SessionOptions, abort context.CancelCauseFunc) (engine int, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	engine = f.engineForLocked(id)
+	if engine < 0 {
+		return 0, errNoEngine
+	}
+	if err := f.adapters[engine].Open(id, o); err != nil {
 		return 0, err
 	}
-	f.mu.Lock()
-	f.sessions[id] = &frontSession{srv: srv}
-	f.mu.Unlock()
+	f.sessions[id] = &frontSession{srv: f.adapters[engine], engine: engine, abort: abort}
 	return engine, nil
+}
+
+// engineDown leaves engine i out of new sessions and ends the runs of its
+// open sessions. It reports whether any engine is still in service.
+func (f *front) engineDown(i int, why string) (anyLeft bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, already := f.down[i]; !already {
+		f.down[i] = why
+		for _, s := range f.sessions {
+			if s.engine == i && s.abort != nil {
+				s.abort(&engineDownError{engine: i, why: why})
+			}
+		}
+	}
+	return len(f.down) < len(f.adapters)
 }
 
 // close ends a session: later requests with its token are 401.

@@ -66,7 +66,7 @@ func TestFrontSessions(t *testing.T) {
 	ids := make([]string, 12)
 	for i := range ids {
 		ids[i] = newSessionID()
-		_, err := fr.open(ids[i], adapter.SessionOptions{RolloutID: int64(i), Index: int64(i)})
+		_, err := fr.open(ids[i], adapter.SessionOptions{RolloutID: int64(i), Index: int64(i)}, nil)
 		require.NoError(t, err)
 	}
 	cases := []struct {
@@ -100,7 +100,7 @@ func TestFrontSessions(t *testing.T) {
 	// Server errors are counted per session.
 	fr2, url2, _ := newTestFront(t, 1, true)
 	id := newSessionID()
-	_, err = fr2.open(id, adapter.SessionOptions{})
+	_, err = fr2.open(id, adapter.SessionOptions{}, nil)
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusInternalServerError, chat(t, url2, id))
 	assert.Equal(t, http.StatusInternalServerError, chat(t, url2, id))

@@ -41,14 +41,21 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 		return abort(j.abort, j.detail)
 	}
 	deadline := p.o.Budget + p.o.SetupTimeout + p.o.Margin
-	rctx, cancel := context.WithTimeoutCause(ctx, deadline, errDeadline)
+	dctx, cancel := context.WithTimeoutCause(ctx, deadline, errDeadline)
 	defer cancel()
-	// interrupted is the abort of a run its context ended: the whole-run
-	// deadline, or the stage stopping (preempted: not written, redone by
-	// the rerun).
+	// rctx also ends when the session's engine fails its health check.
+	rctx, engineFailed := context.WithCancelCause(dctx)
+	defer engineFailed(nil)
+	// interrupted is the abort of a run its context ended: its engine
+	// failing, the stage stopping (preempted: not written, redone by the
+	// rerun), or the whole-run deadline.
 	interrupted := func(err error) *runResult {
+		var down *engineDownError
+		if errors.As(context.Cause(rctx), &down) {
+			return abort(AbortEngineError, down.Error())
+		}
 		if ctx.Err() != nil {
-			res.err = ctx.Err()
+			res.err = context.Cause(ctx)
 			return abort(AbortPreempted, err.Error())
 		}
 		return abort(AbortDeadline, fmt.Sprintf("the run passed its deadline of %s: %v", deadline, err))
@@ -58,7 +65,11 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 	sampling := engine.SamplingParams{MaxTokens: p.o.MaxTokens, Temperature: &p.o.Temperature, TopP: &p.o.TopP, TopK: &p.o.TopK,
 		StopTokenIDs: p.o.StopTokenIDs}
 	eng, err := p.rt.front.open(sid, adapter.SessionOptions{RolloutID: row.RolloutID, Index: row.Index, GroupIndex: row.GroupIndex,
-		Sampling: &sampling, MaxContextTokens: p.o.MaxContextTokens})
+		Sampling: &sampling, MaxContextTokens: p.o.MaxContextTokens}, engineFailed)
+	if errors.Is(err, errNoEngine) {
+		res.err = err // the stage stops; the rerun runs it
+		return abort(AbortPreempted, err.Error())
+	}
 	if err != nil {
 		return abort(abortExceptionPref+"adapter", err.Error())
 	}
