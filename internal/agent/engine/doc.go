@@ -36,7 +36,10 @@
 //     stop; "error" and unknown values fail); requested top logprobs, sampling
 //     mask and routed experts present and consistent. Failures are
 //     *ReplyError with a Reason; HTTP failures are *HTTPError (message from
-//     error.message, detail, or the raw body, §1).
+//     error.message, detail, or the raw body, §1). A generate reply is read
+//     by a typed decoding (typed.go) when it takes it, else step by step,
+//     which words the error; both give the same Generation for a reply both
+//     read.
 //   - Memo: one conversation's memory across calls. /tokenize ids it has
 //     read before (the same bytes at the start of a later reply) are taken
 //     from it, not parsed again; a generate prompt that is one of its

@@ -409,14 +409,31 @@ func (c *Client) completionsBody(req *GenerateRequest, maxTokens int) ([]byte, e
 	if p.RepetitionPenalty == nil {
 		p.RepetitionPenalty = &one
 	}
+	// As generateBody: the prompt ids are written through the memo, the
+	// rest by encoding/json ("model" first, then "prompt", then the rest:
+	// the order encoding/json would write the whole body in).
 	sp := wireSamplingOf(&p, maxTokens)
-	return marshal(struct {
-		Model  string  `json:"model,omitempty"`
-		Prompt []int32 `json:"prompt"`
+	rest, err := marshal(struct {
 		wireSampling
 		ReturnTokensAsTokenIDs bool   `json:"return_tokens_as_token_ids"`
 		ReturnTokenIDs         bool   `json:"return_token_ids"`
 		RequestID              string `json:"request_id,omitempty"`
 		CacheSalt              string `json:"cache_salt,omitempty"`
-	}{c.opts.Model, req.PromptIDs, sp, true, true, req.RequestID, req.CacheSalt})
+	}{sp, true, true, req.RequestID, req.CacheSalt})
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, 0, len(c.opts.Model)+len(rest)+32+7*len(req.PromptIDs))
+	b = append(b, '{')
+	if c.opts.Model != "" {
+		m, err := marshal(c.opts.Model)
+		if err != nil {
+			return nil, err
+		}
+		b = append(append(append(b, `"model":`...), m...), ',')
+	}
+	b = append(b, `"prompt":`...)
+	b = req.Memo.appendPrompt(b, req.PromptIDs)
+	b = append(b, ',')
+	return append(b, rest[1:]...), nil
 }

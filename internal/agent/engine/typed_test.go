@@ -190,3 +190,44 @@ func FuzzTypedTokenize(f *testing.F) {
 		}
 	})
 }
+
+// completionsBody writes what encoding/json writes of the whole body, with
+// and without a model, request id and memo.
+func TestCompletionsBodyIsMarshal(t *testing.T) {
+	var memo Memo
+	prompt, _, err := readTokenize([]byte(`{"tokens":[151644,872,198,0,7]}`), &memo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, model := range []string{"", "qwen3<&>"} {
+		for _, req := range []GenerateRequest{
+			{PromptIDs: []int32{1, 22, 333}, Sampling: SamplingParams{MaxTokens: 5, Stop: []string{"</x>"}, Logprobs: 2}},
+			{PromptIDs: prompt, Memo: &memo, RequestID: "r1", CacheSalt: "s", Sampling: SamplingParams{MaxTokens: 1, TopK: ptr(-1)}},
+		} {
+			c := &Client{opts: Options{Model: model}}
+			got, err := c.completionsBody(&req, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := req.Sampling
+			one, zero, zeroF := 1.0, 0, 0.0
+			p.Temperature, p.TopP, p.MinP, p.RepetitionPenalty = &one, &one, &zeroF, &one
+			if p.TopK == nil {
+				p.TopK = &zero
+			}
+			want, err := marshal(struct {
+				Model  string  `json:"model,omitempty"`
+				Prompt []int32 `json:"prompt"`
+				wireSampling
+				ReturnTokensAsTokenIDs bool   `json:"return_tokens_as_token_ids"`
+				ReturnTokenIDs         bool   `json:"return_token_ids"`
+				RequestID              string `json:"request_id,omitempty"`
+				CacheSalt              string `json:"cache_salt,omitempty"`
+			}{model, req.PromptIDs, wireSamplingOf(&p, 3), true, true, req.RequestID, req.CacheSalt})
+			if err != nil {
+				t.Fatal(err)
+			}
+			assert.Equal(t, string(want), string(got))
+		}
+	}
+}
