@@ -264,3 +264,35 @@ func TestRunEngineUnhealthy(t *testing.T) {
 	}
 	assert.Equal(t, map[string]int{AbortEngineError: 2, "": len(rows) - 2}, reasons, logs)
 }
+
+// TestRunUsage: bad arguments and a harness that is not built are usage
+// errors (exit 2) before any sandbox boots or any version is written.
+func TestRunUsage(t *testing.T) {
+	w := newRunWorld(t)
+	up := startEngine(t, newScriptedModel(w.set, func(fixtures.Task, int) behaviour { return lookAround }).script)
+	base := []string{"run", "--store", w.storeDir, "--tasks", w.tasks, "--images", w.images, "--bundles", w.bundles,
+		"--tokenizer-dir", w.tokenizer, "--agent-binary", filepath.Join(w.tools, "kiln-agent"), "--out", "rollout/usage"}
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no engine", nil, "--engine"},
+		{"harness not built", []string{"--engine", up, "--agent", "codex"}, "not built yet"},
+		{"unknown harness", []string{"--engine", up, "--agent", "aider"}, "unknown harness"},
+		{"no samples", []string{"--engine", up, "--samples", "0"}, "--samples"},
+		{"bad top-p", []string{"--engine", up, "--top-p", "1.5"}, "--top-p"},
+		{"bad kwargs", []string{"--engine", up, "--chat-template-kwargs", "[1]"}, "--chat-template-kwargs"},
+		{"bad stop ids", []string{"--engine", up, "--stop-token-ids", "1,x"}, "--stop-token-ids"},
+		{"no bundles", []string{"--engine", up, "--bundles", ""}, "--bundles"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := stagetest.Run(t, stageCommands, append(append([]string(nil), base...), c.args...)...)
+			assert.Equal(t, 2, r.Code, r.Stderr)
+			assert.Contains(t, r.Stderr, c.want)
+		})
+	}
+	_, err := dataset.OpenString(context.Background(), w.st, "rollout/usage/rollouts")
+	assert.Error(t, err)
+}
