@@ -36,8 +36,7 @@ import (
 )
 
 // runTools builds, once per test binary, the sandbox helper and the shell
-// agent: cmd/kiln-agent when it exists, else the stand-in in testdata
-// (same contract).
+// agent (cmd/kiln-agent).
 var runTools = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "kiln-rollout-tools-")
 	if err != nil {
@@ -48,9 +47,6 @@ var runTools = sync.OnceValues(func() (string, error) {
 	}
 	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
 	pkg := "github.com/kilnrl/kiln/cmd/kiln-agent"
-	if _, err := os.Stat(filepath.Join("..", "..", "cmd", "kiln-agent")); err != nil {
-		pkg = "./testdata/standin-agent"
-	}
 	cmd := exec.Command(goBin, "build", "-o", filepath.Join(dir, harness.ShellAgentName), pkg)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // static: it runs on the image's libc
 	if out, err := cmd.CombinedOutput(); err != nil {

@@ -32,7 +32,8 @@ A run that cannot give a trainable sample is a rollouts row with abort_reason
 and no turns or segments: missing_image_or_workdir (no image, no workdir, or
 the bundle is not on this node), adapter_session_empty (no model call),
 wall_clock_timeout (the whole-run deadline), engine_error (model calls failed
-with a server error and the agent gave up), agent_crash (exit 126 or more: not
+with a server error and the agent gave up, or the run's engine failed its
+health check), agent_crash (exit 126 or more: not
 runnable, or killed by a signal), exception:<step> (sandbox boot, workspace,
 patch capture, assembly). An agent out of --budget is killed; its row has
 agent_exit_code -1 and its patch and turns are kept.
@@ -46,7 +47,9 @@ or --agent-binary; bound read-only into the sandbox). claude-code and codex
 are named but not built yet.
 
 Engines: --engine URL[,URL...]; a session goes to one engine by a hash of its
-token. Every engine is probed at start; if one fails, nothing runs.
+token. Every engine is probed at start; if one fails, nothing runs. While runs
+go, GET /health is checked every 15 s: a failing engine is left out and its
+running runs abort (engine_error); with none left the stage exits 1.
 
 Resumable: runs are committed in batches with row receipts, so a rerun of the
 same command runs only what is missing. SIGINT/SIGTERM stops starting runs,
