@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kilnrl/kiln/formats/dataset"
@@ -612,6 +613,36 @@ type runProducer struct {
 	pending []*runResult
 	metrics map[string]any
 	batch   int
+	// Live counts for the status line (workers and the writer update them).
+	running, done, aborted, turns, tokens atomic.Int64
+}
+
+// statusEvery is how often a run stage logs its status.
+const statusEvery = 30 * time.Second
+
+// logStatus logs runs done, running and aborted, and turns and tokens per
+// second since start, every statusEvery until stop is called.
+func (p *runProducer) logStatus(total int) (stop func()) {
+	start := time.Now()
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(statusEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+			}
+			secs := time.Since(start).Seconds()
+			p.env.Log.Info("rollout status", "done", p.done.Load(), "total", total, "running", p.running.Load(),
+				"aborted", p.aborted.Load(), "turns_per_s", fmt.Sprintf("%.2f", float64(p.turns.Load())/secs),
+				"tokens_per_s", fmt.Sprintf("%.0f", float64(p.tokens.Load())/secs))
+		}
+	}()
+	return func() { close(quit); <-done }
 }
 
 // runResult is one finished run: its row, turns and segments (none when
@@ -644,7 +675,10 @@ func (p *runProducer) run(ctx context.Context, todo []*runJob) (map[string]any, 
 		go func() {
 			defer wg.Done()
 			for j := range work {
-				results <- p.runOne(ctx, j)
+				p.running.Add(1)
+				res := p.runOne(ctx, j)
+				p.running.Add(-1)
+				results <- res
 			}
 		}()
 	}
@@ -660,6 +694,7 @@ func (p *runProducer) run(ctx context.Context, todo []*runJob) (map[string]any, 
 	}()
 	go func() { wg.Wait(); close(results) }()
 
+	defer p.logStatus(len(todo))()
 	var firstErr error
 	last := time.Now()
 	for res := range results {
@@ -715,6 +750,12 @@ func (p *runProducer) add(res *runResult) {
 	}
 	p.count("turns", len(res.turns))
 	p.count("segments", len(res.segments))
+	p.done.Add(1)
+	if res.row.AbortReason != nil {
+		p.aborted.Add(1)
+	}
+	p.turns.Add(res.row.Turns)
+	p.tokens.Add(res.row.OutputTokens)
 	if res.row.AbortReason == nil && res.row.Patch != "" {
 		p.count("patches", 1)
 	}
