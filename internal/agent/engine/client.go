@@ -22,10 +22,10 @@ const (
 	// ModeAuto uses POST /inference/v1/generate when Probe finds it, else
 	// POST /v1/completions with a token-id prompt.
 	ModeAuto Mode = iota
-	// ModeGenerate requires POST /inference/v1/generate (vllm-wire.md §5).
+	// ModeGenerate requires POST /inference/v1/generate (docs/engine-wire.md §5).
 	ModeGenerate
 	// ModeCompletions uses POST /v1/completions with a token-id prompt
-	// (vllm-wire.md §6), the fallback.
+	// (docs/engine-wire.md §6), the fallback.
 	ModeCompletions
 )
 
@@ -206,7 +206,7 @@ type httpReply struct {
 // Cancellation: the request runs under ctx (bounded by
 // Options.RequestTimeout); when ctx ends, net/http's HTTP/1.1 Transport
 // closes the connection, which is how vLLM learns to abort a generation
-// (§5.5), and the call fails with ctx.Err(). A call whose ctx has already
+// (docs/engine-wire.md §5.5), and the call fails with ctx.Err(). A call whose ctx has already
 // ended sends nothing.
 //
 // No resend: the client itself never retries, and a POST (generate,
@@ -299,7 +299,7 @@ func Watch(ctx context.Context) (_ context.Context, stop func()) {
 	return ctx, func() {}
 }
 
-// httpError builds the HTTPError for a non-2xx reply (vllm-wire.md §1: decide
+// httpError builds the HTTPError for a non-2xx reply (docs/engine-wire.md §1: decide
 // by status; message from error.message, else detail, else error string,
 // else raw text).
 func (c *Client) httpError(method, path string, r *httpReply) *HTTPError {

@@ -1,7 +1,7 @@
 // Package engine is kiln's client for a vLLM-compatible engine, token in and
-// token out (DESIGN.md §4 "Engine client"). It follows
-// /work/shared/reference/vllm-wire.md (cited as §N below) and the reply rules
-// of spec-adapter.md §2.4.
+// token out (docs/design.md §4.1). It follows
+// docs/engine-wire.md (cited as §N below) and the reply rules
+// of docs/adapter.md §2.4.
 //
 // Contract:
 //
@@ -49,7 +49,7 @@
 //     stop ids (tokenizer EOS + generation_config eos_token_id), HF-style
 //     all_special_ids, every special added token, and ChatML / think markers.
 //
-// Not implemented, because vllm-wire.md marks them unconfirmed or not for a
+// Not implemented, because docs/engine-wire.md marks them unconfirmed or not for a
 // text-only token client: the packed logprob variant (return_token_logprobs /
 // return_top_k_logprobs, §5.4), weight_versions (field names unknown),
 // sampling_mask_logprobs (score centering; not in the note), streaming (§5.6),

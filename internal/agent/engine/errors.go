@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// HTTPError is a non-2xx answer from the engine (vllm-wire.md §1 "Error
+// HTTPError is a non-2xx answer from the engine (docs/engine-wire.md §1 "Error
 // envelope"). Message is error.message, else detail, else error (string),
 // else the start of the raw body.
 type HTTPError struct {
@@ -25,8 +25,8 @@ func (e *HTTPError) Error() string {
 	return s
 }
 
-// Reason says which reply validation rule failed (spec-adapter.md §2.4,
-// vllm-wire.md §10).
+// Reason says which reply validation rule failed (docs/adapter.md §2.4,
+// docs/engine-wire.md §10).
 type Reason string
 
 const (

@@ -9,12 +9,12 @@ import (
 	"strconv"
 )
 
-// SamplingParams are the vLLM sampling_params kiln sets (vllm-wire.md §5.3).
+// SamplingParams are the vLLM sampling_params kiln sets (docs/engine-wire.md §5.3).
 // Pointer fields are sent only when non-nil. On the completions fallback the
 // nil ones among Temperature, TopP, TopK, MinP and RepetitionPenalty are sent
 // as the engine defaults (1, 1, 0, 0, 1), because /v1/completions would
 // otherwise apply the model's generation_config.json values, which
-// /inference/v1/generate does not (§5.3, §6): both routes sample alike.
+// /inference/v1/generate does not (docs/engine-wire.md §5.3, docs/engine-wire.md §6): both routes sample alike.
 type SamplingParams struct {
 	// MaxTokens is always sent; must be ≥ 1. Generate lowers it to the room
 	// left in the context (ClampMaxTokens).
@@ -36,7 +36,7 @@ type SamplingParams struct {
 	MinTokens    int // ≤ MaxTokens
 	// Logprobs is how many top candidates to return per position. The
 	// sampled token's logprob is always requested: "logprobs" is sent as
-	// max(Logprobs, 1) (v0.11.x returned none for 0, §5.4). When Logprobs > 0,
+	// max(Logprobs, 1) (v0.11.x returned none for 0, docs/engine-wire.md §5.4). When Logprobs > 0,
 	// Generation.TopLogProbs carries the candidates.
 	Logprobs          int
 	PresencePenalty   *float64
@@ -54,7 +54,7 @@ type GenerateRequest struct {
 	Memo     *Memo
 	Sampling SamplingParams
 	// SessionID is sent as header x-session-id for the router's consistent
-	// hashing (spec-adapter §1.2); "" and "default" send no header.
+	// hashing (docs/adapter.md §1.2); "" and "default" send no header.
 	SessionID string
 	// RequestID is sent as "request_id" when non-empty (the engine id becomes
 	// generate-tokens-<id>).
@@ -62,10 +62,10 @@ type GenerateRequest struct {
 	// CacheSalt is sent as "cache_salt" when non-empty (1–1024 chars).
 	CacheSalt string
 	// ReturnSamplingMask requires choices[0].sampling_mask (the top-p
-	// nucleus per output token, §5.4 shape C) and returns it as
+	// nucleus per output token, docs/engine-wire.md §5.4 shape C) and returns it as
 	// Generation.TopPTokenIDs/TopPTokenOffsets. Upstream vLLM captures it
 	// server-wide (--return-sampling-mask, unconfirmed); the per-request key
-	// return_sampling_mask is also sent, which upstream ignores (§1, §5.4).
+	// return_sampling_mask is also sent, which upstream ignores (docs/engine-wire.md §1, docs/engine-wire.md §5.4).
 	// Generate route only.
 	ReturnSamplingMask bool
 	// ReturnRoutedExperts sends routed_experts_prompt_start:0 and requires
@@ -75,7 +75,7 @@ type GenerateRequest struct {
 	ReturnRoutedExperts bool
 }
 
-// StopReason is a choice's optional stop_reason (§5.4, "some versions"):
+// StopReason is a choice's optional stop_reason (docs/engine-wire.md §5.4, "some versions"):
 // the stop token id or stop string that ended generation. Neither is set
 // for EOS, absent or null.
 type StopReason struct {
@@ -220,7 +220,7 @@ func checkSampling(p *SamplingParams) error {
 // Generate runs one generation on the route the Mode (or Probe, for
 // ModeAuto) picked, with max_tokens clamped to the context length when it is
 // known, and returns the validated reply. It never retries. Cancelling ctx
-// closes the connection, which makes vLLM abort the request (§5.5).
+// closes the connection, which makes vLLM abort the request (docs/engine-wire.md §5.5).
 func (c *Client) Generate(ctx context.Context, req GenerateRequest) (Generation, error) {
 	if len(req.PromptIDs) == 0 {
 		return Generation{}, errors.New("engine: Generate: empty prompt")
@@ -348,7 +348,7 @@ func wireSamplingOf(p *SamplingParams, maxTokens int) wireSampling {
 
 func (c *Client) generateBody(req *GenerateRequest, maxTokens int) ([]byte, error) {
 	sp := wireSamplingOf(&req.Sampling, maxTokens)
-	detok := len(req.Sampling.Stop) > 0 // stop strings need text (§5.3)
+	detok := len(req.Sampling.Stop) > 0 // stop strings need text (docs/engine-wire.md §5.3)
 	sp.Detokenize = &detok
 	sp.ReturnSamplingMask = req.ReturnSamplingMask
 	if req.ReturnRoutedExperts {

@@ -15,7 +15,7 @@ import (
 )
 
 // The engine client against the scripted engine: two independent readings
-// of vllm-wire.md must agree on every route, response shape and fault.
+// of docs/engine-wire.md must agree on every route, response shape and fault.
 func TestClientAgainstScriptedEngine(t *testing.T) {
 	ctx := context.Background()
 	msgs := []json.RawMessage{

@@ -10,7 +10,7 @@ import (
 
 // Memo is what the client remembers of one conversation between its calls,
 // so that each call reads and writes only what is new. An adapter renders a
-// turn's whole history (twice, spec §3) and sends the whole prompt to
+// turn's whole history (twice, docs/adapter.md §3) and sends the whole prompt to
 // generate, and every turn the history is the last one's plus a little:
 //
 //   - /tokenize replies (ChatRequest.Memo): the id list of the longest

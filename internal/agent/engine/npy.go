@@ -14,7 +14,7 @@ import (
 
 // routedExperts decodes choices[0].routed_experts: base64 of a .npy array of
 // shape (positions, layers, experts per token), positions = prompt+output−1
-// (vllm-wire.md §5.4 B; spec-adapter §1.3). The integer dtype is not
+// (docs/engine-wire.md §5.4 B; docs/adapter.md §1.3). The integer dtype is not
 // documented, so any little-endian or byte-sized integer dtype is read.
 func routedExperts(route string, raw json.RawMessage, positions int) ([]int32, []int32, error) {
 	var s string

@@ -10,7 +10,7 @@ import (
 )
 
 // Shape names the response layout a generation was read from
-// (vllm-wire.md §5.4, §6).
+// (docs/engine-wire.md §5.4, §6).
 type Shape int
 
 const (
@@ -24,7 +24,7 @@ const (
 	// ShapeTokenIDs (C): newest: integer token_id (+rank) in logprobs,
 	// output_mode, prompt_token_ids, sampling_mask.
 	ShapeTokenIDs
-	// ShapeCompletions: legacy /v1/completions logprobs (§6).
+	// ShapeCompletions: legacy /v1/completions logprobs (docs/engine-wire.md §6).
 	ShapeCompletions
 )
 
@@ -208,7 +208,7 @@ func logprobValue(route, where string, raw json.RawMessage) (float32, error) {
 
 // entryID resolves a chat-shape logprob entry's id: integer token_id first
 // (shape C), else "token_id:N" in token (A, B); ok=false when the entry
-// carries neither (then it is zipped with token_ids, vllm-wire.md §10.3).
+// carries neither (then it is zipped with token_ids, docs/engine-wire.md §10.3).
 func entryID(route, where string, e *wireEntry) (id int32, ok bool, err error) {
 	var fromInt, fromLabel int32
 	hasInt, hasLabel := false, false
@@ -245,7 +245,7 @@ func entryID(route, where string, e *wireEntry) (id int32, ok bool, err error) {
 
 func finishReason(route string, raw json.RawMessage) (string, error) {
 	if isNull(raw) {
-		return "stop", nil // absent: vLLM's default (§5.4 A), spec-adapter §1.3
+		return "stop", nil // absent: vLLM's default (docs/engine-wire.md §5.4 A), docs/adapter.md §1.3
 	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err != nil {
@@ -277,7 +277,7 @@ func stopReason(route string, raw json.RawMessage) (StopReason, error) {
 }
 
 // checkUsage: usage present and non-empty → completion_tokens (0 when
-// absent) must equal the output length (spec-adapter §2.4 item 2).
+// absent) must equal the output length (docs/adapter.md §2.4 item 2).
 func checkUsage(route string, raw json.RawMessage, n int, g *Generation) error {
 	g.PromptTokens, g.CachedTokens = -1, -1
 	if isNull(raw) {
@@ -337,7 +337,7 @@ func usageJSON(route string, raw json.RawMessage) (usageCounts, error) {
 }
 
 // parseGenerate reads and validates a POST /inference/v1/generate reply
-// (shapes A, B, C of vllm-wire.md §5.4): by readGenerate's typed decoding
+// (shapes A, B, C of docs/engine-wire.md §5.4): by readGenerate's typed decoding
 // when it takes the reply, else (an invalid reply, or an unusual one) by
 // parseGenerateSteps, which words every error. Both return the same
 // Generation for a reply both read (TestTypedGenerate, FuzzParseGenerate).
@@ -533,7 +533,7 @@ func samplingMask(route string, raw json.RawMessage, out []int32) ([]int32, []in
 	return ids, offs, nil
 }
 
-// wire types of the legacy completions logprobs (§6).
+// wire types of the legacy completions logprobs (docs/engine-wire.md §6).
 type wireCompletionsChoice struct {
 	TokenIDs     json.RawMessage `json:"token_ids"`
 	Logprobs     json.RawMessage `json:"logprobs"`
@@ -548,7 +548,7 @@ type wireCompletionsLogprobs struct {
 }
 
 // parseCompletions reads and validates a POST /v1/completions reply made with
-// a token-id prompt, return_tokens_as_token_ids and return_token_ids (§6).
+// a token-id prompt, return_tokens_as_token_ids and return_token_ids (docs/engine-wire.md §6).
 // Output ids come from choices[0].token_ids when present (servers since
 // ~2025-08) and are checked against the "token_id:N" labels; older servers
 // give only the labels.

@@ -25,7 +25,7 @@ type Capabilities struct {
 	// MaxModelLen when that was 0.
 	ContextLength int
 	// Generate: POST /inference/v1/generate answered a 1-token probe;
-	// GenerateShape is the reply shape seen (vllm-wire.md §5.4).
+	// GenerateShape is the reply shape seen (docs/engine-wire.md §5.4).
 	// GenerateDetail says why not, when it did not.
 	Generate       bool
 	GenerateShape  Shape
@@ -37,7 +37,7 @@ type Capabilities struct {
 	Route Route
 }
 
-// enableAdvice is what vllm-wire.md §5.1 / §10.1 say turns the token-in
+// enableAdvice is what docs/engine-wire.md §5.1 / §10.1 say turns the token-in
 // route on, per release window.
 const enableAdvice = "Enable it on the server: vLLM v0.30 and later need `vllm serve ... --enable-scale-out` " +
 	"(or `--tokens-only`, which always registers it); the ~v0.29 window needs the environment variable " +
@@ -46,7 +46,7 @@ const enableAdvice = "Enable it on the server: vLLM v0.30 and later need `vllm s
 	"Alternatively run kiln with `--fallback completions` (engine Mode completions, or auto) to generate " +
 	"through POST /v1/completions with a token-id prompt"
 
-// Probe asks the engine what it serves (vllm-wire.md §10.1): GET /version,
+// Probe asks the engine what it serves (docs/engine-wire.md §10.1): GET /version,
 // GET /v1/models (served names, max_model_len), then a 1-token generation
 // with max_tokens 1 on the route the Mode needs (auto: generate, else
 // completions). It sets the client's route and, when Options.ContextLength

@@ -12,7 +12,7 @@ import (
 )
 
 // SpecialTokens are the ids kiln's adapter needs from the served checkpoint
-// (vllm-wire.md §7: there is no endpoint that lists them; the checkpoint's
+// (docs/engine-wire.md §7: there is no endpoint that lists them; the checkpoint's
 // tokenizer files are the authoritative source).
 type SpecialTokens struct {
 	// EOS, BOS, PAD, UNK are the tokenizer's named specials (ID -1 and
@@ -20,14 +20,14 @@ type SpecialTokens struct {
 	EOS, BOS, PAD, UNK Token
 	// StopIDs are the ids that end a turn: the tokenizer's EOS plus every
 	// generation_config.json eos_token_id — vLLM stops on all of them
-	// (§5.3). Sorted, unique.
+	// (docs/engine-wire.md §5.3). Sorted, unique.
 	StopIDs []int32
 	// AllSpecialIDs follows HF all_special_ids: the named specials plus
 	// additional_special_tokens. The reference adapter's prefix reuse uses
-	// this set (spec-adapter §1.6, §3). Sorted, unique.
+	// this set (docs/adapter.md §1.6, §3). Sorted, unique.
 	AllSpecialIDs []int32
 	// AddedSpecialIDs are every added token flagged special:true, a superset
-	// of what AllSpecialIDs may miss (§7 note). Sorted, unique.
+	// of what AllSpecialIDs may miss (docs/engine-wire.md §7 note). Sorted, unique.
 	AddedSpecialIDs []int32
 	// ChatML-style and reasoning markers, -1 when absent.
 	IMStart, IMEnd, ThinkStart, ThinkEnd int32

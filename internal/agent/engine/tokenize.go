@@ -12,11 +12,11 @@ import (
 	"strings"
 )
 
-// ChatRequest is the chat form of POST /tokenize (vllm-wire.md §2.2).
+// ChatRequest is the chat form of POST /tokenize (docs/engine-wire.md §2.2).
 // Messages and Tools are sent verbatim (bytes as given: key order kept, no
 // re-encoding, no HTML escaping). Send every tool with all of type, function
 // {name, description, parameters}: vLLM re-serialises tools and turns a
-// missing description/parameters into an explicit null (§2.2).
+// missing description/parameters into an explicit null (docs/engine-wire.md §2.2).
 type ChatRequest struct {
 	Messages []json.RawMessage
 	Tools    []json.RawMessage // nil or empty: "tools" not sent
@@ -26,7 +26,7 @@ type ChatRequest struct {
 	// AddGenerationPrompt (vLLM answers 400 to both).
 	ContinueFinalMessage bool
 	// AddSpecialTokens is always sent; keep it false so the ids are exactly
-	// what the template emits (§2.2, §10.6).
+	// what the template emits (docs/engine-wire.md §2.2, docs/engine-wire.md §10.6).
 	AddSpecialTokens bool
 	// ChatTemplateKwargs is a JSON object merged into the template context
 	// (e.g. {"enable_thinking": false}); nil: not sent. Sent verbatim.
@@ -246,7 +246,7 @@ func readTokenizeIDs(body []byte) ([]int32, int, error) {
 }
 
 // Detokenize decodes ids with POST /detokenize. vLLM keeps special tokens in
-// the text (vllm-wire.md §3).
+// the text (docs/engine-wire.md §3).
 func (c *Client) Detokenize(ctx context.Context, ids []int32) (string, error) {
 	const path = "/detokenize"
 	for i, id := range ids {
