@@ -10,7 +10,7 @@ import (
 )
 
 // handleCompletions serves POST /v1/completions with token-id prompts (the
-// fallback of vllm-wire.md §6): prompt [int], [[int]], a string or a list of
+// fallback of docs/engine-wire.md §6): prompt [int], [[int]], a string or a list of
 // strings. Sampling keys are top-level; logprobs k gives the legacy
 // completions logprobs object; return_tokens_as_token_ids and
 // return_token_ids are honoured. prompt + max_tokens beyond max_model_len

@@ -7,7 +7,7 @@
 //	srv := httptest.NewServer(eng)
 //	defer srv.Close()
 //
-// It mirrors the HTTP surface described in /work/shared/reference/vllm-wire.md:
+// It mirrors the HTTP surface described in docs/engine-wire.md:
 //
 //   - §1: the error envelope {"error": {message, type, param, code}} with
 //     400/404/500/501, {"detail": ...} for unregistered routes, unknown
@@ -42,7 +42,7 @@
 //
 // Not implemented: streaming (stream:true is a 501), output_mode "text",
 // n > 1, prompt_logprobs (always null), sampling_mask / top-p replay and
-// routed_experts (vllm-wire.md documents sampling_mask only as a
+// routed_experts (docs/engine-wire.md documents sampling_mask only as a
 // server-wide capture with unconfirmed enablement, so the fields are
 // always null), multimodal inputs, the dev-mode endpoints of §8 (pause,
 // sleep, collective_rpc, weight transfer) and /abort_requests. Sampling

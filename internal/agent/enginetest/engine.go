@@ -15,7 +15,7 @@ import (
 )
 
 // ResponseShape selects which documented non-streaming response of
-// POST /inference/v1/generate the engine emits (vllm-wire.md §5.4).
+// POST /inference/v1/generate the engine emits (docs/engine-wire.md §5.4).
 type ResponseShape int
 
 const (
@@ -36,8 +36,8 @@ type GenerateRoute int
 
 const (
 	GenerateEnabled     GenerateRoute = iota
-	GenerateDisabled                  // not registered: plain 404 {"detail":"Not Found"} (§5.1)
-	GenerateUnsupported               // registered, model lacks the generate task: 501 envelope (§5.5)
+	GenerateDisabled                  // not registered: plain 404 {"detail":"Not Found"} (docs/engine-wire.md §5.1)
+	GenerateUnsupported               // registered, model lacks the generate task: 501 envelope (docs/engine-wire.md §5.5)
 )
 
 // Options configure an Engine. The zero value is a usable engine.
@@ -60,7 +60,7 @@ type Options struct {
 	// APIKey enables --api-key: /v1, /v2, /inference paths need
 	// "Authorization: Bearer <key>", else 401 {"error":"Unauthorized"}.
 	APIKey string
-	// EnableTokenizerInfo registers GET /tokenizer_info (§4).
+	// EnableTokenizerInfo registers GET /tokenizer_info (docs/engine-wire.md §4).
 	EnableTokenizerInfo bool
 	// EnablePromptTokensDetails adds usage.prompt_tokens_details.cached_tokens
 	// (--enable-prompt-tokens-details): the longest prefix shared with an
@@ -72,7 +72,7 @@ type Options struct {
 }
 
 // Fault is a corruption of one generation response, for client validation
-// tests (spec-adapter.md §2.4, §8 row 5).
+// tests (docs/adapter.md §2.4, §8 row 5).
 type Fault int
 
 const (
@@ -210,7 +210,7 @@ func (e *Engine) Stats() map[string]EndpointStats {
 }
 
 // Aborted counts generation requests whose client went away before the
-// answer (cancellation by closing the connection, §5.5).
+// answer (cancellation by closing the connection, docs/engine-wire.md §5.5).
 func (e *Engine) Aborted() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -338,7 +338,7 @@ func (e *Engine) routePaths() []string {
 	return ps
 }
 
-// apiError is vLLM's OpenAI-style error envelope (vllm-wire.md §1).
+// apiError is vLLM's OpenAI-style error envelope (docs/engine-wire.md §1).
 type apiError struct {
 	status  int
 	typ     string
@@ -391,7 +391,7 @@ func decodeBody(body []byte) (map[string]json.RawMessage, *apiError) {
 	return m, nil
 }
 
-// checkModel enforces the optional model field (§1: unknown model → 404).
+// checkModel enforces the optional model field (docs/engine-wire.md §1: unknown model → 404).
 func (e *Engine) checkModel(m map[string]json.RawMessage) *apiError {
 	raw, ok := m["model"]
 	if !ok || string(raw) == "null" {

@@ -71,7 +71,7 @@ func TestTokenize(t *testing.T) {
 	if err := json.Unmarshal([]byte(b), &r); err != nil || st != 200 || !slices.Equal(r.Tokens, Encode(want)) || r.Count != len(r.Tokens) {
 		t.Errorf("chat tokenize: %d %s", st, b)
 	}
-	// No length check on /tokenize (§2.2).
+	// No length check on /tokenize (docs/engine-wire.md §2.2).
 	if st, _ := post(t, s, "/tokenize", `{"prompt":"`+strings.Repeat("x", 100)+`"}`); st != 200 {
 		t.Errorf("long prompt status %d", st)
 	}
@@ -146,7 +146,7 @@ func okScript(Request) Output {
 	return Output{IDs: []int{'o', 'k', IMEnd}, Logprobs: []float64{-0.1, -0.2, -0.3}}
 }
 
-// Shapes (A), (B), (C) of vllm-wire.md §5.4, byte for byte.
+// Shapes (A), (B), (C) of docs/engine-wire.md §5.4, byte for byte.
 func TestGenerateShapes(t *testing.T) {
 	_, s := serve(t, Options{Script: okScript})
 	st, b := post(t, s, "/inference/v1/generate", `{"token_ids":[104,105],"request_id":"r1","sampling_params":{"max_tokens":8,"temperature":0,"logprobs":2,"detokenize":false}}`)

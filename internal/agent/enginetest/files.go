@@ -9,7 +9,7 @@ import (
 )
 
 // WriteTokenizerFiles writes the checkpoint-side tokenizer files in the
-// shapes vllm-wire.md §7 says clients read, so a client learns the special
+// shapes docs/engine-wire.md §7 says clients read, so a client learns the special
 // ids from them as it would from a Qwen3 checkpoint:
 //
 //   - tokenizer_config.json: added_tokens_decoder {"<id>": {content,

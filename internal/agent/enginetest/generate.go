@@ -13,7 +13,7 @@ import (
 )
 
 // SamplingParams are the sampling parameters the engine honours
-// (vllm-wire.md §5.3), after defaults. Other keys are accepted and ignored,
+// (docs/engine-wire.md §5.3), after defaults. Other keys are accepted and ignored,
 // as vLLM ignores unknown ones.
 type SamplingParams struct {
 	MaxTokens              int // effective cap before the context limit
@@ -363,7 +363,7 @@ func writeFaultResponse(w http.ResponseWriter, f Fault) bool {
 	return true
 }
 
-// handleGenerate serves POST /inference/v1/generate (§5).
+// handleGenerate serves POST /inference/v1/generate (docs/engine-wire.md §5).
 func (e *Engine) handleGenerate(w http.ResponseWriter, r *http.Request, body []byte, info *reqInfo) {
 	if e.opts.Generate == GenerateUnsupported {
 		writeError(w, &apiError{status: 501, typ: "NotImplementedError", message: "The model does not support generate tokens API"})

@@ -51,7 +51,7 @@ const (
 //     chat_template_kwargs enable_thinking == false it also appends
 //     "<think>\n\n</think>\n\n".
 //
-// Mirrored from vLLM's preprocessing (vllm-wire.md §2.2): string tool-call
+// Mirrored from vLLM's preprocessing (docs/engine-wire.md §2.2): string tool-call
 // arguments are JSON-decoded (empty → {}), an empty tool_calls list is
 // dropped, content given as a list of text parts is joined with "\n"
 // (--chat-template-content-format string), and tools are re-serialised as

@@ -9,7 +9,7 @@ import (
 
 const untrustedTemplateMsg = "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with untrusted chat template."
 
-// handleTokenize serves POST /tokenize (vllm-wire.md §2): the completion
+// handleTokenize serves POST /tokenize (docs/engine-wire.md §2): the completion
 // form (prompt) and the chat form (messages). add_special_tokens is
 // accepted and has no effect (the tokenizer adds no BOS, like Qwen3's).
 // There is no length check, as in vLLM.
@@ -79,7 +79,7 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, body []byte) {
 	writeJSONResponse(w, 200, ojson.Obj("count", len(ids), "max_model_len", e.opts.MaxModelLen, "tokens", ids, "token_strs", strs))
 }
 
-// handleDetokenize serves POST /detokenize (§3): special tokens are kept;
+// handleDetokenize serves POST /detokenize (docs/engine-wire.md §3): special tokens are kept;
 // a negative or out-of-vocabulary id is a 400 (the latter is this engine's
 // choice, upstream behaviour depends on the tokenizer).
 func (e *Engine) handleDetokenize(w http.ResponseWriter, body []byte) {
