@@ -9,8 +9,8 @@ import (
 	"github.com/kilnrl/kiln/internal/ojson"
 )
 
-// DecodeAnthropic translates an Anthropic Messages request body (§4.2–4.4)
-// into neutral form. header supplies the session id (§2.1) and the Accept
+// DecodeAnthropic translates an Anthropic Messages request body (docs/adapter.md §4.2–4.4)
+// into neutral form. header supplies the session id (docs/adapter.md §2.1) and the Accept
 // header (streaming). Failures are *Error with status 400.
 func DecodeAnthropic(header http.Header, body []byte) (Request, error) {
 	return decodeAnthropic(header, body, nil)
@@ -109,7 +109,7 @@ func decodeAnthropicWith(header http.Header, body []byte, cp *cachedParts, hd *h
 	return r, nil
 }
 
-// foldSystem is §4.3: every role:"system" message after index 0 becomes a
+// foldSystem is docs/adapter.md §4.3: every role:"system" message after index 0 becomes a
 // <system-reminder> text block appended to the nearest preceding user
 // message, else prepended to the next user message, else a user message of
 // its own in its place. The index-0 system message stays.
@@ -222,7 +222,7 @@ type translatorSnap struct {
 	calls  int
 }
 
-// translate is §4.4 after the top-level system message.
+// translate is docs/adapter.md §4.4 after the top-level system message.
 func (t *anthropicTranslator) translate(msgs []any) {
 	for j, m := range msgs {
 		mo, ok := m.(*ojson.Object)
@@ -322,7 +322,7 @@ func (t *anthropicTranslator) assistant(content any) {
 func flattenScalar(v any) string { return text(v) }
 
 // flush emits the pending tool results: in call order when every
-// tool_use_id is a known call id, else in arrival order (§4.4).
+// tool_use_id is a known call id, else in arrival order (docs/adapter.md §4.4).
 func (t *anthropicTranslator) flush() {
 	if len(t.pending) == 0 {
 		return

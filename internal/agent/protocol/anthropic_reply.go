@@ -6,7 +6,7 @@ import (
 	"github.com/kilnrl/kiln/internal/ojson"
 )
 
-// anthropicBlocks is §4.5: thinking (no signature), text, one tool_use per
+// anthropicBlocks is docs/adapter.md §4.5: thinking (no signature), text, one tool_use per
 // call; a reply with none of them is one empty text block.
 func anthropicBlocks(rep *Reply, ids IDSource) []*ojson.Object {
 	var blocks []*ojson.Object
@@ -35,7 +35,7 @@ func anthropicStop(rep *Reply) string {
 	return "end_turn"
 }
 
-// WriteAnthropic writes the non-streaming message object (§4.6).
+// WriteAnthropic writes the non-streaming message object (docs/adapter.md §4.6).
 func WriteAnthropic(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) error {
 	ids := opt.ids()
 	id := "msg_" + ids.Hex(24)
@@ -51,7 +51,7 @@ func WriteAnthropic(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) err
 	))
 }
 
-// StreamAnthropic writes the SSE event sequence of §4.7: message_start,
+// StreamAnthropic writes the SSE event sequence of docs/adapter.md §4.7: message_start,
 // content_block_start/delta/stop per block (thinking_delta, text_delta,
 // input_json_delta with the whole input), message_delta with stop_reason
 // and usage, message_stop. No ping, signature_delta or error events.

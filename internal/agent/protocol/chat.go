@@ -7,9 +7,9 @@ import (
 	"github.com/kilnrl/kiln/internal/ojson"
 )
 
-// DecodeChat translates an OpenAI Chat Completions request (§5.6):
+// DecodeChat translates an OpenAI Chat Completions request (docs/adapter.md §5.6):
 // developer becomes system, tool results keep their order (no
-// reordering), assistant tool calls lose their ids and get §5.7 argument
+// reordering), assistant tool calls lose their ids and get docs/adapter.md §5.7 argument
 // coercion.
 func DecodeChat(header http.Header, body []byte) (Request, error) {
 	return decodeChat(header, body, nil, nil)
@@ -103,7 +103,7 @@ func chatMessages(msgs []any) []*ojson.Object {
 	return out
 }
 
-// chatMessage is §5.6 for one message; nil drops it.
+// chatMessage is docs/adapter.md §5.6 for one message; nil drops it.
 func chatMessage(m any) *ojson.Object {
 	mo, ok := m.(*ojson.Object)
 	if !ok {
@@ -148,7 +148,7 @@ func chatMessage(m any) *ojson.Object {
 	return nil
 }
 
-// translateChat is §5.6 over l: the messages the checkpoint covers take
+// translateChat is docs/adapter.md §5.6 over l: the messages the checkpoint covers take
 // its translation, the rest are translated, and the whole list becomes the
 // next checkpoint (a message's translation depends on it alone).
 func (d *historyDecode) translateChat(body []byte, l *historyList) []json.RawMessage {

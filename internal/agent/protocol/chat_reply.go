@@ -16,7 +16,7 @@ func chatFinish(rep *Reply) string {
 	return "stop"
 }
 
-// chatCall is the first call as a wire tool call (§5.6: Chat clients get
+// chatCall is the first call as a wire tool call (docs/adapter.md §5.6: Chat clients get
 // only the first of parallel calls). Arguments keep the model's key order.
 func chatCall(rep *Reply, ids IDSource) *ojson.Object {
 	c := rep.Calls[0]
@@ -24,7 +24,7 @@ func chatCall(rep *Reply, ids IDSource) *ojson.Object {
 		"function", ojson.Obj("name", callName(c), "arguments", string(ojson.Marshal(callArgs(c)))))
 }
 
-// WriteChat writes the non-streaming chat.completion object (§5.6).
+// WriteChat writes the non-streaming chat.completion object (docs/adapter.md §5.6).
 func WriteChat(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) error {
 	ids := opt.ids()
 	id := "chatcmpl_" + ids.Hex(24)
@@ -53,7 +53,7 @@ func chatUsage(rep *Reply) *ojson.Object {
 		"total_tokens", rep.PromptTokens+rep.OutputTokens)
 }
 
-// StreamChat writes chat.completion.chunk data lines (§5.6): role,
+// StreamChat writes chat.completion.chunk data lines (docs/adapter.md §5.6): role,
 // reasoning_content (if any), content (if non-empty and no call), the
 // tool call in one chunk with index 0, a final empty delta with
 // finish_reason and usage, then data: [DONE].

@@ -2,8 +2,8 @@
 // three client protocols into one neutral Request and encodes a model turn
 // (Reply) back into each protocol's JSON or SSE reply. The adapter server
 // wires HTTP, sessions and the engine around it. Section numbers cite
-// /work/shared/reference/spec-adapter.md; client shapes follow
-// /work/shared/reference/clients-wire.md.
+// docs/adapter.md; client shapes follow
+// docs/clients-wire.md.
 //
 // Decoding (DecodeAnthropic, DecodeResponses, DecodeChat) gives
 // chat-template messages {role, content, reasoning_content?, tool_calls?:

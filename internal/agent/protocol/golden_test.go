@@ -33,7 +33,7 @@ func golden(t *testing.T, name string, got []byte) {
 }
 
 // TestGoldenRequests decodes request bodies shaped like what Claude Code,
-// Codex and a Chat client send (clients-wire.md) and compares the neutral
+// Codex and a Chat client send (docs/clients-wire.md) and compares the neutral
 // form with golden files.
 func TestGoldenRequests(t *testing.T) {
 	for _, c := range []struct {
@@ -230,7 +230,7 @@ func TestStreamEventOrder(t *testing.T) {
 }
 
 func TestAnthropicEchoMatchesAssistantMessage(t *testing.T) {
-	// §4.5: decoding the client's echo of our reply gives AssistantMessage.
+	// docs/adapter.md §4.5: decoding the client's echo of our reply gives AssistantMessage.
 	rep := replies["mixed"]
 	req := &Request{Protocol: Anthropic}
 	var b bytes.Buffer

@@ -24,7 +24,7 @@ import (
 // A boundary is clean when the translation before it is final and a
 // function of the messages before it alone. Anthropic: right after an
 // assistant message (every tool result before it was flushed there, nothing
-// after it is pending yet, later messages only append), provided no §4.3
+// after it is pending yet, later messages only append), provided no docs/adapter.md §4.3
 // folding of a late system message crosses it — each system message folds
 // into a user message on its own side; a request whose new messages would
 // fold into the reused part decodes whole.
@@ -268,11 +268,11 @@ func (d *historyDecode) messages(p *ojson.Decoder) (any, bool, error) {
 	}
 }
 
-// translateAnthropic is §4.4 over l, from the checkpoint when it covers l's prefix,
+// translateAnthropic is docs/adapter.md §4.4 over l, from the checkpoint when it covers l's prefix,
 // and stores the next checkpoint when one is sound. It returns the
 // translated messages (without the top-level system one).
 //
-// §4.3 folds a system message past the first position into the nearest
+// docs/adapter.md §4.3 folds a system message past the first position into the nearest
 // user message before it (else the next one after it). A checkpoint at
 // source index j is a function of the messages [0, j) alone only if no
 // folding crosses j: every system message before j folds into a user
@@ -359,7 +359,7 @@ func (d *historyDecode) translateAnthropic(body []byte, l *historyList) ([]json.
 	return out, nil
 }
 
-// translateResponses is §5.3 over l, from the checkpoint when it covers l's
+// translateResponses is docs/adapter.md §5.3 over l, from the checkpoint when it covers l's
 // prefix and the request's instructions are the same, and stores the next
 // checkpoint: the last item boundary where nothing was pending (see
 // responsesTranslator.boundary). instr is the system message of the

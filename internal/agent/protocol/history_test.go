@@ -64,7 +64,7 @@ func TestHistoryReuse(t *testing.T) {
 	if _, hd := decode(compacted); hd.reused != 2 {
 		t.Fatalf("after compaction: reused %d messages, want 2", hd.reused)
 	}
-	// Late system messages (§4.3 folds each into the user message before
+	// Late system messages (docs/adapter.md §4.3 folds each into the user message before
 	// it): one that folds into the tail leaves the prefix reusable...
 	late := append(append([]any{}, compacted...), map[string]any{"role": "system", "content": "reminder"})
 	if _, hd := decode(late); hd.reused != 4 {

@@ -7,7 +7,7 @@ import (
 	"github.com/kilnrl/kiln/internal/ojson"
 )
 
-// A streamed reply is generated whole before any of it is sent (§4.7), so
+// A streamed reply is generated whole before any of it is sent (docs/adapter.md §4.7), so
 // a long generation is a silence on the connection, and clients bound
 // silences: Claude Code gives up on a request whose response head has not
 // come within API_TIMEOUT_MS (600 s by default) and sends it again, which
@@ -15,7 +15,7 @@ import (
 // with a 600 s timeout between bytes; Codex, once it has a response head,
 // gives up after stream_idle_timeout_ms (300 s by default) without an SSE
 // event. The adapter may therefore start a slow streamed reply early and
-// keep it alive until the reply is ready (§4.7's design note). A Prelude
+// keep it alive until the reply is ready (docs/adapter.md §4.7's design note). A Prelude
 // is that start.
 
 // Prelude is the part of a streamed reply sent before the reply exists:

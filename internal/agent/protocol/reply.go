@@ -25,7 +25,7 @@ type Reply struct {
 
 // Call is one parsed tool call. Name is the schema name the model called
 // (ns.name for namespaced Responses tools). Arguments is a JSON object in
-// the model's key order; anything else is coerced per §5.7.
+// the model's key order; anything else is coerced per docs/adapter.md §5.7.
 type Call struct {
 	ID        string // unused by the encoders, which mint wire ids; free for the caller
 	Name      string
@@ -90,7 +90,7 @@ const (
 	ContentTypeSSE  = "text/event-stream"
 )
 
-// SSEHeaders yields the headers of a streamed reply (§4.7, §5.5), name
+// SSEHeaders yields the headers of a streamed reply (docs/adapter.md §4.7, docs/adapter.md §5.5), name
 // and value, in a fixed order.
 func SSEHeaders() iter.Seq2[string, string] {
 	return func(yield func(string, string) bool) {
@@ -108,7 +108,7 @@ func ContentType(req *Request) string {
 	return ContentTypeJSON
 }
 
-// Fixed bodies of the auxiliary routes (§4.1, §1.1), fresh on each call.
+// Fixed bodies of the auxiliary routes (docs/adapter.md §4.1, docs/adapter.md §1.1), fresh on each call.
 
 // CountTokensBody is the body of POST /v1/messages/count_tokens.
 func CountTokensBody() []byte { return []byte(`{"input_tokens":0}`) }
@@ -179,7 +179,7 @@ func callName(c Call) string {
 	return c.Name
 }
 
-// callArgs is a call's arguments as an object (§5.7 for anything else).
+// callArgs is a call's arguments as an object (docs/adapter.md §5.7 for anything else).
 func callArgs(c Call) *ojson.Object {
 	if len(c.Arguments) == 0 {
 		return &ojson.Object{}

@@ -19,7 +19,7 @@ const (
 	Chat      Protocol = "chat"      // OpenAI Chat Completions, POST /v1/chat/completions
 )
 
-// DefaultSessionID is the session of a request that names none (§2.1).
+// DefaultSessionID is the session of a request that names none (docs/adapter.md §2.1).
 const DefaultSessionID = "default"
 
 // DefaultModel is the model name replies carry when the request names none.
@@ -35,7 +35,7 @@ const (
 
 // ToolSpec maps a schema name (what the model sees and calls) back to the
 // tool the client declared; the Responses encoder needs it for namespaced
-// and custom tools (§5.4).
+// and custom tools (docs/adapter.md §5.4).
 type ToolSpec struct {
 	SchemaName string   // "ns.name" for namespaced tools, else Name
 	Name       string   // the tool's own name
@@ -43,7 +43,7 @@ type ToolSpec struct {
 	Kind       ToolKind // function or custom
 }
 
-// Sampling holds the client's sampling overrides (§1.4 steps 3–5). The
+// Sampling holds the client's sampling overrides (docs/adapter.md §1.4 steps 3–5). The
 // engine side overlays them on the session defaults.
 type Sampling struct {
 	// MaxTokens is the first non-null of the protocol's max-token keys
@@ -79,7 +79,7 @@ type Request struct {
 	Specs    []ToolSpec // one per entry of Tools, same order
 	Sampling Sampling
 	// Stream is body.stream === true or an Accept header naming
-	// text/event-stream (§2.3 step 9).
+	// text/event-stream (docs/adapter.md §2.3 step 9).
 	Stream bool
 }
 
@@ -113,7 +113,7 @@ func BearerToken(h http.Header) string {
 }
 
 // AnthropicSessionID is the session id of an Anthropic Messages request
-// with these headers (§2.1): the Bearer token, else X-Api-Key, else
+// with these headers (docs/adapter.md §2.1): the Bearer token, else X-Api-Key, else
 // DefaultSessionID. The body is not consulted.
 func AnthropicSessionID(h http.Header) string { return anthropicSession(h) }
 
@@ -128,7 +128,7 @@ func anthropicSession(h http.Header) string {
 }
 
 // OpenAISessionID is the session id a Chat Completions or Responses
-// request names (§2.1) — the one its decode finds — known before decoding
+// request names (docs/adapter.md §2.1) — the one its decode finds — known before decoding
 // it, so that a session named in the body can have its History too: the
 // Bearer token, else body.metadata.session_id or body.user as a skim of
 // the body's top level finds them. ok is false where the skim cannot vouch
@@ -159,7 +159,7 @@ func OpenAISessionID(h http.Header, body []byte) (id string, ok bool) {
 	return openAISession(h, top), true
 }
 
-// openAISession is §2.1 for Chat and Responses: Bearer, else a truthy
+// openAISession is docs/adapter.md §2.1 for Chat and Responses: Bearer, else a truthy
 // body.metadata.session_id, else a truthy body.user (stringified), else
 // "default". X-Slime-Session-Id and X-Api-Key are ignored.
 func openAISession(h http.Header, body *ojson.Object) string {
@@ -208,7 +208,7 @@ func decodeBodyCached(body []byte, top ojson.TopHook) (*ojson.Object, error) {
 	return o, nil
 }
 
-// sampling reads the overrides of §1.4 steps 3–5.
+// sampling reads the overrides of docs/adapter.md §1.4 steps 3–5.
 func sampling(body *ojson.Object, maxKeys []string, stopKey string) (Sampling, error) {
 	var s Sampling
 	for _, k := range maxKeys {
@@ -263,7 +263,7 @@ func sampling(body *ojson.Object, maxKeys []string, stopKey string) (Sampling, e
 	return s, nil
 }
 
-// flatten is the shared content flattener of §4.4 [C flatten_content]:
+// flatten is the shared content flattener of docs/adapter.md §4.4 [C flatten_content]:
 // null -> "", string -> itself, list -> the non-empty parts joined by "\n",
 // a single object -> "[image omitted]" for images, its flattened text part
 // for text-like blocks, else its JSON (the spec's recommended fix for the
@@ -340,7 +340,7 @@ func textField(o *ojson.Object) string {
 	return text(v)
 }
 
-// coerceArguments is §5.7: an object as is; null -> {}; a string is trimmed,
+// coerceArguments is docs/adapter.md §5.7: an object as is; null -> {}; a string is trimmed,
 // "" -> {}, a JSON object -> it, anything else -> {"_raw_arguments": the
 // original string}; other values -> {"_raw_arguments": their JSON text}.
 func coerceArguments(v any) *ojson.Object {

@@ -15,7 +15,7 @@ func openAIMaxKeys() []string {
 }
 
 // DecodeResponses translates a stateless OpenAI Responses request
-// (§5.1–5.3): the client sends its full history with store=false. Stored
+// (docs/adapter.md §5.1–5.3): the client sends its full history with store=false. Stored
 // responses, previous_response_id, background and conversation requests,
 // hosted tools and unknown input items are 400 *Error values naming what is
 // not implemented. Fields that change nothing here (include, reasoning,
@@ -100,7 +100,7 @@ func decodeResponses(header http.Header, body []byte, cp *cachedParts, hd *histo
 	return r, nil
 }
 
-// responsesTools is §5.2: a missing type is function; namespace tools
+// responsesTools is docs/adapter.md §5.2: a missing type is function; namespace tools
 // recurse with their name as namespace; function and custom tools become
 // function schemas named ns.name; any other type is a 400.
 func (r *Request) responsesTools(tools []any, ns string) error {
@@ -189,7 +189,7 @@ func itemType(io *ojson.Object) string {
 	return "message"
 }
 
-// translate is §5.3's walk over input items.
+// translate is docs/adapter.md §5.3's walk over input items.
 func (t *responsesTranslator) translate(items []any) error {
 	for j, it := range items {
 		io, ok := it.(*ojson.Object)

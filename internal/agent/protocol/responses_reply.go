@@ -9,7 +9,7 @@ import (
 
 // reasoningHandle prefixes the encrypted_content of the reasoning items kiln
 // emits: the model's own reasoning text, base64. Codex echoes reasoning items
-// verbatim (clients-wire.md), so the next request carries the reasoning the
+// verbatim (docs/clients-wire.md), so the next request carries the reasoning the
 // chat template needs to render the history exactly as sampled, and prefix
 // reuse can continue from the original tokens. Foreign encrypted_content is
 // ignored.
@@ -26,7 +26,7 @@ type responsesItem struct {
 	text         string // message text, function arguments or custom input
 }
 
-// responsesItems is §5.4: a reasoning item carrying the reasoning (kiln's
+// responsesItems is docs/adapter.md §5.4: a reasoning item carrying the reasoning (kiln's
 // addition, see reasoningHandle), a message item when there is text or no call,
 // then one item per call (all of them), named and typed after the
 // request's tool specs (unknown names: plain functions, no namespace).
@@ -116,7 +116,7 @@ func responseStart(req *Request, id string, created int64) *ojson.Object {
 	return start
 }
 
-// WriteResponses writes the non-streaming response object (§5.4).
+// WriteResponses writes the non-streaming response object (docs/adapter.md §5.4).
 func WriteResponses(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) error {
 	ids := opt.ids()
 	id := "resp_" + ids.Hex(24)
@@ -127,7 +127,7 @@ func WriteResponses(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) err
 	return writeJSON(w, responseObject(req, rep, id, opt.created(), output))
 }
 
-// StreamResponses writes the SSE sequence of §5.5; every payload carries
+// StreamResponses writes the SSE sequence of docs/adapter.md §5.5; every payload carries
 // type and a contiguous sequence_number from 0. It ends with
 // response.completed or response.incomplete; there is no [DONE] line.
 func StreamResponses(w io.Writer, req *Request, rep *Reply, opt ReplyOptions) error {
