@@ -27,7 +27,7 @@ func qwenFixture(t *testing.T, script enginetest.Script, ao adapter.Options) *fi
 		Template: enginetest.ChatTemplate{ToolCallStyle: enginetest.Qwen3CoderXML, OpenThinkInGenerationPrompt: true}}, ao)
 }
 
-// §8 cases 1, 16, 17 (Anthropic): two turns of a tool session; turn 2's
+// docs/adapter.md §8 cases 1, 16, 17 (Anthropic): two turns of a tool session; turn 2's
 // prompt is turn 1's prompt+output ids plus only the new suffix, at most two
 // /tokenize calls per turn, and Finish returns both turns with every field.
 func TestAnthropicToolSessionReusesPrefix(t *testing.T) {
@@ -80,7 +80,7 @@ func TestAnthropicToolSessionReusesPrefix(t *testing.T) {
 	assert.Equal(t, "\n<|im_start|>user\n<tool_response>\nresult\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n", rest)
 
 	// The canonical render differs (the model's whitespace is not the
-	// template's), so this is reuse, not coincidence (§8 case 17).
+	// template's), so this is reuse, not coincidence (docs/adapter.md §8 case 17).
 	var msgs []json.RawMessage
 	require.NoError(t, json.Unmarshal([]byte(turns[1].PromptMessages), &msgs))
 	tools := []json.RawMessage{json.RawMessage(`{"type":"function","function":{"name":"lookup","description":"look it up","parameters":{"properties":{"q":{"type":"string"}},"type":"object"}}}`)}
@@ -108,7 +108,7 @@ func TestAnthropicToolSessionReusesPrefix(t *testing.T) {
 	assert.JSONEq(t, `{"role":"assistant","content":"","reasoning_content":"Let me look.\n\n\n","tool_calls":[{"type":"function","function":{"name":"lookup","arguments":{"q":"vime"}}}]}`, *turns[0].ResponseMessage)
 	assert.JSONEq(t, `[{"role":"user","content":"find vime"}]`, turns[0].PromptMessages)
 
-	// §8 case 38: finished sessions answer 503 and Finish is idempotent.
+	// docs/adapter.md §8 case 38: finished sessions answer 503 and Finish is idempotent.
 	again, err := f.ad.Finish("sid-a")
 	require.NoError(t, err)
 	assert.Empty(t, again)

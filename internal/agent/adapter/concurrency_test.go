@@ -16,7 +16,7 @@ import (
 	"github.com/kilnrl/kiln/internal/agent/enginetest"
 )
 
-// §8 case 37: a client that goes away while the engine call is pending
+// docs/adapter.md §8 case 37: a client that goes away while the engine call is pending
 // aborts the engine request; nothing is recorded; the session still works.
 func TestClientDisconnectCancelsEngineCall(t *testing.T) {
 	f := newFixture(t, enginetest.Options{Script: constant("ok"), Latency: 400 * time.Millisecond}, adapter.Options{})
@@ -37,7 +37,7 @@ func TestClientDisconnectCancelsEngineCall(t *testing.T) {
 	require.Len(t, turns, 1)
 }
 
-// §2.3: the turns of one session run one at a time; other sessions run in
+// docs/adapter.md §2.3: the turns of one session run one at a time; other sessions run in
 // parallel.
 func TestTurnsOfOneSessionAreSerialized(t *testing.T) {
 	var active, maxActive atomic.Int32

@@ -1,8 +1,8 @@
-// Package adapter is kiln's model adapter (DESIGN.md §4 "Adapter"): an HTTP
+// Package adapter is kiln's model adapter (docs/design.md §4.2): an HTTP
 // server that coding CLIs call as if it were the vendor API, which turns
 // every request into one token-in/token-out engine call and records the
 // exact tokens of the turn. Section numbers cite
-// /work/shared/reference/spec-adapter.md.
+// docs/adapter.md.
 //
 // Routes (§4.1, §5.1, §5.6): POST /v1/messages (Anthropic Messages, with or
 // without ?beta=true), POST /v1/messages/count_tokens ({"input_tokens":0}),
@@ -103,7 +103,7 @@
 //
 // Differences from the reference (vime), on purpose:
 //   - Rendering and decoding go through the engine's /tokenize and
-//     /detokenize (DESIGN §4), never a local tokenizer or template.
+//     /detokenize (docs/design.md §4.1), never a local tokenizer or template.
 //   - A prompt that leaves no room in the context is the protocol's own
 //     context-overflow error (400; Anthropic "prompt is too long", OpenAI
 //     context_length_exceeded), not an empty "length" turn; nothing is

@@ -27,7 +27,7 @@ var protoRequests = []struct {
 	{"chat", "/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "hello there, how are you today?"}}}},
 }
 
-// §8 case 4 (kiln variant): a prompt that leaves no room is the protocol's
+// docs/adapter.md §8 case 4 (kiln variant): a prompt that leaves no room is the protocol's
 // own context-overflow error, 400, with no engine call and no record.
 func TestContextOverflowIsProtocolError(t *testing.T) {
 	for _, pr := range protoRequests {
@@ -50,7 +50,7 @@ func TestContextOverflowIsProtocolError(t *testing.T) {
 	}
 }
 
-// §8 case 4: the clamp of max_tokens to the context (session limit and
+// docs/adapter.md §8 case 4: the clamp of max_tokens to the context (session limit and
 // engine context length, the smaller).
 func TestContextClamp(t *testing.T) {
 	f := qwenFixture(t, constant("hi"), adapter.Options{})
@@ -67,7 +67,7 @@ func TestContextClamp(t *testing.T) {
 	assert.EqualValues(t, 60-len(turns[0].PromptIDs), body.SamplingParams["max_tokens"])
 }
 
-// §8 cases 5 and 6: engine faults and invalid replies fail the request
+// docs/adapter.md §8 cases 5 and 6: engine faults and invalid replies fail the request
 // (5xx) and record nothing; the session keeps working afterwards.
 func TestEngineFaultsRecordNothing(t *testing.T) {
 	faults := []enginetest.Fault{enginetest.FaultServerError, enginetest.FaultMissingLogprobs, enginetest.FaultUsageMismatch,
@@ -93,7 +93,7 @@ func TestEngineFaultsRecordNothing(t *testing.T) {
 	}
 }
 
-// §4.9 (kiln): bad JSON is a 400 in each protocol's error shape.
+// docs/adapter.md §4.9 (kiln): bad JSON is a 400 in each protocol's error shape.
 func TestBadJSON(t *testing.T) {
 	f := qwenFixture(t, constant("x"), adapter.Options{})
 	r := f.do(t, http.MethodPost, "/v1/messages", "s", "{nope")
@@ -111,7 +111,7 @@ func TestBadJSON(t *testing.T) {
 	assert.Equal(t, 0, f.generateCalls())
 }
 
-// §8 case 15: auxiliary routes, no engine call.
+// docs/adapter.md §8 case 15: auxiliary routes, no engine call.
 func TestAuxRoutes(t *testing.T) {
 	f := qwenFixture(t, constant("x"), adapter.Options{})
 	r := f.do(t, http.MethodPost, "/v1/messages/count_tokens?beta=true", "", `{"messages":[]}`)
@@ -128,7 +128,7 @@ func TestAuxRoutes(t *testing.T) {
 	assert.Equal(t, 0, f.tokenizeCalls())
 }
 
-// §8 case 8: the turn cap answers 429 rate_limit_error.
+// docs/adapter.md §8 case 8: the turn cap answers 429 rate_limit_error.
 func TestTurnCap(t *testing.T) {
 	f := qwenFixture(t, constant("x"), adapter.Options{MaxTurnsPerSession: 1})
 	body := protoRequests[0].body
@@ -138,7 +138,7 @@ func TestTurnCap(t *testing.T) {
 	assert.Contains(t, string(r.body), "rate_limit_error")
 }
 
-// §2.2: unknown sessions auto-open by default; AutoOpen=false refuses them;
+// docs/adapter.md §2.2: unknown sessions auto-open by default; AutoOpen=false refuses them;
 // Open refuses duplicate ids.
 func TestSessionLifecycle(t *testing.T) {
 	no := false
@@ -161,7 +161,7 @@ func TestSessionLifecycle(t *testing.T) {
 	assert.Len(t, turns, 1)
 }
 
-// §8 cases 1, 2, 3: the engine body's sampling params and session header.
+// docs/adapter.md §8 cases 1, 2, 3: the engine body's sampling params and session header.
 func TestSamplingParams(t *testing.T) {
 	f := qwenFixture(t, constant("x"), adapter.Options{})
 	tk := -1

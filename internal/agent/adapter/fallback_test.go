@@ -31,7 +31,7 @@ func canonical(t *testing.T, f *fixture, promptMessages string, tools ...string)
 	return ids
 }
 
-// §8 case 18 (a)–(f): every fallback of §3 renders canonically, and the
+// docs/adapter.md §8 case 18 (a)–(f): every fallback of docs/adapter.md §3 renders canonically, and the
 // cheap (hash and id) checks reject without a second /tokenize call.
 func TestAnthropicFallbacksRenderCanonically(t *testing.T) {
 	turn1 := enginetest.Output{Text: "Let me look.\n\n\n</think>\n\n" + lookupCall}
@@ -121,7 +121,7 @@ func anthropicTurn2(t *testing.T, f *fixture, sid string, content []map[string]a
 	require.Equal(t, http.StatusOK, r.status, string(r.body))
 }
 
-// §8 case 19: two branches after the same turn both reuse the root's
+// docs/adapter.md §8 case 19: two branches after the same turn both reuse the root's
 // tokens and never see each other's suffix.
 func TestAnthropicSiblingBranches(t *testing.T) {
 	f := qwenFixture(t, enginetest.Sequence("A.\n</think>\n\n"+lookupCall, "left.\n</think>\n\nL", "right.\n</think>\n\nR"),
@@ -142,7 +142,7 @@ func TestAnthropicSiblingBranches(t *testing.T) {
 	assert.NotContains(t, text, "left branch")
 }
 
-// §8 case 20: two stored prefixes with identical messages but different
+// docs/adapter.md §8 case 20: two stored prefixes with identical messages but different
 // output ids (whitespace the parser trims) are ambiguous: canonical render,
 // decided without an anchor render.
 func TestAnthropicAmbiguousPrefixes(t *testing.T) {

@@ -19,7 +19,7 @@ var responsesTools = []any{map[string]any{"type": "function", "name": "lookup", 
 var chatTools = []any{map[string]any{"type": "function", "function": map[string]any{"name": "lookup", "description": "look it up",
 	"parameters": map[string]any{"type": "object", "properties": map[string]any{"q": map[string]any{"type": "string"}}}}}}
 
-// §8 cases 16/17/21 for Responses: a two-turn tool session reuses turn 1's
+// docs/adapter.md §8 cases 16/17/21 for Responses: a two-turn tool session reuses turn 1's
 // prompt+output ids. Responses drops reasoning from the echoed message, so
 // with a Qwen3 template reuse needs the reasoning to stay in the visible
 // text: no reasoning parser here (see doc.go). Both JSON and SSE.
@@ -53,7 +53,7 @@ func TestResponsesToolSessionReusesPrefix(t *testing.T) {
 				require.NotEmpty(t, ev)
 				assert.Equal(t, "response.created", ev[0].event)
 				assert.Equal(t, "response.completed", ev[len(ev)-1].event)
-				for i, e := range ev { // §8 case 22: contiguous sequence numbers
+				for i, e := range ev { // docs/adapter.md §8 case 22: contiguous sequence numbers
 					var d struct {
 						Type string `json:"type"`
 						Seq  int    `json:"sequence_number"`
@@ -78,7 +78,7 @@ func TestResponsesToolSessionReusesPrefix(t *testing.T) {
 	}
 }
 
-// §3 fallbacks for Responses: a changed history renders canonically; with
+// docs/adapter.md §3 fallbacks for Responses: a changed history renders canonically; with
 // the qwen3 reasoning parser the echoed message has no reasoning, the
 // template renders it differently once a tool result follows, and step 5
 // fails (one anchor render, then the canonical prompt).
@@ -126,12 +126,12 @@ func anySlice[T any](in []T) []any {
 	return out
 }
 
-// §8 cases 27, 28 and §3 for Chat Completions: a two-turn tool session
+// docs/adapter.md §8 cases 27, 28 and docs/adapter.md §3 for Chat Completions: a two-turn tool session
 // (JSON then SSE). Chat's echoed assistant message is content "" plus the
 // first call, without reasoning, so a Qwen3 template renders it
 // differently once a tool result follows: the turn falls back to the
 // canonical render after one anchor attempt (the reference behaves the same,
-// §3 "echoing reasoning_content (Chat Completions ...)"). A changed history
+// docs/adapter.md §3 "echoing reasoning_content (Chat Completions ...)"). A changed history
 // falls back without an anchor render.
 func TestChatToolSession(t *testing.T) {
 	f := qwenFixture(t, enginetest.Sequence("Let me look.\n</think>\n\nuse it "+lookupCall, "streamed text", "again"),
@@ -181,7 +181,7 @@ func TestChatToolSession(t *testing.T) {
 	}
 }
 
-// §8 case 13 and 14: the Anthropic SSE stream, by body.stream and by the
+// docs/adapter.md §8 case 13 and 14: the Anthropic SSE stream, by body.stream and by the
 // Accept header.
 func TestAnthropicStream(t *testing.T) {
 	f := qwenFixture(t, constant("r\n</think>\n\nt "+lookupCall), adapter.Options{ReasoningParser: "qwen3", ToolParser: "qwen3_coder"})

@@ -21,7 +21,7 @@ import (
 
 type digest = [sha256.Size]byte
 
-// prefix is one stored prompt prefix (spec §3 "State"): the hashes of the
+// prefix is one stored prompt prefix (docs/adapter.md §3 "State"): the hashes of the
 // turn's translated request messages plus its assistant message, the hash of
 // its tool list, and the recorded turn it came from.
 type prefix struct {
@@ -32,7 +32,7 @@ type prefix struct {
 }
 
 // canonicalHash hashes one JSON value so that deep-equal values (object
-// keys in any order, spec §3 step 3) hash alike. raw is JSON as package
+// keys in any order, docs/adapter.md §3 step 3) hash alike. raw is JSON as package
 // protocol encodes it: compact, one encoding per string value and numbers
 // kept as sent, so equal scalars are equal bytes and only object key order
 // needs normalizing (keys are sorted by their encoded bytes, which orders
@@ -265,7 +265,7 @@ func prefixKey(msgs []digest, tools digest) digest {
 // renderFunc renders messages with the session's tools and kwargs.
 type renderFunc func(ctx context.Context, msgs []json.RawMessage, addGenerationPrompt bool) ([]int32, error)
 
-// reusePrompt is spec §3's algorithm. full is R, the canonical render with
+// reusePrompt is docs/adapter.md §3's algorithm. full is R, the canonical render with
 // the generation prompt (step 1, already computed by the caller). It
 // returns the prompt ids and whether a stored prefix was reused.
 func (s *Server) reusePrompt(ctx context.Context, sess *session, msgs []json.RawMessage, msgHashes []digest,
@@ -346,7 +346,7 @@ func (s *Server) reusePrompt(ctx context.Context, sess *session, msgs []json.Raw
 	return full, false, nil // step 8
 }
 
-// storeHashes returns the hashes of a recorded turn's prefix (spec §3
+// storeHashes returns the hashes of a recorded turn's prefix (docs/adapter.md §3
 // "State"): its request messages' and its assistant message's. A request
 // that resends the last turn's history begins with the last prefix's
 // hashes, so the lists share one array (chain).
@@ -364,7 +364,7 @@ func (sess *session) storeHashes(msgs []digest, assistant digest) []digest {
 	return list
 }
 
-// extendPrompt returns prompt+output+suffix, a reused prompt (spec §3 step
+// extendPrompt returns prompt+output+suffix, a reused prompt (docs/adapter.md §3 step
 // 7): each begins with the last, so they share one array (chain).
 func (sess *session) extendPrompt(prompt, output, suffix []int32) []int32 {
 	ids, moved := sess.prompts.extend(prompt, output, suffix)
@@ -383,7 +383,7 @@ func (sess *session) rebasePrompts(old, to []int32) {
 // maxCachedTail bounds the tails blankTail remembers (ids per tail).
 const maxCachedTail = 16
 
-// blankTail reports whether ids detokenize to white space only (spec §3
+// blankTail reports whether ids detokenize to white space only (docs/adapter.md §3
 // step 6), asking the engine once per distinct short tail.
 func (s *Server) blankTail(ctx context.Context, ids []int32) (bool, error) {
 	var key string
@@ -423,7 +423,7 @@ func equalIDs(a, b []int32) bool {
 		unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), 4*len(b)))
 }
 
-// ambiguous is spec §3 step 4: another stored prefix with identical messages
+// ambiguous is docs/adapter.md §3 step 4: another stored prefix with identical messages
 // and tools whose turn has different prompt or output ids.
 func (s *Server) ambiguous(sess *session, i int) bool {
 	p := &sess.prefixes[i]

@@ -16,10 +16,10 @@ import (
 	"github.com/kilnrl/kiln/internal/agent/protocol"
 )
 
-// MaxBodyBytes is the largest request body accepted (spec §2.3 step 1).
+// MaxBodyBytes is the largest request body accepted (docs/adapter.md §2.3 step 1).
 const MaxBodyBytes = 64 << 20
 
-// DefaultMaxTokens is max_new_tokens before session defaults (spec §1.4 A.1).
+// DefaultMaxTokens is max_new_tokens before session defaults (docs/adapter.md §1.4 A.1).
 const DefaultMaxTokens = 4096
 
 // Options configure a Server.
@@ -28,11 +28,11 @@ type Options struct {
 	Engine *engine.Client
 	// Special are the served checkpoint's special tokens; AllSpecialIDs is
 	// the set prefix reuse checks the previous turn's last output id against
-	// (spec §3 step 3), and the texts of StopIDs/IMEnd are stripped from the
-	// end of visible text (spec §6.3 recommendation).
+	// (docs/adapter.md §3 step 3), and the texts of StopIDs/IMEnd are stripped from the
+	// end of visible text (docs/adapter.md §6.3 recommendation).
 	Special engine.SpecialTokens
 	// Sampling are the default sampling params of sessions opened without
-	// their own (spec §1.4 A.2). MaxTokens 0 means DefaultMaxTokens.
+	// their own (docs/adapter.md §1.4 A.2). MaxTokens 0 means DefaultMaxTokens.
 	Sampling engine.SamplingParams
 	// ChatTemplateKwargs is the default chat_template_kwargs JSON object of
 	// sessions opened without their own; nil: none.
@@ -49,17 +49,17 @@ type Options struct {
 	TrailingSpecials []string
 	// AutoOpen serves requests for sessions never opened with an empty
 	// session (no defaults beyond Options, no context limit), as the
-	// reference does (spec §2.2, store.setdefault). nil means true. With
+	// reference does (docs/adapter.md §2.2, store.setdefault). nil means true. With
 	// false such requests are 404 in the protocol's error shape.
 	AutoOpen *bool
 	// MaxTurnsPerSession answers 429 rate_limit_error once a session has
-	// been asked this many turns (spec §2.2); 0: unlimited.
+	// been asked this many turns (docs/adapter.md §2.2); 0: unlimited.
 	MaxTurnsPerSession int
 	// ShutdownWait is how long Finish/Drop wait for in-flight turns before
-	// cancelling them (spec §2.2); 0 means 5s.
+	// cancelling them (docs/adapter.md §2.2); 0 means 5s.
 	ShutdownWait time.Duration
 	// ReuseAttempts is how many stored prefixes may have their anchor
-	// rendered per turn (spec §3 step 5). 0 means 1, which bounds a turn to
+	// rendered per turn (docs/adapter.md §3 step 5). 0 means 1, which bounds a turn to
 	// 2 /tokenize calls; a large value is the reference's unbounded search.
 	ReuseAttempts int
 	// KeepAlive is how long a streamed turn may go unanswered before the
@@ -69,8 +69,8 @@ type Options struct {
 	// with the protocol's error event instead of an error status. 0 means
 	// DefaultKeepAlive; negative, never.
 	KeepAlive time.Duration
-	// NoTopPReplay turns off return_sampling_mask for top_p < 1 (spec
-	// §1.4 B, §2.4 rule 7): for engines that cannot return the nucleus.
+	// NoTopPReplay turns off return_sampling_mask for top_p < 1 (docs/adapter.md
+	// §1.4 B, docs/adapter.md §2.4 rule 7): for engines that cannot return the nucleus.
 	NoTopPReplay bool
 	// IDs mints wire ids (nil: random); Clock gives reply timestamps and
 	// turn start times (nil: time.Now). For tests.
@@ -84,7 +84,7 @@ type SessionOptions struct {
 	RolloutID, Index, GroupIndex int64
 	// Sampling overrides Options.Sampling when non-nil.
 	Sampling *engine.SamplingParams
-	// MaxContextTokens limits prompt+output (spec §1.5); 0: the engine's
+	// MaxContextTokens limits prompt+output (docs/adapter.md §1.5); 0: the engine's
 	// context length only.
 	MaxContextTokens int
 	// ChatTemplateKwargs overrides Options.ChatTemplateKwargs when non-nil.

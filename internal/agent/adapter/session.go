@@ -14,7 +14,7 @@ import (
 	"github.com/kilnrl/kiln/internal/agent/protocol"
 )
 
-// session is one agent session (spec §2.2).
+// session is one agent session (docs/adapter.md §2.2).
 type session struct {
 	id       string
 	opts     SessionOptions
@@ -73,7 +73,7 @@ func copySampling(sp engine.SamplingParams) engine.SamplingParams {
 }
 
 // Open registers a session. Ids must be unique per server: reopening an
-// open or finished id is an error (spec §2.2).
+// open or finished id is an error (docs/adapter.md §2.2).
 func (s *Server) Open(id string, o SessionOptions) error {
 	if o.ChatTemplateKwargs != nil && !json.Valid(o.ChatTemplateKwargs) {
 		return fmt.Errorf("adapter: session %q: chat_template_kwargs is not valid JSON", id)
@@ -105,7 +105,7 @@ func (s *Server) Sessions() []string {
 // Finish closes the session (later requests get 503 session closed), waits
 // up to Options.ShutdownWait for in-flight turns, cancels the rest, and
 // returns the recorded turns in order. A second call, or a call for an id
-// never seen, returns nil (spec §2.2: idempotent).
+// never seen, returns nil (docs/adapter.md §2.2: idempotent).
 func (s *Server) Finish(id string) ([]records.Turn, error) {
 	sess := s.shutdown(id)
 	if sess == nil {

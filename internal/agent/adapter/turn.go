@@ -16,7 +16,7 @@ import (
 	"github.com/kilnrl/kiln/internal/agent/protocol"
 )
 
-// serveTurn runs one turn (spec §2.3 steps 3–13) and answers it.
+// serveTurn runs one turn (docs/adapter.md §2.3 steps 3–13) and answers it.
 func (s *Server) serveTurn(w http.ResponseWriter, r *http.Request, req *protocol.Request) {
 	sess, perr := s.acquire(req.SessionID)
 	if perr != nil {
@@ -33,8 +33,8 @@ func (s *Server) serveTurn(w http.ResponseWriter, r *http.Request, req *protocol
 		writeError(w, req.Protocol, asProtocolError(err))
 	}
 
-	// The turn ends with the client (spec §1.7) or with the session's
-	// shutdown (spec §2.2).
+	// The turn ends with the client (docs/adapter.md §1.7) or with the session's
+	// shutdown (docs/adapter.md §2.2).
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	stop := context.AfterFunc(sess.ctx, cancel)
@@ -127,7 +127,7 @@ func (s *Server) runTurn(ctx context.Context, sess *session, req *protocol.Reque
 		return nil, nil, fmt.Errorf("adapter: the chat template rendered an empty prompt")
 	}
 
-	// Spec §1.4 and §1.5.
+	// docs/adapter.md §1.4 and §1.5.
 	sp := s.sampling(sess, req.Sampling)
 	limit := contextLimit(sess.opts.MaxContextTokens, eng.ContextLength())
 	if limit > 0 {
@@ -186,7 +186,7 @@ func (s *Server) overflow(req *protocol.Request, err error) error {
 	return err
 }
 
-// contextLimit is spec §1.5: the session's limit and the server's, the
+// contextLimit is docs/adapter.md §1.5: the session's limit and the server's, the
 // smaller of the two that are set; 0 when neither is.
 func contextLimit(session, server int) int {
 	switch {
@@ -199,7 +199,7 @@ func contextLimit(session, server int) int {
 	}
 }
 
-// sampling is spec §1.4 step A (overlays) mapped onto the engine's params.
+// sampling is docs/adapter.md §1.4 step A (overlays) mapped onto the engine's params.
 func (s *Server) sampling(sess *session, c protocol.Sampling) engine.SamplingParams {
 	sp := copySampling(sess.sampling)
 	if sp.MaxTokens <= 0 {
@@ -227,7 +227,7 @@ func (s *Server) sampling(sess *session, c protocol.Sampling) engine.SamplingPar
 			sp.TopK = &k
 		}
 	}
-	// top_k is sent only when > 0 or == -1 (§1.4 B).
+	// top_k is sent only when > 0 or == -1 (docs/adapter.md §1.4 B).
 	if sp.TopK != nil && *sp.TopK <= 0 && *sp.TopK != -1 {
 		sp.TopK = nil
 	}
