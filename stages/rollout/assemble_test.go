@@ -40,7 +40,7 @@ func msg(role, content string) string {
 	return string(b)
 }
 
-// sessionTurns is a clean two-turn tool session (spec TV2's shape) for
+// sessionTurns is a clean two-turn tool session (docs/assembly.md §6 TV2's shape) for
 // agent run i: the second prompt extends the first prompt and output.
 func sessionTurns(i int) []records.TurnJSON {
 	sys, user := msg("system", "S"), msg("user", fmt.Sprintf("task %d", i))

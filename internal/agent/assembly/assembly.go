@@ -38,7 +38,7 @@ type Turn struct {
 
 // Options of one assembly run.
 type Options struct {
-	// ForkMergeMaxResponseTokens is the threshold T of spec §2.4: a rewritten
+	// ForkMergeMaxResponseTokens is the threshold T of docs/assembly.md §2.4: a rewritten
 	// assistant message absorbs the generated leaf it replaces, and a token
 	// drift inside the most recent response is realigned in place, only when
 	// that response is shorter than T tokens. kiln's default is 0: every drift
@@ -57,7 +57,7 @@ type Base struct {
 }
 
 // MergedRewrite records a generated turn that rewrite-merge demoted to a
-// routing-only node (spec §2.1 step 4).
+// routing-only node (docs/assembly.md §2.1 step 4).
 type MergedRewrite struct {
 	AbandonedTurnIndex      int
 	AbandonedResponseTokens int
@@ -79,7 +79,7 @@ type node struct {
 	merged    *MergedRewrite
 }
 
-// Session is one agent session's routing tree (spec §2.1). It is not safe
+// Session is one agent session's routing tree (docs/assembly.md §2.1). It is not safe
 // for concurrent use.
 type Session struct {
 	opts  Options
@@ -435,7 +435,7 @@ func (n *node) matches(m *message) (bool, error) {
 	return true, nil
 }
 
-// Record adds one turn to the routing tree (spec §2.1). A turn without
+// Record adds one turn to the routing tree (docs/assembly.md §2.1). A turn without
 // prompt messages is ignored. Replay data is validated here and fails closed.
 func (s *Session) Record(t Turn) error {
 	if len(t.PromptMessages) == 0 {

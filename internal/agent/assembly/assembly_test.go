@@ -90,7 +90,7 @@ func TestRecordContracts(t *testing.T) {
 	})
 }
 
-// Segment-time sampler contract (spec §2.3 validate_sampler_top_p).
+// Segment-time sampler contract (docs/assembly.md §2.3 validate_sampler_top_p).
 func TestSegmentsTopPContract(t *testing.T) {
 	cases := []struct {
 		name    string

@@ -10,7 +10,7 @@ import (
 	"github.com/kilnrl/kiln/formats/records"
 )
 
-// Token table of spec §6: a message renders [start, body, end], a prompt is
+// Token table of docs/assembly.md §6: a message renders [start, body, end], a prompt is
 // its messages + [900], a response is [body, 909].
 var roleTokens = map[string][2]int32{
 	"system": {100, 109}, "user": {200, 209}, "tool": {300, 309}, "assistant": {900, 909},

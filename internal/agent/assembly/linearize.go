@@ -16,7 +16,7 @@ type span struct {
 	trained bool
 }
 
-// builder is one segment under construction (spec §2.2). Loss mask and
+// builder is one segment under construction (docs/assembly.md §2.2). Loss mask and
 // logprobs are implied by its spans: every token outside a span is context.
 // The spans of a leaf's builders share one list (linearizer.spans): a
 // builder only grows while it is the leaf's last, so its spans are
@@ -33,7 +33,7 @@ type leafMeta struct {
 	truncated, useTool, illFormed bool
 }
 
-// Segments linearizes the session (spec §2.2, §2.3): one or more segments
+// Segments linearizes the session (docs/assembly.md §2.2, §2.3): one or more segments
 // per leaf of the routing tree, leaves in depth-first insertion order,
 // numbered 0..k-1. Every segment carries base's ids and reward. The session
 // is drained whether or not an error is returned: a second call returns nil.
@@ -289,7 +289,7 @@ func fillOnes(m []uint8) {
 }
 
 // topP concatenates the recorded nucleus spans in token order; context rows
-// get an empty span (spec §2.3).
+// get an empty span (docs/assembly.md §2.3).
 func (l *linearizer) topP(seg *records.Trajectory, lead int, spans []span) {
 	rl := int(seg.ResponseLength)
 	total := 0
@@ -330,7 +330,7 @@ func (l *linearizer) topP(seg *records.Trajectory, lead int, spans []span) {
 }
 
 // topK gives generated rows their recorded head and context rows the dummy
-// head 0..k-1 with logprob log(1/k) (spec §2.3).
+// head 0..k-1 with logprob log(1/k) (docs/assembly.md §2.3).
 func (l *linearizer) topK(seg *records.Trajectory, lead int, spans []span) {
 	rl, k := int(seg.ResponseLength), int(l.kind.k)
 	ids := make([]int32, rl*k)

@@ -9,7 +9,7 @@ import (
 	"github.com/kilnrl/kiln/formats/records"
 )
 
-// replayCfg is one V-REPLAY capture configuration (spec §5.2).
+// replayCfg is one V-REPLAY capture configuration (docs/assembly.md §5.2).
 type replayCfg struct {
 	topP float64
 	sc   bool
@@ -142,7 +142,7 @@ func TestTV24ReplayExactPrefix(t *testing.T) {
 }
 
 // tv25Turns: ragged distributions and a generated prefix shared by two
-// branches (spec §6 TV25).
+// branches (docs/assembly.md §6 TV25).
 func tv25Turns() []Turn {
 	t1 := Turn{PromptIDs: ints(51, 52, 53), OutputIDs: ints(101, 102), OutputLogProbs: lps(lnf(.7), lnf(.6)), FinishReason: "tool_calls",
 		Replay:         records.Replay{TopPTokenIDs: ints(101, 201, 102, 202), TopPTokenOffsets: ints(0, 2, 4), TopPLogProbs: lps(lnf(.7), lnf(.3), lnf(.6), lnf(.4))},

@@ -8,7 +8,7 @@ import (
 )
 
 // ValidateSamplerTopP checks a segment's top-p columns against the
-// validate_sampler_top_p contract (spec §2.3): offsets well formed, ids
+// validate_sampler_top_p contract (docs/assembly.md §2.3): offsets well formed, ids
 // non-negative and distinct within a row, logprobs finite and <= 0, a
 // trained row has a non-empty span, and every active row (non-empty span or
 // trained) contains the sampled token exactly once, with the rollout logprob

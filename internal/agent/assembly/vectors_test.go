@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// vector is one branching test vector of spec §6. It runs at threshold T
+// vector is one branching test vector of docs/assembly.md §6. It runs at threshold T
 // (the vector's own) and, when T != 0, also at T = 0 expecting want0 (nil:
 // the same as want).
 type vector struct {

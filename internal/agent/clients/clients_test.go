@@ -58,7 +58,7 @@ type cli struct {
 
 var claudeCode = cli{
 	name: "claude", tool: "Bash", param: "command", turnPath: "/v1/messages",
-	// spec-adapter §7.3, clients-wire.md.
+	// docs/adapter.md §7.3, docs/clients-wire.md.
 	args: []string{"-p", taskPrompt, "--permission-mode", "bypassPermissions",
 		"--output-format", "stream-json", "--verbose", "--max-turns", "6",
 		"--tools", "Bash,Read,Edit", "--disable-slash-commands"},
@@ -93,7 +93,7 @@ var claudeCode = cli{
 
 var codex = cli{
 	name: "codex", tool: "exec_command", param: "cmd", turnPath: "/v1/responses",
-	// spec-adapter §7.4, clients-wire.md.
+	// docs/adapter.md §7.4, docs/clients-wire.md.
 	args: []string{"exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "--json", taskPrompt},
 	setup: func(t *testing.T, home, url, session string) []string {
 		codexHome := filepath.Join(home, ".codex")

@@ -1,6 +1,6 @@
 // Package parse turns one decoded model output (special tokens kept) into
 // reasoning, visible text and tool calls, as the coding-agent adapter does
-// (spec-adapter.md section 6; the reference is vime's agent/parsing.py over
+// (docs/adapter.md §6; the reference is vime's agent/parsing.py over
 // vLLM's qwen3 reasoning parser and qwen3_coder / hermes tool parsers).
 //
 // # Contract
@@ -50,7 +50,7 @@
 //
 // # Deliberate differences from the reference
 //
-//   - Non-object arguments (spec 6.2 QUIRK): the reference passes a JSON
+//   - Non-object arguments (docs/adapter.md §6.2): the reference passes a JSON
 //     array / scalar / string "arguments" through as the tool input; here
 //     it becomes {"_raw_arguments": value} and IllFormed is set, on every
 //     path. A string "arguments" is first decoded as JSON (the reference's
@@ -69,7 +69,7 @@
 //     under qwen3_coder even inside parameter values); here the lenient
 //     decode is used for those blocks directly and text is always the
 //     model's own.
-//   - Trailing special tokens (spec 6.3 QUIRK): the reference keeps e.g.
+//   - Trailing special tokens (docs/adapter.md §6.3): the reference keeps e.g.
 //     "<|im_end|>" at the end of the visible text. Parse strips the texts
 //     listed in Options.TrailingSpecials (QwenEndTokens for Qwen); the
 //     adapter must apply StripTrailingSpecials to the manager message

@@ -169,7 +169,7 @@ func QwenEndTokens() []string { return []string{"<|im_end|>", "<|endoftext|>"} }
 
 // StripTrailingSpecials removes any run of the given special-token texts
 // (and whitespace between them) from the end of text and trims it. The
-// reference keeps them (spec 6.3 QUIRK); the adapter must apply the same
+// reference keeps them (docs/adapter.md §6.3); the adapter must apply the same
 // function to the manager message so prefix reuse still matches.
 func StripTrailingSpecials(text string, specials ...string) string {
 	text = pyStrip(text)
