@@ -9,19 +9,22 @@ import (
 )
 
 // typedRequests are the request settings the typed reading depends on.
-var typedRequests = []GenerateRequest{
-	{PromptIDs: []int32{1, 2, 3}},
-	{PromptIDs: []int32{1, 2, 3}, Sampling: SamplingParams{Logprobs: 1}},
-	{PromptIDs: []int32{1, 2, 3}, Sampling: SamplingParams{Logprobs: 2}, ReturnSamplingMask: true},
-	{PromptIDs: []int32{1, 2, 3}, ReturnSamplingMask: true, ReturnRoutedExperts: true},
+func typedRequests() []GenerateRequest {
+	return []GenerateRequest{
+		{PromptIDs: []int32{1, 2, 3}},
+		{PromptIDs: []int32{1, 2, 3}, Sampling: SamplingParams{Logprobs: 1}},
+		{PromptIDs: []int32{1, 2, 3}, Sampling: SamplingParams{Logprobs: 2}, ReturnSamplingMask: true},
+		{PromptIDs: []int32{1, 2, 3}, ReturnSamplingMask: true, ReturnRoutedExperts: true},
+	}
 }
 
 // checkTyped: wherever readGenerate takes a body, parseGenerateSteps reads
 // it too, to the same Generation.
 func checkTyped(t *testing.T, body []byte) (took int) {
 	t.Helper()
-	for i := range typedRequests {
-		req := &typedRequests[i]
+	reqs := typedRequests()
+	for i := range reqs {
+		req := &reqs[i]
 		g, ok := readGenerate(body, req)
 		if !ok {
 			continue
@@ -49,7 +52,7 @@ func TestTypedGenerate(t *testing.T) {
 	for _, body := range []string{a, b, c, string(benchGenerateReply(148))} {
 		assert.Equal(t, 1, min(checkTyped(t, []byte(body)), 1), "the typed reading takes %.80s", body)
 	}
-	assert.Equal(t, len(typedRequests)-1, checkTyped(t, golden(t, "generate_c.json")), "all but routed experts (absent)")
+	assert.Equal(t, len(typedRequests())-1, checkTyped(t, golden(t, "generate_c.json")), "all but routed experts (absent)")
 
 	e := func(body string) string {
 		return `{"choices":[{"token_ids":[5],"logprobs":{"content":[` + body + `]},"sampling_mask":[[5]]}],"output_mode":"tokens"}`
