@@ -17,8 +17,11 @@ export KILN_BENCH_TOKENS
 
 all: build
 
+# CGO_ENABLED=0: kiln-agent and kiln-sandbox-helper are bind-mounted into
+# images with any libc or none, so they must be static (with cgo, net and
+# os/user link the host's libc); nothing in kiln needs cgo.
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./cmd/...
 
 # Installs versitygw and the npm readers the tests use (cached in ~/.cache/kiln).
 deps:

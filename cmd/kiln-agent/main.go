@@ -1,9 +1,10 @@
 // Command kiln-agent is kiln's shell agent: a minimal coding-agent loop (one
 // bash tool and one file-edit tool) that speaks OpenAI Chat Completions to
 // kiln's adapter, so its turns are recorded like any other client's. The
-// rollout stage bind-mounts it into a task's sandbox, so it must stay a
-// static binary: package shellagent never imports "net" (see its doc).
-// kiln-agent --help is the manual.
+// rollout stage bind-mounts it into a task's sandbox, so it must be a
+// static binary: build it with CGO_ENABLED=0, as make build does (see
+// package shellagent's doc and shellagent.CheckStatic). kiln-agent --help
+// is the manual.
 package main
 
 import (

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"strings"
@@ -52,6 +53,11 @@ type Config struct {
 
 	Temperature *float64 // sent when set
 	MaxTokens   int      // sent as max_tokens when > 0
+
+	// Proxy, when set, is the HTTP proxy of every model call (kiln-agent:
+	// KILN_AGENT_PROXY). The environment's HTTP_PROXY, HTTPS_PROXY and
+	// NO_PROXY are never read: they are the image's or the task's.
+	Proxy *url.URL
 
 	// Log, when set, receives the JSONL transcript: one object per event.
 	Log io.Writer
@@ -109,7 +115,12 @@ func Run(ctx context.Context, cfg Config) Result {
 		"max_turns": cfg.MaxTurns, "timeout_s": cfg.Timeout.Seconds(), "command_timeout_s": cfg.CommandTimeout.Seconds(),
 		"max_output_bytes": cfg.MaxOutputBytes, "task": cfg.Task})
 
-	c := &client{url: u, cfg: &cfg, tr: tr}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return end(Result{ExitCode: ExitUsage, Reason: "error", Err: fmt.Errorf("base url %q: only http:// and https:// are supported", cfg.BaseURL)})
+	}
+	hc := newHTTPClient(cfg.Proxy)
+	defer hc.CloseIdleConnections()
+	c := &client{url: u, hc: hc, cfg: &cfg, tr: tr}
 	tl := &tools{workdir: cfg.Workdir, commandTimeout: cfg.CommandTimeout, maxOutput: cfg.MaxOutputBytes,
 		env: commandEnv(os.Environ())}
 	sys, task := SystemPrompt(cfg.Workdir), cfg.Task
@@ -226,6 +237,7 @@ func (m *message) echo() message {
 // client asks the model through the adapter.
 type client struct {
 	url *url.URL
+	hc  *http.Client
 	cfg *Config
 	tr  *transcript
 }
@@ -273,7 +285,7 @@ func (c *client) complete(ctx context.Context, turn int, msgs []message) (*messa
 	wait := c.cfg.RetryBackoff
 	for attempt := 0; ; attempt++ {
 		start := time.Now()
-		status, data, err := httpPost(ctx, c.url, hdr, b)
+		status, data, err := httpPost(ctx, c.hc, c.url, hdr, b)
 		if err == nil && (status < 200 || status > 299) {
 			err = &statusError{status: status, body: string(data)}
 		}

@@ -19,8 +19,8 @@
 //   - a reply without tool calls: the final answer (ExitFinal, 0), also
 //     when the reply was cut at the token limit;
 //   - a failed model call (ExitError, 1): 5xx replies and connection errors
-//     are retried twice with a doubling backoff (1 s, 2 s), 4xx replies and
-//     unreadable bodies are not;
+//     are retried twice with a doubling backoff (1 s, 2 s), 3xx and 4xx
+//     replies and unreadable bodies are not;
 //   - MaxTurns model calls without a final answer (ExitMaxTurns, 3; the
 //     last turn's tool calls still run);
 //   - the whole-run Timeout (ExitTimeout, 4), which also kills a running
@@ -41,20 +41,29 @@
 // cut). An unknown tool, arguments that are not a JSON object, or missing
 // fields give an error result, never a failed run.
 //
+// HTTP (http.go): net/http's client, one per run, keeping its connection
+// between turns; http:// and https:// (the system's CA certificates, or
+// SSL_CERT_FILE / SSL_CERT_DIR), any host name. No proxy is taken from the
+// environment (HTTP_PROXY and the like are the image's or the task's, and
+// the bash tool passes them on); Config.Proxy (KILN_AGENT_PROXY) sets one
+// on purpose. Redirects are not followed (a 3xx is a failed call, not
+// retried). A call has no timeout of its own, since generating may take
+// long: the run's Timeout bounds it through the request's context, and
+// connecting and the TLS handshake are bounded at 30 s each, so that a dead
+// address is a connection error, retried.
+//
 // Static binary: kiln-agent is bind-mounted into images that may have any
-// libc or none, so this package must not import "net" (or "os/user",
-// "crypto/tls", "net/http"): with cgo enabled — the default where a C
-// compiler is installed, and what make build uses — "net" links the
-// binary against the host's libc. rawhttp.go is therefore a minimal
-// HTTP/1.1 client over raw sockets (http:// only, IP literals, localhost or
-// /etc/hosts names; inside a sandbox the adapter is 127.0.0.1:PORT).
-// TestStaticBinary holds both: no "net" among the command's dependencies,
-// and an ELF with no interpreter and no needed libraries, built with the
-// environment's CGO_ENABLED. It ships as kiln-sandbox-helper does: make
-// build (go build -o bin/ ./cmd/...) puts it in bin/ beside the kiln
-// binaries, where harness.FindShellAgent looks for it (then on PATH), as
-// the bwrap provider looks for the helper; the shell harness binds it
-// read-only at harness.ShellAgentPath (docs/rollout.md §3.2).
+// libc or none, so it is built with CGO_ENABLED=0 (pure-Go resolver and
+// os/user, statically linked): make build builds ./cmd/... so. Built with
+// cgo (the default where a C compiler is installed), "net" would link it
+// against the host's libc. CheckStatic tells a static ELF from a dynamic
+// one, for the harness to check the binary before it binds it;
+// TestStaticBinary builds it as make build does and checks it so. It
+// ships as kiln-sandbox-helper does: make build (CGO_ENABLED=0 go build -o
+// bin/ ./cmd/...) puts it in bin/ beside the kiln binaries, where
+// harness.FindShellAgent looks for it (then on PATH), as the bwrap
+// provider looks for the helper; the shell harness binds it read-only at
+// harness.ShellAgentPath (docs/rollout.md §3.2).
 //
 // The transcript (Config.Log, --log): one JSON object per line, each with
 // "event" and "time": start (the config and task), assistant (turn,

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -28,8 +29,7 @@ the whole history each turn, until the model answers without a tool call.
 Flags:
   --base-url URL            the API base, ending in /v1; requests go to
                             URL/chat/completions (env KILN_AGENT_BASE_URL,
-                            then OPENAI_BASE_URL). http:// only; the host is
-                            an IP address, localhost or a name in /etc/hosts.
+                            then OPENAI_BASE_URL): http:// or https://
   --model NAME              the model field of each request
   --task-file FILE          the problem statement (the user message)
   --workdir DIR             where commands run and relative paths resolve
@@ -56,6 +56,12 @@ Environment:
   KILN_AGENT_SESSION        when set, sent as the x-session-id header and as
                             the body's metadata.session_id (the adapter's
                             session when no API key is set)
+  KILN_AGENT_PROXY          when set, the HTTP proxy URL of every model call;
+                            HTTP_PROXY, HTTPS_PROXY and NO_PROXY are ignored
+                            (they are the image's, passed on to commands)
+  SSL_CERT_FILE, SSL_CERT_DIR
+                            the CA certificates for https:// (default: the
+                            system's, e.g. /etc/ssl/certs)
 
 Tools offered to the model:
   bash {command}            /bin/sh -c COMMAND in the workdir (the image may
@@ -74,18 +80,20 @@ Output: the final answer on stdout; errors on stderr.
 Exit status:
   0  the model gave a final answer (a reply without tool calls, even one
      cut at the token limit)
-  1  a model call failed: a 4xx reply, or a 5xx reply or connection error
-     still failing after 2 retries (1 s, then 2 s apart), or a bad reply
+  1  a model call failed: a 4xx (or 3xx: redirects are not followed) reply,
+     or a 5xx reply or connection error still failing after 2 retries (1 s,
+     then 2 s apart), or a bad reply
   2  bad usage (flags, task file, workdir, log file)
   3  --max-turns model calls made without a final answer
   4  the --timeout ran out
 A SIGTERM or SIGINT kills the running command and exits 1.
 
-Build: kiln-agent is a static binary whatever CGO_ENABLED is (it never
-imports "net", whose cgo resolver would link libc), so it runs in any image:
-bind-mount it like kiln-sandbox-helper (kiln-rollout run's shell harness
-binds it at /run/kiln/bin/kiln-agent). make build puts it in bin/ beside
-the other binaries; alone: go build -o bin/ ./cmd/kiln-agent.
+Build: kiln-agent must be a static binary to run in any image: build it
+with CGO_ENABLED=0 (pure-Go DNS resolver, no libc), as make build does:
+  CGO_ENABLED=0 go build -o bin/ ./cmd/kiln-agent
+Bind-mount it like kiln-sandbox-helper (kiln-rollout run's shell harness
+binds it at /run/kiln/bin/kiln-agent); make build puts it in bin/ beside
+the other binaries.
 `
 
 // Main is kiln-agent: it parses args (getenv gives the environment
@@ -143,11 +151,18 @@ func Main(args []string, getenv func(string) string, stdout, stderr io.Writer) i
 	}
 	cfg.APIKey = firstEnv(getenv, "KILN_AGENT_API_KEY", "OPENAI_API_KEY")
 	cfg.Session = getenv("KILN_AGENT_SESSION")
+	if p := getenv("KILN_AGENT_PROXY"); p != "" {
+		u, err := url.Parse(p)
+		if err != nil || u.Host == "" {
+			return usage("KILN_AGENT_PROXY %q: not a proxy URL (http://HOST:PORT)", p)
+		}
+		cfg.Proxy = u
+	}
 	switch {
 	case cfg.BaseURL == "":
 		return usage("--base-url is required (or KILN_AGENT_BASE_URL / OPENAI_BASE_URL)")
-	case !strings.HasPrefix(cfg.BaseURL, "http://"):
-		return usage("--base-url %q: only http:// URLs are supported", cfg.BaseURL)
+	case !strings.HasPrefix(cfg.BaseURL, "http://") && !strings.HasPrefix(cfg.BaseURL, "https://"):
+		return usage("--base-url %q: only http:// and https:// URLs are supported", cfg.BaseURL)
 	case cfg.Model == "":
 		return usage("--model is required")
 	case taskFile == "":

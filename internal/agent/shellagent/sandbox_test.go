@@ -107,16 +107,23 @@ func TestInAnEmptyImage(t *testing.T) {
 	assert.Len(t, turns, 2)
 }
 
-// buildAgent builds cmd/kiln-agent into dir with the environment's
-// settings (as make build does) and returns its path.
+// buildAgent builds cmd/kiln-agent into dir as make build does
+// (CGO_ENABLED=0: static) and returns its path.
 func buildAgent(t *testing.T, dir string) string {
 	t.Helper()
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goBin); err != nil {
-		goBin = "go"
-	}
 	out := filepath.Join(dir, "kiln-agent")
-	b, err := exec.Command(goBin, "build", "-o", out, "github.com/kilnrl/kiln/cmd/kiln-agent").CombinedOutput()
+	cmd := exec.Command(goCmd(), "build", "-o", out, "github.com/kilnrl/kiln/cmd/kiln-agent")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	b, err := cmd.CombinedOutput()
 	require.NoError(t, err, string(b))
 	return out
+}
+
+// goCmd is the go command of the toolchain running the tests.
+func goCmd() string {
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(goBin); err != nil {
+		return "go"
+	}
+	return goBin
 }
