@@ -65,7 +65,7 @@ const (
 // (JSON tool list, system content first) and changes only the call format
 // and the instructions: it is Qwen3-Coder-like, not byte-identical to a
 // published template. OpenThinkInGenerationPrompt (not Qwen3; Qwen3.5-like
-// and the spec-adapter QT fixture) appends "<think>\n" to the generation
+// and the QT fixture of docs/adapter.md §8) appends "<think>\n" to the generation
 // prompt when thinking is enabled.
 type ChatTemplate struct {
 	ToolCallStyle               ToolCallStyle

@@ -33,7 +33,7 @@ func hermesBlocks(text string) []hermesBlock {
 }
 
 // hermes is vLLM's hermes non-streaming extraction run on the pre-repaired
-// text (spec 6.2). Every block must decode to an object with a string
+// text (docs/adapter.md §6.2). Every block must decode to an object with a string
 // "name" and an "arguments" member, or there are no calls at all. Names
 // are not checked against the request's tools.
 //

@@ -61,7 +61,7 @@ type Result struct {
 }
 
 // ToolCalls extracts tool calls from a body (the output after reasoning
-// was split off), following spec 6.2. It never fails: what cannot be
+// was split off), following docs/adapter.md §6.2. It never fails: what cannot be
 // parsed stays in Content.
 //
 //   - No tools: nothing is parsed; Content is the trimmed body.
@@ -143,7 +143,7 @@ type Output struct {
 	IllFormed bool
 }
 
-// Parse is the adapter's whole output parse (spec 6): reasoning split,
+// Parse is the adapter's whole output parse (docs/adapter.md §6): reasoning split,
 // tool calls, visible text. It never fails.
 func Parse(raw string, o Options) Output {
 	reasoning, body := "", raw

@@ -13,13 +13,13 @@ func TestReasoning(t *testing.T) {
 		opts               []ReasoningOption
 		reasoning, content string
 	}{
-		// spec 8 row 31 / [tA]
+		// docs/adapter.md §8 case 31
 		{name: "both tags", in: "<think>reason here</think>visible", reasoning: "reason here", content: "visible"},
 		{name: "prompt opened think", in: "r</think>\n\nv", reasoning: "r", content: "\n\nv"},
 		{name: "no tags is truncated thinking", in: "only thoughts", reasoning: "only thoughts"},
 		{name: "implicit end at tool_call+function", in: "plan <tool_call>\n<function=read>\n<parameter=p>\na\n</parameter>\n</function>\n</tool_call>",
 			reasoning: "plan ", content: "<tool_call>\n<function=read>\n<parameter=p>\na\n</parameter>\n</function>\n</tool_call>"},
-		// spec 6.1 details
+		// docs/adapter.md §6.1 details
 		{name: "function then whitespace", in: "x<tool_call>  <function name=\"a\">", reasoning: "x", content: "<tool_call>  <function name=\"a\">"},
 		{name: "bare tool_call mention stays reasoning", in: "I could use <tool_call> here", reasoning: "I could use <tool_call> here"},
 		{name: "only the first tool_call is checked", in: "a <tool_call> b <tool_call>\n<function=f>", reasoning: "a <tool_call> b <tool_call>\n<function=f>"},
@@ -209,7 +209,7 @@ func TestQwen3Coder(t *testing.T) {
 		{name: "name with space rejected", format: Qwen3CoderXML, tools: []Tool{readTool},
 			in: "<tool_call><function=read x></function></tool_call>", content: "<tool_call><function=read x></function></tool_call>"},
 		{name: "no function at all", format: Qwen3CoderXML, tools: []Tool{readTool}, in: " plain <tool_call> ", content: "plain <tool_call>"},
-		// recovery paths shared with hermes (spec 6.2 lenient recovery)
+		// recovery paths shared with hermes (docs/adapter.md §6.2 lenient recovery)
 		{name: "hermes json under qwen3_coder is recovered", format: Qwen3CoderXML, tools: []Tool{grepTool},
 			in:      "look <tool_call>\n{\"name\": \"grep\", \"arguments\": {\"pattern\": \"\\d+\"}}\n</tool_call> done",
 			content: "look  done", calls: []string{`grep {"pattern":"\\d+"}`}, ill: true},

@@ -23,7 +23,7 @@ type parserResult struct {
 	content string
 }
 
-// qwen3Coder is vLLM's qwen3_coder non-streaming extraction (spec 6.2):
+// qwen3Coder is vLLM's qwen3_coder non-streaming extraction (docs/adapter.md §6.2):
 // structural </tool_call>, </function> and </parameter> detection, schema
 // typed parameter values. Function names are not checked against the
 // request's tools.

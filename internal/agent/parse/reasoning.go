@@ -23,13 +23,13 @@ type ReasoningOption func(*reasoningConfig)
 // ThinkingDisabled reproduces the qwen3 parser built with
 // chat_template_kwargs enable_thinking=false: without a "</think>" the
 // whole output is content instead of (truncated) reasoning. The reference
-// adapter never passes it (spec 6.1); it exists for completeness.
+// adapter never passes it (docs/adapter.md §6.1); it exists for completeness.
 func ThinkingDisabled() ReasoningOption {
 	return func(c *reasoningConfig) { c.thinkingDisabled = true }
 }
 
 // Reasoning splits a decoded qwen3 output into reasoning and content
-// (spec 6.1: vLLM's qwen3 reasoning parser, then the adapter's fallback).
+// (docs/adapter.md §6.1: vLLM's qwen3 reasoning parser, then the adapter's fallback).
 //
 //   - Everything up to and including the first "<think>" is dropped (the
 //     generation prompt usually opened <think> already, so it is normally

@@ -153,7 +153,7 @@ func (ts *ToolSet) properties(name string) map[string]ParamType {
 }
 
 // convertParam types one qwen3_coder parameter value by the schema
-// (vLLM Qwen3CoderToolParser._convert_param_value, spec 6.2).
+// (vLLM Qwen3CoderToolParser._convert_param_value, docs/adapter.md §6.2).
 func convertParam(raw, name string, props map[string]ParamType) any {
 	pt, ok := props[name]
 	if !ok {

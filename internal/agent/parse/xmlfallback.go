@@ -6,7 +6,7 @@ import (
 	"github.com/kilnrl/kiln/internal/ojson"
 )
 
-// xmlFallback is the adapter's own parser (spec 6.2, parse_xml_tool_uses):
+// xmlFallback is the adapter's own parser (docs/adapter.md §6.2, parse_xml_tool_uses):
 // every `<tool_call>\s*<function=NAME>BODY</function>\s*</tool_call>`
 // (shortest BODY) whose NAME the request offers becomes a call with
 // all-string arguments {P: trimmed value} for each
