@@ -131,5 +131,5 @@
 // them.
 //
 // Not implemented: score centering (§1.4 step 6, §2.4 rule 6), routing
-// replay (R3), the debug callback (§2.3 step 11), SSE keep-alives.
+// replay (R3), the debug callback (§2.3 step 11).
 package adapter
