@@ -247,3 +247,24 @@ func TestIPv6(t *testing.T) {
 	require.Equal(t, shellagent.ExitFinal, res.ExitCode, "%+v", res)
 	assert.Equal(t, "v6", res.Final)
 }
+
+// A redirect is not followed (a 302 would turn the POST into a GET): the
+// 3xx is a failed call, not retried.
+func TestRedirectNotFollowed(t *testing.T) {
+	f := &fake{replies: []fakeReply{{200, completion("should not be asked")}}}
+	target := serve(t, f)
+	var hits int
+	redirect := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits++
+		http.Redirect(w, r, target+r.URL.Path, http.StatusFound)
+	}))
+	defer redirect.Close()
+	res, evs := run(t, shellagent.Config{BaseURL: redirect.URL + "/v1"})
+	assert.Equal(t, shellagent.ExitError, res.ExitCode, "%+v", res)
+	assert.ErrorContains(t, res.Err, "HTTP 302")
+	assert.Equal(t, 1, hits)
+	assert.Equal(t, 0, f.requests())
+	errs := ofKind(evs, "model_error")
+	require.Len(t, errs, 1)
+	assert.Equal(t, false, errs[0]["retry"])
+}
