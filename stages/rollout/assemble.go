@@ -26,10 +26,11 @@ const shardTokens = 16 << 20
 
 // Commands returns the kiln-rollout commands.
 func Commands(env *stagecmd.Env) []*cli.Command {
-	return []*cli.Command{assembleCommand(env), adapterCommand(env), runCommand(env)}
+	return []*cli.Command{assembleCommand(env), adapterCommand(env), runCommand(env), checkCommand(env)}
 }
 
 func assembleCommand(env *stagecmd.Env) *cli.Command {
+	f := &assembleFlags{}
 	return &cli.Command{
 		Name:  "assemble",
 		Usage: "rebuild training segments from saved turn records, offline",
@@ -63,27 +64,34 @@ Example:
    kiln-rollout assemble --turns turns/step-3 --out trajectories/step-3`,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
-			&cli.StringFlag{Name: "turns", Usage: "turns dataset to assemble (name or name@version)"},
-			&cli.StringFlag{Name: "turns-jsonl", Usage: "turn records as JSON lines (file or s3://bucket/key; .zst ok)"},
-			&cli.StringFlag{Name: "out", Value: "trajectories", Usage: "dataset name to write"},
-			&cli.IntFlag{Name: "fork-merge-max-response-tokens", Usage: "threshold T (see above)"},
-			&cli.BoolFlag{Name: "uncompressed", Usage: "write plain Arrow buffers (mmap-able) instead of zstd"},
+			&cli.StringFlag{Name: "turns", Destination: &f.turns, Usage: "turns dataset to assemble (name or name@version)"},
+			&cli.StringFlag{Name: "turns-jsonl", Destination: &f.turnsJSONL, Usage: "turn records as JSON lines (file or s3://bucket/key; .zst ok)"},
+			&cli.StringFlag{Name: "out", Value: "trajectories", Destination: &f.out, Usage: "dataset name to write"},
+			&cli.IntFlag{Name: "fork-merge-max-response-tokens", Destination: &f.threshold, Usage: "threshold T (see above)"},
+			&cli.BoolFlag{Name: "uncompressed", Destination: &f.uncompressed, Usage: "write plain Arrow buffers (mmap-able) instead of zstd"},
 			stagecmd.ShardFlag(),
-			stagecmd.PrintVersionFlag(),
+			stagecmd.PrintVersionFlag(&f.printVersion),
 		},
-		Action: func(c *cli.Context) error { return assemble(c, env) },
+		Action: func(c *cli.Context) error { return assemble(c, env, f) },
 	}
 }
 
-func assemble(c *cli.Context, env *stagecmd.Env) error {
+// assembleFlags are what assemble's flags set.
+type assembleFlags struct {
+	turns, turnsJSONL, out     string
+	threshold                  int
+	uncompressed, printVersion bool
+}
+
+func assemble(c *cli.Context, env *stagecmd.Env, f *assembleFlags) error {
 	if c.NArg() != 0 {
 		return stagecmd.Usagef("assemble: takes no arguments (did you mean --turns-jsonl %s?)", c.Args().First())
 	}
-	ref, jsonl := c.String("turns"), c.String("turns-jsonl")
+	ref, jsonl := f.turns, f.turnsJSONL
 	if (ref == "") == (jsonl == "") {
 		return stagecmd.Usagef("assemble: give exactly one of --turns REF and --turns-jsonl FILE")
 	}
-	threshold := c.Int("fork-merge-max-response-tokens")
+	threshold := f.threshold
 	if threshold < 0 {
 		return stagecmd.Usagef("assemble: --fork-merge-max-response-tokens must be >= 0, got %d", threshold)
 	}
@@ -97,7 +105,7 @@ func assemble(c *cli.Context, env *stagecmd.Env) error {
 	}
 	ctx := c.Context
 	id := dataset.Identity{Stage: "rollout-assemble", CodeVersion: assembleVersion,
-		Args: map[string]any{"fork_merge_max_response_tokens": threshold, "uncompressed": c.Bool("uncompressed")}}
+		Args: map[string]any{"fork_merge_max_response_tokens": threshold, "uncompressed": f.uncompressed}}
 	var read func(add func(records.Turn) error) error
 	if ref != "" {
 		inputs, err := stagecmd.ResolveInputs(ctx, st, []string{ref}, part)
@@ -131,9 +139,9 @@ func assemble(c *cli.Context, env *stagecmd.Env) error {
 			return readTurnsJSONL(rc, jsonl, add)
 		}
 	}
-	out := stagecmd.Output{Name: c.String("out"), Kind: records.TrajectoriesKind, Identity: id, Part: part,
-		PrintVersion: c.Bool("print-version"), Hook: env.Hook}
-	_, err = writeTrajectories(ctx, env, st, out, threshold, records.ArrowOptions{Uncompressed: c.Bool("uncompressed")}, read)
+	out := stagecmd.Output{Name: f.out, Kind: records.TrajectoriesKind, Identity: id, Part: part,
+		PrintVersion: f.printVersion, Hook: env.Hook}
+	_, err = writeTrajectories(ctx, env, st, out, threshold, records.ArrowOptions{Uncompressed: f.uncompressed}, read)
 	return err
 }
 

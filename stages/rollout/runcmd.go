@@ -69,40 +69,45 @@ func runCommand(env *stagecmd.Env) *cli.Command {
 		Name:        "run",
 		Usage:       "run coding agents in sandboxes against the policy and record rollouts, turns and trajectories",
 		Description: runHelp,
-		Flags: []cli.Flag{
-			stagecmd.StoreFlag(),
-			&cli.StringFlag{Name: "tasks", Value: "tasks", Usage: "tasks dataset (name or name@version)"},
-			&cli.StringFlag{Name: "images", Value: "images", Usage: "images dataset of the tasks' images (kiln-images)"},
-			&cli.StringFlag{Name: "bundles", Usage: "bundle root on this node: the directory kiln-images unpacked the images into (required)"},
-			&cli.StringFlag{Name: "engine", Usage: "engine base URL(s), comma separated (required)"},
-			&cli.StringFlag{Name: "engine-api-key", EnvVars: []string{"KILN_ENGINE_API_KEY"}, Usage: "bearer token for engines started with --api-key"},
-			&cli.StringFlag{Name: "mode", Value: "auto", Usage: "engine route: auto, generate, or completions (fallback)"},
-			&cli.StringFlag{Name: "tokenizer-dir", Usage: "served checkpoint directory with tokenizer JSON files"},
-			&cli.IntFlag{Name: "samples", Value: 1, Usage: "runs per task"},
-			&cli.StringFlag{Name: "out", Required: true, Usage: "dataset name prefix: OUT/rollouts, OUT/turns, OUT/trajectories"},
-			&cli.StringFlag{Name: "agent", Value: harness.ShellName, EnvVars: []string{"KILN_AGENT"}, Usage: "default harness: shell, claude-code or codex"},
-			&cli.StringFlag{Name: "agent-binary", Usage: "the shell agent's binary (default: kiln-agent beside this binary, then PATH)"},
-			&cli.StringFlag{Name: "weights-version", Usage: "the policy weights the engines serve (recorded in every row)"},
-			&cli.StringFlag{Name: "split", Usage: "run only tasks of this split"},
-			&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Usage: "runs at once"},
-			&cli.IntFlag{Name: "boot-concurrency", Usage: "sandboxes booting at once (default: --jobs)"},
-			&cli.DurationFlag{Name: "budget", Value: DefaultBudget, Usage: "the agent's time budget"},
-			&cli.DurationFlag{Name: "setup-timeout", Value: DefaultSetupTimeout, Usage: "allowance for boot, workspace preparation and patch capture"},
-			&cli.DurationFlag{Name: "deadline-margin", Value: DefaultMargin, Usage: "added to budget and setup for the whole-run deadline"},
-			&cli.IntFlag{Name: "max-turns", Usage: "model calls per agent run (0: the agent's default)"},
-			&cli.Float64Flag{Name: "temperature", Value: 1.0, Usage: "sampling temperature, [0, 2]"},
-			&cli.Float64Flag{Name: "top-p", Value: 1.0, Usage: "nucleus top_p, (0, 1]"},
-			&cli.IntFlag{Name: "top-k", Value: -1, Usage: "top_k, -1 for off"},
-			&cli.IntFlag{Name: "max-tokens", Usage: "max response tokens per turn (a client's own limit can only lower it)", DefaultText: "4096"},
-			&cli.IntFlag{Name: "max-context-tokens", Usage: "prompt + response limit per turn (0: the engine's context length)"},
-			&cli.StringFlag{Name: "stop-token-ids", Usage: "extra stop token ids, comma separated"},
-			&cli.StringFlag{Name: "chat-template-kwargs", Usage: `JSON object passed to the chat template, e.g. '{"reasoning_effort":"medium"}'`},
-			&cli.StringFlag{Name: "reasoning-parser", Value: "qwen3", Usage: `"qwen3" or "" (none)`},
-			&cli.StringFlag{Name: "tool-parser", Value: "qwen3_coder", Usage: `"qwen3_coder", "hermes" or "" (XML fallback only)`},
-			stagecmd.ShardFlag(),
-			stagecmd.PrintVersionFlag(),
-		},
-		Action: func(c *cli.Context) error { return runAction(c, env) },
+		Flags:       runFlags(),
+		Action:      func(c *cli.Context) error { return runAction(c, env) },
+	}
+}
+
+// runFlags are the run command's flags (check shares them).
+func runFlags() []cli.Flag {
+	return []cli.Flag{
+		stagecmd.StoreFlag(),
+		&cli.StringFlag{Name: "tasks", Value: "tasks", Usage: "tasks dataset (name or name@version)"},
+		&cli.StringFlag{Name: "images", Value: "images", Usage: "images dataset of the tasks' images (kiln-images)"},
+		&cli.StringFlag{Name: "bundles", Usage: "bundle root on this node: the directory kiln-images unpacked the images into (required)"},
+		&cli.StringFlag{Name: "engine", Usage: "engine base URL(s), comma separated (required)"},
+		&cli.StringFlag{Name: "engine-api-key", EnvVars: []string{"KILN_ENGINE_API_KEY"}, Usage: "bearer token for engines started with --api-key"},
+		&cli.StringFlag{Name: "mode", Value: "auto", Usage: "engine route: auto, generate, or completions (fallback)"},
+		&cli.StringFlag{Name: "tokenizer-dir", Usage: "served checkpoint directory with tokenizer JSON files"},
+		&cli.IntFlag{Name: "samples", Value: 1, Usage: "runs per task"},
+		&cli.StringFlag{Name: "out", Required: true, Usage: "dataset name prefix: OUT/rollouts, OUT/turns, OUT/trajectories"},
+		&cli.StringFlag{Name: "agent", Value: harness.ShellName, EnvVars: []string{"KILN_AGENT"}, Usage: "default harness: shell, claude-code or codex"},
+		&cli.StringFlag{Name: "agent-binary", Usage: "the shell agent's binary (default: kiln-agent beside this binary, then PATH)"},
+		&cli.StringFlag{Name: "weights-version", Usage: "the policy weights the engines serve (recorded in every row)"},
+		&cli.StringFlag{Name: "split", Usage: "run only tasks of this split"},
+		&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Usage: "runs at once"},
+		&cli.IntFlag{Name: "boot-concurrency", Usage: "sandboxes booting at once (default: --jobs)"},
+		&cli.DurationFlag{Name: "budget", Value: DefaultBudget, Usage: "the agent's time budget"},
+		&cli.DurationFlag{Name: "setup-timeout", Value: DefaultSetupTimeout, Usage: "allowance for boot, workspace preparation and patch capture"},
+		&cli.DurationFlag{Name: "deadline-margin", Value: DefaultMargin, Usage: "added to budget and setup for the whole-run deadline"},
+		&cli.IntFlag{Name: "max-turns", Usage: "model calls per agent run (0: the agent's default)"},
+		&cli.Float64Flag{Name: "temperature", Value: 1.0, Usage: "sampling temperature, [0, 2]"},
+		&cli.Float64Flag{Name: "top-p", Value: 1.0, Usage: "nucleus top_p, (0, 1]"},
+		&cli.IntFlag{Name: "top-k", Value: -1, Usage: "top_k, -1 for off"},
+		&cli.IntFlag{Name: "max-tokens", Usage: "max response tokens per turn (a client's own limit can only lower it)", DefaultText: "4096"},
+		&cli.IntFlag{Name: "max-context-tokens", Usage: "prompt + response limit per turn (0: the engine's context length)"},
+		&cli.StringFlag{Name: "stop-token-ids", Usage: "extra stop token ids, comma separated"},
+		&cli.StringFlag{Name: "chat-template-kwargs", Usage: `JSON object passed to the chat template, e.g. '{"reasoning_effort":"medium"}'`},
+		&cli.StringFlag{Name: "reasoning-parser", Value: "qwen3", Usage: `"qwen3" or "" (none)`},
+		&cli.StringFlag{Name: "tool-parser", Value: "qwen3_coder", Usage: `"qwen3_coder", "hermes" or "" (XML fallback only)`},
+		stagecmd.ShardFlag(),
+		stagecmd.PrintVersionFlag(),
 	}
 }
 
@@ -110,9 +115,27 @@ func runAction(c *cli.Context, env *stagecmd.Env) error {
 	if c.NArg() != 0 {
 		return stagecmd.Usagef("run: takes no arguments")
 	}
+	o, err := runOptionsFrom(c)
+	if err != nil {
+		return err
+	}
+	st, err := stagecmd.OpenStore(c)
+	if err != nil {
+		return err
+	}
+	part, err := stagecmd.PartFrom(c)
+	if err != nil {
+		return err
+	}
+	_, err = Run(c.Context, env, st, RunOutput{Name: c.String("out"), Part: part, PrintVersion: c.Bool("print-version"), Hook: env.Hook}, o)
+	return err
+}
+
+// runOptionsFrom reads the run flags.
+func runOptionsFrom(c *cli.Context) (RunOptions, error) {
 	mode, err := engine.ParseMode(c.String("mode"))
 	if err != nil {
-		return stagecmd.UsageError{Err: err}
+		return RunOptions{}, stagecmd.UsageError{Err: err}
 	}
 	var engines []string
 	for _, u := range strings.Split(c.String("engine"), ",") {
@@ -127,7 +150,7 @@ func runAction(c *cli.Context, env *stagecmd.Env) error {
 		}
 		n, err := strconv.ParseInt(s, 10, 32)
 		if err != nil || n < 0 {
-			return stagecmd.Usagef("--stop-token-ids %q: want non-negative integers separated by commas", c.String("stop-token-ids"))
+			return RunOptions{}, stagecmd.Usagef("--stop-token-ids %q: want non-negative integers separated by commas", c.String("stop-token-ids"))
 		}
 		stops = append(stops, int32(n))
 	}
@@ -142,14 +165,5 @@ func runAction(c *cli.Context, env *stagecmd.Env) error {
 		ChatTemplateKwargs: c.String("chat-template-kwargs"), ReasoningParser: c.String("reasoning-parser"), ToolParser: c.String("tool-parser"),
 		Harness: harness.Options{ShellAgent: c.String("agent-binary")},
 	}
-	st, err := stagecmd.OpenStore(c)
-	if err != nil {
-		return err
-	}
-	part, err := stagecmd.PartFrom(c)
-	if err != nil {
-		return err
-	}
-	_, err = Run(c.Context, env, st, RunOutput{Name: c.String("out"), Part: part, PrintVersion: c.Bool("print-version"), Hook: env.Hook}, o)
-	return err
+	return o, nil
 }

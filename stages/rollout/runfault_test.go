@@ -296,3 +296,35 @@ func TestRunUsage(t *testing.T) {
 	_, err := dataset.OpenString(context.Background(), w.st, "rollout/usage/rollouts")
 	assert.Error(t, err)
 }
+
+// TestCheck: kiln-rollout check rolls out and grades, prints each task's
+// rewards, and fails unless some sample earns reward 1; one sample per task
+// is warned about.
+func TestCheck(t *testing.T) {
+	w := newRunWorld(t)
+	cases := []struct {
+		name    string
+		do      func(nth int) behaviour
+		samples string
+		code    int
+		want    []string
+	}{
+		{"some fix", func(nth int) behaviour { return []behaviour{fixIt, lookAround}[nth%2] }, "2", 0,
+			[]string{"check: " + w.set.Tasks[0].ID + ": ", "4 of 8 samples earned reward 1"}},
+		{"none fixes", func(int) behaviour { return lookAround }, "1", 1,
+			[]string{"warning: --samples 1", "0 of 4 samples earned reward 1", "no sample earned reward 1"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			model := newScriptedModel(w.set, func(_ fixtures.Task, nth int) behaviour { return c.do(nth) })
+			r := stagetest.Run(t, stageCommands, "check", "--store", w.storeDir, "--tasks", w.tasks, "--images", w.images,
+				"--bundles", w.bundles, "--engine", startEngine(t, model.script), "--tokenizer-dir", w.tokenizer, "--mode", "generate",
+				"--agent-binary", filepath.Join(w.tools, "kiln-agent"), "--samples", c.samples, "-j", "4",
+				"--out", "check/"+strings.ReplaceAll(c.name, " ", "-"))
+			assert.Equal(t, c.code, r.Code, r.Stderr)
+			for _, s := range c.want {
+				assert.Contains(t, r.Stderr, s)
+			}
+		})
+	}
+}
