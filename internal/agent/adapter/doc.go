@@ -101,7 +101,7 @@
 // they reuse only when the reasoning stays in the visible content (no
 // reasoning parser) and otherwise fall back to R — as in the reference.
 //
-// Differences from the reference (vime), on purpose:
+// Differences from the reference (vime), on purpose (docs/departures.md §2):
 //   - Rendering and decoding go through the engine's /tokenize and
 //     /detokenize (docs/design.md §4.1), never a local tokenizer or template.
 //   - A prompt that leaves no room in the context is the protocol's own

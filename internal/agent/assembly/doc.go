@@ -34,7 +34,7 @@
 // against records.Trajectory.Validate and the validate_sampler_top_p contract
 // (ValidateSamplerTopP). The session is drained by Segments.
 //
-// Where kiln departs from the reference manager:
+// Where kiln departs from the reference manager (docs/departures.md §6):
 //   - the threshold T (Options.ForkMergeMaxResponseTokens) defaults to 0, as
 //     the coding example's launchers set it (docs/assembly.md §2.4), not 1024: every
 //     token drift forks and no sampled token is discarded;

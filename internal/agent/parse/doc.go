@@ -48,7 +48,7 @@
 // string; any other type -> Python literal, else string. The Python
 // literal reader covers str, int, float, bool, None, list, tuple and dict.
 //
-// # Deliberate differences from the reference
+// # Deliberate differences from the reference (docs/departures.md §3)
 //
 //   - Non-object arguments (docs/adapter.md §6.2): the reference passes a JSON
 //     array / scalar / string "arguments" through as the tool input; here

@@ -47,7 +47,8 @@
 // reference's manager_message: the history entry decoding the client's
 // echo of the reply produces.
 //
-// Deliberate differences from the reference (vime):
+// Deliberate differences from the reference (vime; all listed in
+// docs/departures.md §2):
 //   - Responses replies start with a reasoning item whose encrypted_content
 //     is kiln's handle to the model's reasoning (reasoningHandle); Codex
 //     echoes it verbatim and the decoder restores reasoning_content, so a
