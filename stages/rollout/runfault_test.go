@@ -328,3 +328,30 @@ func TestCheck(t *testing.T) {
 		})
 	}
 }
+
+// TestRunShards: --shard i/n runs every n-th task; each part writes its
+// share of all three versions and the last part commits them.
+func TestRunShards(t *testing.T) {
+	w := newRunWorld(t)
+	model := newScriptedModel(w.set, func(fixtures.Task, int) behaviour { return lookAround })
+	o := w.options(startEngine(t, model.script))
+	o.Samples = 1
+	var res RunResults
+	for i := range 2 {
+		var stdout, stderr strings.Builder
+		env := w.env(&stdout)
+		env.Stderr = &stderr
+		var err error
+		res, err = Run(context.Background(), env, w.st, RunOutput{Name: "rollout/shards", Part: dataset.Part{Index: i, Count: 2}}, o)
+		require.NoError(t, err, stderr.String())
+		assert.Equal(t, i == 0, res.Trajectories.Pending, "part %d", i)
+	}
+	rows := readRollouts(t, w.st, res.Rollouts.Ref)
+	require.Len(t, rows, len(w.set.Tasks))
+	groups := map[int64]bool{}
+	for _, r := range rows {
+		groups[r.GroupIndex] = true
+	}
+	assert.Len(t, groups, len(w.set.Tasks))
+	assert.Len(t, readTurns(t, w.st, res.Turns.Ref), 2*len(w.set.Tasks))
+}
