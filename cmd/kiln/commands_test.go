@@ -3,8 +3,13 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -281,4 +286,66 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// TestFlagLookupsNamed checks every flag read by name (c.String("x"),
+// c.IsSet("x"), ... on a *cli.Context called c) in the stages and the
+// shared plumbing against the flags the binaries define: the library
+// returns the zero value for a name no flag has, so a misspelt lookup
+// would read "" or 0 without a word. Most commands bind their flags to
+// fields instead; this keeps the rest honest.
+func TestFlagLookupsNamed(t *testing.T) {
+	defined := map[string]bool{}
+	for _, binary := range sortedKeys(binaries) {
+		var got parsed
+		app, _ := recordingApp(binary, &got)
+		var walk func(flags []cli.Flag, cmds []*cli.Command)
+		walk = func(flags []cli.Flag, cmds []*cli.Command) {
+			for _, f := range flags {
+				for _, n := range f.Names() {
+					defined[n] = true
+				}
+			}
+			for _, c := range cmds {
+				walk(c.Flags, c.Subcommands)
+			}
+		}
+		walk(app.Flags, app.Commands)
+	}
+	getters := map[string]bool{"String": true, "Bool": true, "Int": true, "Int64": true, "Uint": true, "Uint64": true,
+		"Float64": true, "Duration": true, "StringSlice": true, "IntSlice": true, "IsSet": true, "Value": true, "Generic": true}
+	files, err := filepath.Glob("../../stages/*/*.go")
+	require.NoError(t, err)
+	more, err := filepath.Glob("../../internal/stagecmd/*.go")
+	require.NoError(t, err)
+	n := 0
+	for _, path := range append(files, more...) {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+		require.NoError(t, err)
+		ast.Inspect(f, func(node ast.Node) bool {
+			call, ok := node.(*ast.CallExpr)
+			if !ok || len(call.Args) != 1 {
+				return true
+			}
+			sel, ok := call.Fun.(*ast.SelectorExpr)
+			if !ok || !getters[sel.Sel.Name] {
+				return true
+			}
+			if id, ok := sel.X.(*ast.Ident); !ok || id.Name != "c" {
+				return true
+			}
+			lit, ok := call.Args[0].(*ast.BasicLit)
+			if !ok || lit.Kind != token.STRING {
+				return true
+			}
+			name, _ := strconv.Unquote(lit.Value)
+			n++
+			assert.True(t, defined[name], "%s: c.%s(%q) names no flag of any binary", path, sel.Sel.Name, name)
+			return true
+		})
+	}
+	t.Logf("%d flag lookups by name checked", n)
 }

@@ -29,6 +29,13 @@ import (
 const recordVersion = "1"
 
 func adapterCommand(env *stagecmd.Env) *cli.Command {
+	f := &adapterCLI{}
+	// Unset sampling defaults are the engine's: these three are read only
+	// when given (c.IsSet of the flag's own name; the flag's IsSet sees only
+	// its environment variable).
+	f.temperature = &cli.Float64Flag{Name: "temperature", Usage: "default sampling temperature, [0, 2]", DefaultText: "unset: the engine's, 1.0"}
+	f.topP = &cli.Float64Flag{Name: "top-p", Usage: "default nucleus top_p, (0, 1]", DefaultText: "unset: 1"}
+	f.topK = &cli.IntFlag{Name: "top-k", Usage: "default top_k, -1 or 0 for off", DefaultText: "unset: off"}
 	return &cli.Command{
 		Name:  "adapter",
 		Usage: "serve the model adapter on its own and record every client session",
@@ -80,33 +87,41 @@ Example:
        --tokenizer-dir /models/qwen3 --out recordings/claude-1`,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
-			&cli.StringFlag{Name: "engine", Required: true, Usage: "engine base URL (vLLM OpenAI-compatible server)"},
-			&cli.StringFlag{Name: "engine-api-key", EnvVars: []string{"KILN_ENGINE_API_KEY"}, Usage: "bearer token for an engine started with --api-key"},
-			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8001", Usage: "address to serve the adapter on"},
-			&cli.StringFlag{Name: "out", Required: true, Usage: "dataset name prefix: NAME/turns and NAME/trajectories"},
-			&cli.StringFlag{Name: "tokenizer-dir", Usage: "served checkpoint directory with tokenizer JSON files"},
-			&cli.StringFlag{Name: "mode", Value: "auto", Usage: "engine route: auto, generate, or completions (fallback)"},
-			&cli.StringFlag{Name: "reasoning-parser", Value: "qwen3", Usage: `"qwen3" or "" (none)`},
-			&cli.StringFlag{Name: "tool-parser", Value: "qwen3_coder", Usage: `"qwen3_coder", "hermes" or "" (XML fallback only)`},
-			&cli.IntFlag{Name: "max-turn-tokens", Usage: "cap on max_tokens per turn (0: none)"},
-			&cli.IntFlag{Name: "max-tokens", Usage: "max_tokens of a turn, which a client's own max_tokens can only lower (spec §1.4)", DefaultText: "4096"},
-			&cli.Float64Flag{Name: "temperature", Usage: "default sampling temperature, [0, 2]", DefaultText: "unset: the engine's, 1.0"},
-			&cli.Float64Flag{Name: "top-p", Usage: "default nucleus top_p, (0, 1]", DefaultText: "unset: 1"},
-			&cli.IntFlag{Name: "top-k", Usage: "default top_k, -1 or 0 for off", DefaultText: "unset: off"},
-			&cli.StringFlag{Name: "chat-template-kwargs", Usage: `JSON object passed to the chat template, e.g. '{"enable_thinking": true}'`},
-			&cli.IntFlag{Name: "max-turns-per-session", Usage: "answer 429 once a session has asked this many turns (0: unlimited)"},
-			&cli.IntFlag{Name: "fork-merge-max-response-tokens", Usage: "trajectory assembly threshold T (see kiln-rollout assemble)"},
-			&cli.DurationFlag{Name: "keepalive", Value: adapter.DefaultKeepAlive, Usage: "a streamed turn unanswered this long gets its stream's head and a keep-alive this often until the reply (Anthropic ping events, Chat Completions comments, Responses in_progress events; 0: never)"},
+			&cli.StringFlag{Name: "engine", Required: true, Destination: &f.engine, Usage: "engine base URL (vLLM OpenAI-compatible server)"},
+			&cli.StringFlag{Name: "engine-api-key", EnvVars: []string{"KILN_ENGINE_API_KEY"}, Destination: &f.engineAPIKey, Usage: "bearer token for an engine started with --api-key"},
+			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8001", Destination: &f.listen, Usage: "address to serve the adapter on"},
+			&cli.StringFlag{Name: "out", Required: true, Destination: &f.out, Usage: "dataset name prefix: NAME/turns and NAME/trajectories"},
+			&cli.StringFlag{Name: "tokenizer-dir", Destination: &f.tokenizerDir, Usage: "served checkpoint directory with tokenizer JSON files"},
+			&cli.StringFlag{Name: "mode", Value: "auto", Destination: &f.mode, Usage: "engine route: auto, generate, or completions (fallback)"},
+			&cli.StringFlag{Name: "reasoning-parser", Value: "qwen3", Destination: &f.reasoningParser, Usage: `"qwen3" or "" (none)`},
+			&cli.StringFlag{Name: "tool-parser", Value: "qwen3_coder", Destination: &f.toolParser, Usage: `"qwen3_coder", "hermes" or "" (XML fallback only)`},
+			&cli.IntFlag{Name: "max-turn-tokens", Destination: &f.maxTurnTokens, Usage: "cap on max_tokens per turn (0: none)"},
+			&cli.IntFlag{Name: "max-tokens", Destination: &f.maxTokens, Usage: "max_tokens of a turn, which a client's own max_tokens can only lower (spec §1.4)", DefaultText: "4096"},
+			f.temperature, f.topP, f.topK,
+			&cli.StringFlag{Name: "chat-template-kwargs", Destination: &f.chatTemplateKwargs, Usage: `JSON object passed to the chat template, e.g. '{"enable_thinking": true}'`},
+			&cli.IntFlag{Name: "max-turns-per-session", Destination: &f.maxTurnsPerSession, Usage: "answer 429 once a session has asked this many turns (0: unlimited)"},
+			&cli.IntFlag{Name: "fork-merge-max-response-tokens", Destination: &f.threshold, Usage: "trajectory assembly threshold T (see kiln-rollout assemble)"},
+			&cli.DurationFlag{Name: "keepalive", Value: adapter.DefaultKeepAlive, Destination: &f.keepAlive, Usage: "a streamed turn unanswered this long gets its stream's head and a keep-alive this often until the reply (Anthropic ping events, Chat Completions comments, Responses in_progress events; 0: never)"},
 		},
-		Action: func(c *cli.Context) error { return runAdapter(c, env) },
+		Action: func(c *cli.Context) error { return runAdapter(c, env, f) },
 	}
 }
 
-func runAdapter(c *cli.Context, env *stagecmd.Env) error {
+// adapterCLI is what the adapter's flags set.
+type adapterCLI struct {
+	engine, engineAPIKey, listen, out, tokenizerDir, mode   string
+	reasoningParser, toolParser, chatTemplateKwargs         string
+	maxTurnTokens, maxTokens, maxTurnsPerSession, threshold int
+	keepAlive                                               time.Duration
+	temperature, topP                                       *cli.Float64Flag
+	topK                                                    *cli.IntFlag
+}
+
+func runAdapter(c *cli.Context, env *stagecmd.Env, f *adapterCLI) error {
 	if c.NArg() != 0 {
 		return stagecmd.Usagef("adapter: takes no arguments")
 	}
-	mode, err := engine.ParseMode(c.String("mode"))
+	mode, err := engine.ParseMode(f.mode)
 	if err != nil {
 		return stagecmd.UsageError{Err: err}
 	}
@@ -114,31 +129,32 @@ func runAdapter(c *cli.Context, env *stagecmd.Env) error {
 	if err != nil {
 		return err
 	}
-	out := c.String("out")
+	out := f.out
 	if err := dataset.CheckName(out); err != nil {
 		return stagecmd.UsageError{Err: err}
 	}
 	opts, err := adapterOptions(adapterFlags{
-		maxTurnTokens: c.Int("max-turn-tokens"), maxTokens: c.Int("max-tokens"),
-		temperature: optional(c, "temperature", c.Float64), topP: optional(c, "top-p", c.Float64), topK: optional(c, "top-k", c.Int),
-		chatTemplateKwargs: c.String("chat-template-kwargs"), maxTurnsPerSession: c.Int("max-turns-per-session"),
-		reasoningParser: c.String("reasoning-parser"), toolParser: c.String("tool-parser"),
-		keepAlive: c.Duration("keepalive"),
+		maxTurnTokens: f.maxTurnTokens, maxTokens: f.maxTokens,
+		temperature: optional(c.IsSet(f.temperature.Name), f.temperature.Get(c)), topP: optional(c.IsSet(f.topP.Name), f.topP.Get(c)),
+		topK:               optional(c.IsSet(f.topK.Name), f.topK.Get(c)),
+		chatTemplateKwargs: f.chatTemplateKwargs, maxTurnsPerSession: f.maxTurnsPerSession,
+		reasoningParser: f.reasoningParser, toolParser: f.toolParser,
+		keepAlive: f.keepAlive,
 	})
 	if err != nil {
 		return stagecmd.UsageError{Err: err}
 	}
-	eng, err := engine.New(engine.Options{BaseURL: c.String("engine"), Mode: mode, APIKey: c.String("engine-api-key")})
+	eng, err := engine.New(engine.Options{BaseURL: f.engine, Mode: mode, APIKey: f.engineAPIKey})
 	if err != nil {
 		return stagecmd.UsageError{Err: err}
 	}
 	ctx := c.Context
 	caps, err := eng.Probe(ctx)
 	if err != nil {
-		return fmt.Errorf("adapter: engine %s: %w", c.String("engine"), err)
+		return fmt.Errorf("adapter: engine %s: %w", f.engine, err)
 	}
 	var special engine.SpecialTokens
-	if dir := c.String("tokenizer-dir"); dir != "" {
+	if dir := f.tokenizerDir; dir != "" {
 		if special, err = engine.LoadSpecialTokens(dir); err != nil {
 			return err
 		}
@@ -147,13 +163,13 @@ func runAdapter(c *cli.Context, env *stagecmd.Env) error {
 	}
 	opts.Engine, opts.Special = eng, special
 	srv := adapter.New(opts)
-	ln, err := net.Listen("tcp", c.String("listen"))
+	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {
-		return stagecmd.UsageError{Err: fmt.Errorf("adapter: --listen %q: %w", c.String("listen"), err)}
+		return stagecmd.UsageError{Err: fmt.Errorf("adapter: --listen %q: %w", f.listen, err)}
 	}
-	env.Log.Info("adapter listening", "addr", ln.Addr().String(), "engine", c.String("engine"),
+	env.Log.Info("adapter listening", "addr", ln.Addr().String(), "engine", f.engine,
 		"route", string(caps.Route), "context", caps.ContextLength)
-	rec := recording{st: st, env: env, out: out, threshold: c.Int("fork-merge-max-response-tokens")}
+	rec := recording{st: st, env: env, out: out, threshold: f.threshold}
 	return serveAndRecord(ctx, ln, srv, rec)
 }
 
@@ -167,12 +183,11 @@ type adapterFlags struct {
 	keepAlive                                    time.Duration
 }
 
-// optional is the value of flag name when it was given, else nil.
-func optional[T any](c *cli.Context, name string, get func(string) T) *T {
-	if !c.IsSet(name) {
+// optional is v when its flag was given, else nil.
+func optional[T any](set bool, v T) *T {
+	if !set {
 		return nil
 	}
-	v := get(name)
 	return &v
 }
 
