@@ -9,7 +9,7 @@ import (
 	"github.com/kilnrl/kiln/formats/records"
 )
 
-// replayCfg is one V-REPLAY capture configuration (docs/assembly.md §5.2).
+// replayCfg is one V-REPLAY capture configuration (docs/assembly.md §5, item 2).
 type replayCfg struct {
 	topP float64
 	sc   bool
