@@ -15,8 +15,6 @@ import (
 	"github.com/kilnrl/kiln/internal/agent/adapter"
 	"github.com/kilnrl/kiln/internal/agent/engine"
 	"github.com/kilnrl/kiln/internal/agent/enginetest"
-	"github.com/kilnrl/kiln/internal/agent/harness"
-	"github.com/kilnrl/kiln/internal/sandbox"
 )
 
 // newTestFront serves a front over n scripted engines; fail makes every
@@ -149,25 +147,4 @@ func TestRunIdentity(t *testing.T) {
 		f(&o)
 		assert.NotEqual(t, want, version(o), "differ %d", i)
 	}
-}
-
-// The shell harness binds kiln-agent read-only and passes the token only
-// through the environment.
-func TestShellHarnessCommand(t *testing.T) {
-	h := &harness.Shell{Binary: "/opt/kiln/bin/kiln-agent", MaxTurns: 7, CommandTimeout: time.Minute}
-	spec := harness.RunSpec{SessionID: "kiln-secret", BaseURL: "http://127.0.0.1:18080", Model: "m", Workdir: "/testbed",
-		TaskFile: "/testbed/PROBLEM_STATEMENT.md", Budget: 20 * time.Minute, LogFile: "/testbed/.harness/agent.jsonl"}
-	argv, env := h.Command(spec)
-	assert.Equal(t, []string{harness.ShellAgentPath, "--base-url", "http://127.0.0.1:18080/v1", "--model", "m",
-		"--task-file", "/testbed/PROBLEM_STATEMENT.md", "--workdir", "/testbed", "--max-turns", "7", "--timeout", "20m0s",
-		"--command-timeout", "1m0s", "--log", "/testbed/.harness/agent.jsonl"}, argv)
-	assert.NotContains(t, strings.Join(argv, " "), "kiln-secret")
-	assert.Equal(t, []string{"KILN_AGENT_API_KEY=kiln-secret", "KILN_AGENT_SESSION=kiln-secret"}, env)
-	assert.Equal(t, []sandbox.Mount{{Source: "/opt/kiln/bin/kiln-agent", Target: harness.ShellAgentPath}}, h.Mounts())
-	for _, name := range []string{"claude-code", "claude_code", "codex"} {
-		_, err := harness.New(name, harness.Options{})
-		assert.ErrorContains(t, err, "not built yet", name)
-	}
-	_, err := harness.New("aider", harness.Options{})
-	assert.ErrorContains(t, err, "unknown harness")
 }
