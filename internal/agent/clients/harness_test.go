@@ -26,6 +26,7 @@ import (
 	"github.com/kilnrl/kiln/internal/agent/adapter"
 	"github.com/kilnrl/kiln/internal/agent/engine"
 	"github.com/kilnrl/kiln/internal/agent/enginetest"
+	"github.com/kilnrl/kiln/internal/testenv"
 )
 
 // cliTimeout bounds one CLI run.
@@ -41,11 +42,7 @@ const taskMarker = "KILN-CLIENT-TEST"
 func findCLI(t *testing.T, name string) string {
 	t.Helper()
 	missing := func(why string) string {
-		msg := fmt.Sprintf("%s CLI not available (%s): run scripts/install-test-deps.sh", name, why)
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		testenv.SkipOrFail(t, "%s CLI not available (%s): run scripts/install-test-deps.sh", name, why)
 		return ""
 	}
 	home, err := os.UserHomeDir()

@@ -125,7 +125,7 @@ func LoadSpecialTokens(dir string) (SpecialTokens, error) {
 			Special bool   `json:"special"`
 		}
 		if err := json.Unmarshal(raw, &dec); err != nil {
-			return st, fmt.Errorf("engine: %s: added_tokens_decoder: %v", filepath.Join(dir, "tokenizer_config.json"), err)
+			return st, fmt.Errorf("engine: %s: added_tokens_decoder: %w", filepath.Join(dir, "tokenizer_config.json"), err)
 		}
 		keys := make([]string, 0, len(dec))
 		for k := range dec {
@@ -152,7 +152,7 @@ func LoadSpecialTokens(dir string) (SpecialTokens, error) {
 			}
 			s, err := tokenContent(raw)
 			if err != nil {
-				return fmt.Errorf("engine: %s: %s: %v", filepath.Join(dir, file), key, err)
+				return fmt.Errorf("engine: %s: %s: %w", filepath.Join(dir, file), key, err)
 			}
 			named[key] = s
 		}
@@ -169,7 +169,7 @@ func LoadSpecialTokens(dir string) (SpecialTokens, error) {
 			for i, r := range list {
 				s, err := tokenContent(r)
 				if err != nil {
-					return fmt.Errorf("engine: %s: %s[%d]: %v", filepath.Join(dir, file), key, i, err)
+					return fmt.Errorf("engine: %s: %s[%d]: %w", filepath.Join(dir, file), key, i, err)
 				}
 				additional = append(additional, s)
 			}
@@ -322,7 +322,7 @@ func readJSON(dir, name string, v any) (bool, error) {
 		return false, fmt.Errorf("engine: %w", err)
 	}
 	if err := json.Unmarshal(b, v); err != nil {
-		return false, fmt.Errorf("engine: %s: %v", p, err)
+		return false, fmt.Errorf("engine: %s: %w", p, err)
 	}
 	return true, nil
 }

@@ -98,6 +98,7 @@ type tmplMessage struct {
 // prompt text. Errors correspond to vLLM's 400s.
 func (t ChatTemplate) Render(messages, tools []byte, o RenderOptions) (string, error) {
 	if o.AddGenerationPrompt && o.ContinueFinalMessage {
+		// vLLM's own message, word for word, as a test engine must answer.
 		return "", errors.New("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
 	}
 	msgs, err := parseMessages(messages)
@@ -229,7 +230,7 @@ func (t ChatTemplate) render(msgs []tmplMessage, tools []any, o RenderOptions) (
 func parseMessages(data []byte) ([]tmplMessage, error) {
 	v, err := ojson.Decode(data)
 	if err != nil {
-		return nil, fmt.Errorf("messages: %v", err)
+		return nil, fmt.Errorf("messages: %w", err)
 	}
 	arr, ok := v.([]any)
 	if !ok {
@@ -307,7 +308,7 @@ func parseMessages(data []byte) ([]tmplMessage, error) {
 					if strings.TrimSpace(a) == "" {
 						args = &ojson.Object{}
 					} else if args, err = ojson.Decode([]byte(a)); err != nil {
-						return nil, fmt.Errorf("messages[%d].tool_calls[%d].function.arguments: %v", i, j, err)
+						return nil, fmt.Errorf("messages[%d].tool_calls[%d].function.arguments: %w", i, j, err)
 					}
 				}
 				m.calls = append(m.calls, tmplCall{name: ns, args: args})
@@ -325,7 +326,7 @@ func parseTools(data []byte) ([]any, error) {
 	}
 	v, err := ojson.Decode(data)
 	if err != nil {
-		return nil, fmt.Errorf("tools: %v", err)
+		return nil, fmt.Errorf("tools: %w", err)
 	}
 	if v == nil {
 		return nil, nil
@@ -409,7 +410,7 @@ func kwargsFromJSON(raw json.RawMessage) (map[string]any, error) {
 	}
 	var m map[string]any
 	if err := json.Unmarshal(raw, &m); err != nil {
-		return nil, fmt.Errorf("chat_template_kwargs: %v", err)
+		return nil, fmt.Errorf("chat_template_kwargs: %w", err)
 	}
 	return m, nil
 }
