@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -139,6 +140,7 @@ const (
 	lookAround                  // run ls, then answer: no patch
 	hang                        // stop the agent's own process: it never exits
 	failLater                   // one good turn, then the engine fails
+	snoop                       // run scriptedModel.snoop's command, then answer
 )
 
 // edit is one str_replace edit: a hunk of a gold patch.
@@ -192,10 +194,15 @@ type scriptedModel struct {
 	set    *fixtures.Set
 	decide func(task fixtures.Task, nth int) behaviour
 
+	// snoop is the bash command of a snoop session, given the sessions
+	// seen before it.
+	snoop func(earlier []string) string
+
 	mu       sync.Mutex
 	seen     map[string]int
 	sessions map[string]behaviour
 	task     map[string]fixtures.Task
+	order    []string
 }
 
 func newScriptedModel(set *fixtures.Set, decide func(fixtures.Task, int) behaviour) *scriptedModel {
@@ -214,6 +221,7 @@ func (m *scriptedModel) behaviourOf(r enginetest.Request) (behaviour, fixtures.T
 			b := m.decide(task, m.seen[task.ID])
 			m.seen[task.ID]++
 			m.sessions[r.SessionID], m.task[r.SessionID] = b, task
+			m.order = append(m.order, r.SessionID)
 			return b, task, true
 		}
 	}
@@ -241,6 +249,13 @@ func (m *scriptedModel) script(r enginetest.Request) enginetest.Output {
 		}
 	case hang:
 		return enginetest.Output{Text: toolCall("bash", "command", "kill -STOP $PPID")}
+	case snoop:
+		if r.Turn == 0 {
+			m.mu.Lock()
+			earlier := slices.Clone(m.order[:slices.Index(m.order, r.SessionID)])
+			m.mu.Unlock()
+			return enginetest.Output{Text: toolCall("bash", "command", m.snoop(earlier))}
+		}
 	case failLater:
 		if r.Turn == 0 {
 			return enginetest.Output{Text: toolCall("bash", "command", "ls")}

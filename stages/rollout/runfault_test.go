@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http/httptest"
 	"os"
@@ -354,4 +355,60 @@ func TestRunShards(t *testing.T) {
 	}
 	assert.Len(t, groups, len(w.set.Tasks))
 	assert.Len(t, readTurns(t, w.st, res.Turns.Ref), 2*len(w.set.Tasks))
+}
+
+// TestRunIsolation: an agent cannot speak in another run's session (a
+// finished run's token and a guessed one are refused, and nothing of those
+// requests is recorded), and sees neither the store nor other sandboxes.
+func TestRunIsolation(t *testing.T) {
+	w := newRunWorld(t)
+	model := newScriptedModel(w.set, func(_ fixtures.Task, nth int) behaviour {
+		if nth == 0 {
+			return lookAround
+		}
+		return snoop
+	})
+	model.snoop = func(earlier []string) string {
+		tokens := []string{"kiln-" + strings.Repeat("0", 32)}
+		tokens = append(tokens, earlier...)
+		list, _ := json.Marshal(tokens)
+		return `python3 - <<'PY'
+import urllib.request as u, urllib.error as e
+for tok in ` + string(list) + `:
+    r = u.Request("http://127.0.0.1:18080/v1/chat/completions", data=b'{"messages":[{"role":"user","content":"x"}]}',
+                  headers={"Authorization": "Bearer " + tok, "Content-Type": "application/json"})
+    try:
+        u.urlopen(r)
+        print("token accepted")
+    except e.HTTPError as x:
+        print("token refused", x.code)
+PY
+test -e ` + w.storeDir + ` && echo store-visible || echo store-hidden
+ls /tmp /run/kiln`
+	}
+	o := w.options(startEngine(t, model.script))
+	o.Jobs = 1 // the first sample of a task is finished before the second starts
+	res, err, logs := w.run(t, context.Background(), "rollout/isolation", o, nil)
+	require.NoError(t, err, logs)
+	rows := readRollouts(t, w.st, res.Rollouts.Ref)
+	require.Len(t, rows, 2*len(w.set.Tasks))
+	perRollout := map[int64]int{}
+	checked := 0
+	for _, tr := range readTurns(t, w.st, res.Turns.Ref) {
+		perRollout[tr.RolloutID]++
+		if model.behaviours()[tr.Session] == snoop && tr.Turn == 1 {
+			checked++
+			var msgs []struct{ Role, Content string }
+			require.NoError(t, json.Unmarshal([]byte(tr.PromptMessages), &msgs))
+			out := msgs[len(msgs)-1]
+			require.Equal(t, "tool", out.Role)
+			assert.NotContains(t, out.Content, "token accepted")
+			assert.Contains(t, out.Content, "token refused 401")
+			assert.Contains(t, out.Content, "store-hidden")
+		}
+	}
+	assert.Equal(t, len(w.set.Tasks), checked)
+	for id, n := range perRollout {
+		assert.Equal(t, 2, n, "rollout %d: a refused request was recorded", id)
+	}
 }
