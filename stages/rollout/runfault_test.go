@@ -32,9 +32,17 @@ func TestRunFaults(t *testing.T) {
 		adjust func(*RunOptions)
 		abort  string // "" = not aborted
 		exit   int64
-		turns  bool // the run's turns are kept
+		turns  bool                                      // the run's turns are kept
+		fault  func(enginetest.Request) enginetest.Fault // engine replies corrupted
 	}{
 		{name: "engine fails mid-run", do: failLater, abort: AbortEngineError, exit: 1},
+		{name: "engine returns bad logprobs", do: lookAround, abort: AbortEngineError, exit: 1,
+			fault: func(r enginetest.Request) enginetest.Fault {
+				if r.SessionID != "" && r.Turn >= 1 {
+					return enginetest.FaultNaNLogprob
+				}
+				return enginetest.NoFault
+			}},
 		{name: "agent hangs past its budget", do: hang, exit: -1, turns: true,
 			adjust: func(o *RunOptions) { o.Budget = 3 * time.Second }},
 		{name: "whole-run deadline", do: hang, abort: AbortDeadline, exit: -1,
@@ -43,7 +51,9 @@ func TestRunFaults(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			model := newScriptedModel(w.set, func(fixtures.Task, int) behaviour { return c.do })
-			o := w.options(startEngine(t, model.script))
+			srv := httptest.NewServer(enginetest.New(enginetest.Options{Script: model.script, MaxModelLen: 1 << 16, Fault: c.fault}))
+			t.Cleanup(srv.Close)
+			o := w.options(srv.URL)
 			o.Samples = 1
 			if c.adjust != nil {
 				c.adjust(&o)
