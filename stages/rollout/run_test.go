@@ -331,6 +331,7 @@ func TestRunEndToEnd(t *testing.T) {
 	})
 	url := startEngine(t, model.script)
 	o := w.options(url)
+	o.Jobs = 2 * len(w.set.Tasks) // every run at once
 	res, err, logs := w.run(t, context.Background(), "rollout/e2e", o, nil)
 	require.NoError(t, err, logs)
 	rows := readRollouts(t, w.st, res.Rollouts.Ref)
