@@ -173,8 +173,9 @@ func importCommand(env *Env) *cli.Command {
 		subs = append(subs, importKindCommand(env, k))
 	}
 	return &cli.Command{
-		Name:  "import",
-		Usage: "import records from JSON lines into a new version (tasks, turns, rollouts, grades)",
+		Name:      "import",
+		Usage:     "import records from JSON lines into a new version (tasks, turns, rollouts, grades)",
+		UsageText: "kiln import KIND [options] FILE.jsonl[.zst] | s3://bucket/key.jsonl[.zst]   (KIND: tasks, turns, rollouts, grades)",
 		Description: `Each subcommand reads one record kind from a JSONL file (local or
 s3://bucket/key, .zst decompressed) and commits it as a new version; every
 kind kiln export writes as JSON lines comes back equal through it.`,
