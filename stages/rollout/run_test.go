@@ -141,6 +141,7 @@ const (
 	hang                        // stop the agent's own process: it never exits
 	failLater                   // one good turn, then the engine fails
 	snoop                       // run scriptedModel.snoop's command, then answer
+	forkBomb                    // fork without end
 )
 
 // edit is one str_replace edit: a hunk of a gold patch.
@@ -255,6 +256,10 @@ func (m *scriptedModel) script(r enginetest.Request) enginetest.Output {
 			earlier := slices.Clone(m.order[:slices.Index(m.order, r.SessionID)])
 			m.mu.Unlock()
 			return enginetest.Output{Text: toolCall("bash", "command", m.snoop(earlier))}
+		}
+	case forkBomb:
+		if r.Turn == 0 {
+			return enginetest.Output{Text: toolCall("bash", "command", "b() { b | b & }; b")}
 		}
 	case failLater:
 		if r.Turn == 0 {

@@ -45,6 +45,8 @@ func TestRunFaults(t *testing.T) {
 			}},
 		{name: "agent hangs past its budget", do: hang, exit: -1, turns: true,
 			adjust: func(o *RunOptions) { o.Budget = 3 * time.Second }},
+		{name: "agent fork-bombs", do: forkBomb, turns: true, exit: 0,
+			adjust: func(o *RunOptions) { o.Budget, o.Sandbox.PidsMax = 5*time.Second, 64 }},
 		{name: "whole-run deadline", do: hang, abort: AbortDeadline, exit: -1,
 			adjust: func(o *RunOptions) { o.Budget, o.SetupTimeout, o.Margin = 4*time.Second, time.Nanosecond, 0 }},
 	}
@@ -71,7 +73,14 @@ func TestRunFaults(t *testing.T) {
 				assert.Equal(t, c.exit, r.AgentExitCode, r.TaskID)
 			}
 			if c.turns {
-				assert.Len(t, turns, len(rows))
+				per := map[int64]int64{}
+				for _, tr := range turns {
+					per[tr.RolloutID]++
+				}
+				for _, r := range rows {
+					assert.Positive(t, r.Turns, r.TaskID)
+					assert.Equal(t, r.Turns, per[r.RolloutID], r.TaskID)
+				}
 				assert.NotEmpty(t, segs)
 			} else {
 				assert.Empty(t, turns)

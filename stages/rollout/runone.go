@@ -155,8 +155,11 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 	if ares.TimedOut {
 		row.AgentExitCode = sandbox.BudgetExceeded
 	}
-	// The agent is gone (its process tree is killed at the budget), so the
-	// workspace no longer changes under the capture.
+	// The agent is gone (its process tree is killed at the budget); what
+	// it left running in the background is killed too (best effort: a
+	// sandbox at its pids limit may not start the kill), so the workspace
+	// no longer changes under the capture.
+	_, _ = sb.Exec(rctx, sandbox.Cmd{Shell: "kill -KILL -1 2>/dev/null; true", User: sandbox.Agent, Timeout: 10 * time.Second})
 	patch, err := workspace.Diff(rctx, sb, j.workdir, baseline)
 	if err != nil {
 		if rctx.Err() != nil {
