@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"slices"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -18,6 +20,7 @@ import (
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/internal/agent/enginetest"
+	"github.com/kilnrl/kiln/internal/stagecmd"
 	"github.com/kilnrl/kiln/internal/stagecmd/stagetest"
 )
 
@@ -430,4 +433,56 @@ ls /tmp /run/kiln`
 	for id, n := range perRollout {
 		assert.Equal(t, 2, n, "rollout %d: a refused request was recorded", id)
 	}
+}
+
+// TestRunTaskAgent: a task's agent column overrides --agent: tasks naming
+// shell run under a default that is not built, and a task naming one that
+// is not built stops the stage before any run.
+func TestRunTaskAgent(t *testing.T) {
+	w := newRunWorld(t)
+	ctx := context.Background()
+	v, err := dataset.OpenString(ctx, w.st, w.tasks)
+	require.NoError(t, err)
+	var tasks []records.Task
+	require.NoError(t, v.EachShard(ctx, func(_ int, data []byte) error {
+		return records.EachTask(data, func(tk records.Task) error { tasks = append(tasks, tk); return nil })
+	}))
+	// withAgents writes the tasks with agent columns as a new version.
+	withAgents := func(name string, agents ...string) string {
+		spec := dataset.Spec{Name: name, Kind: records.TasksKind, Identity: dataset.Identity{Stage: "test", CodeVersion: "1"}}
+		wr, err := dataset.NewWriter(ctx, w.st, spec)
+		require.NoError(t, err)
+		rows := slices.Clone(tasks)
+		for i := range rows {
+			rows[i].Agent = &agents[i%len(agents)]
+		}
+		_, err = wr.WriteShard(ctx, int64(len(rows)), nil, func(out io.Writer) error {
+			enc := records.NewTaskEncoder(out)
+			if err := enc.Write(rows...); err != nil {
+				return err
+			}
+			return enc.Close()
+		})
+		require.NoError(t, err)
+		res, err := wr.Commit(ctx, nil)
+		require.NoError(t, err)
+		return res.Ref.String()
+	}
+	model := newScriptedModel(w.set, func(fixtures.Task, int) behaviour { return lookAround })
+	o := w.options(startEngine(t, model.script))
+	o.Samples, o.Agent = 1, "codex"
+
+	o.Tasks = withAgents("tasks-shell", "shell", "Shell")
+	res, err, logs := w.run(t, ctx, "rollout/task-agent", o, nil)
+	require.NoError(t, err, logs)
+	for _, r := range readRollouts(t, w.st, res.Rollouts.Ref) {
+		assert.Equal(t, "shell", r.Agent)
+		assert.Nil(t, r.AbortReason, r.TaskID)
+	}
+
+	o.Agent = "shell"
+	o.Tasks = withAgents("tasks-mixed", "shell", "claude_code")
+	_, err, _ = w.run(t, ctx, "rollout/task-agent-mixed", o, nil)
+	assert.Equal(t, 2, stagecmd.ExitCode(err), "%v", err)
+	assert.ErrorContains(t, err, `harness "claude-code" is not built yet`)
 }
