@@ -156,10 +156,17 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 		row.AgentExitCode = sandbox.BudgetExceeded
 	}
 	// The agent is gone (its process tree is killed at the budget); what
-	// it left running in the background is killed too (best effort: a
-	// sandbox at its pids limit may not start the kill), so the workspace
-	// no longer changes under the capture.
-	_, _ = sb.Exec(rctx, sandbox.Cmd{Shell: "kill -KILL -1 2>/dev/null; true", User: sandbox.Agent, Timeout: 10 * time.Second})
+	// it left running in the background is killed too, so the workspace no
+	// longer changes under the capture. A sandbox at its pids limit (a
+	// fork bomb) may fail to start the kill: it is tried again for a few
+	// seconds, then the capture goes ahead (and may fail the same way).
+	for try := 0; try < 30 && rctx.Err() == nil; try++ {
+		_, err := sb.Exec(rctx, sandbox.Cmd{Shell: "kill -KILL -1 2>/dev/null; kill -KILL -1 2>/dev/null; true", User: sandbox.Agent, Timeout: 10 * time.Second})
+		if err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	patch, err := workspace.Diff(rctx, sb, j.workdir, baseline)
 	if err != nil {
 		if rctx.Err() != nil {
