@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kilnrl/kiln/internal/agent/shellagent"
 	"github.com/kilnrl/kiln/internal/sandbox"
 )
 
@@ -97,6 +98,10 @@ func New(name string, o Options) (Harness, error) {
 	case ShellName:
 		bin, err := FindShellAgent(o.ShellAgent)
 		if err != nil {
+			return nil, err
+		}
+		// The binary runs in images that may have no libc.
+		if err := shellagent.CheckStatic(bin); err != nil {
 			return nil, err
 		}
 		return &Shell{Binary: bin, MaxTurns: o.MaxTurns, CommandTimeout: o.CommandTimeout}, nil
