@@ -1,0 +1,120 @@
+"""The tiny Qwen3 checkpoint loads through transformers' Auto classes and
+renders conversations with the real Qwen3 chat template (docs/train.md §5)."""
+
+import hashlib
+import json
+
+import torch
+
+from kiln_gpu.tiny import build
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+        },
+    }
+]
+
+CONVERSATION = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": "Fix the failing test."},
+    {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "Look at the tests first.",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "bash", "arguments": {"cmd": "ls"}}},
+            {"type": "function", "function": {"name": "bash", "arguments": {"cmd": "cat test.py"}}},
+        ],
+    },
+    {"role": "tool", "content": "test.py"},
+    {"role": "tool", "content": "assert 1 == 2"},
+    {"role": "assistant", "content": "The assertion is wrong.", "reasoning_content": "1 is not 2."},
+]
+
+RENDERED = (
+    "<|im_start|>system\nYou are a coding agent.\n\n# Tools\n\nYou may call one or more functions to assist"
+    " with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n"
+    '<tools>\n{"type": "function", "function": {"name": "bash", "description": "Run a shell command", '
+    '"parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}\n'
+    "</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+    "<args-json-object>}\n</tool_call><|im_end|>\n"
+    "<|im_start|>user\nFix the failing test.<|im_end|>\n"
+    "<|im_start|>assistant\n<think>\nLook at the tests first.\n</think>\n\n"
+    '<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "bash", "arguments": {"cmd": "cat test.py"}}\n</tool_call><|im_end|>\n'
+    "<|im_start|>user\n<tool_response>\ntest.py\n</tool_response>\n"
+    "<tool_response>\nassert 1 == 2\n</tool_response><|im_end|>\n"
+    "<|im_start|>assistant\n<think>\n1 is not 2.\n</think>\n\nThe assertion is wrong.<|im_end|>\n"
+)
+
+
+def test_layout(tiny_checkpoint):
+    names = sorted(p.name for p in tiny_checkpoint.iterdir())
+    assert names == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    cfg = json.loads((tiny_checkpoint / "config.json").read_text())
+    assert cfg["model_type"] == "qwen3" and cfg["architectures"] == ["Qwen3ForCausalLM"]
+
+
+def test_loads_with_auto_classes_and_runs(tiny_checkpoint):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    assert tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<think>", "<tool_call>"]) == [
+        151644,
+        151645,
+        151667,
+        151657,
+    ]
+    assert tok.eos_token == "<|im_end|>"
+    ids = tok("def f(x):\n    return x", add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == "def f(x):\n    return x"
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits
+    assert logits.shape == (1, len(ids), 151936)
+    assert torch.isfinite(logits).all()
+
+
+def test_same_seed_same_weights(tiny_checkpoint, qwen3_tokenizer_dir, tmp_path):
+    again = build(tmp_path / "again", qwen3_tokenizer_dir, seed=0)
+    other = build(tmp_path / "other", qwen3_tokenizer_dir, seed=1)
+    digest = lambda p: hashlib.sha256((p / "model.safetensors").read_bytes()).hexdigest()  # noqa: E731
+    assert digest(again) == digest(tiny_checkpoint)
+    assert digest(other) != digest(tiny_checkpoint)
+
+
+def test_chat_template_tools_reasoning_tool_calls(tiny_checkpoint):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    text = tok.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=False)
+    assert text == RENDERED
+    # The prompt for the next turn ends with the assistant header.
+    prompt = tok.apply_chat_template(CONVERSATION[:5], tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert prompt == RENDERED[: RENDERED.index("<think>\n1 is not 2.")]
+    # enable_thinking=False (a chat_template_kwargs) renders an empty think block.
+    plain = tok.apply_chat_template(
+        CONVERSATION[:2], tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
+    assert plain.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    # Reasoning of turns before the last user query is not rendered.
+    later = CONVERSATION + [{"role": "user", "content": "Thanks."}]
+    assert "Look at the tests first." not in tok.apply_chat_template(later, tools=TOOLS, tokenize=False)
+    # The special tokens are single ids: encoding the text never splits them.
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert ids.count(151644) == text.count("<|im_start|>") == 5
+    assert ids.count(151657) == text.count("<tool_call>") == 4  # 2 in the system prompt, 2 calls
+    assert tok.decode(ids) == text
