@@ -13,7 +13,7 @@ BUNDLES ?= $(DEMO)/bundles
 KILN_BENCH_TOKENS ?= 100000000
 export KILN_BENCH_TOKENS
 
-.PHONY: all build deps test test-short bench bench-ci demo demo-grade vet clean
+.PHONY: all build deps test test-gpu test-short bench bench-ci demo demo-grade vet clean
 
 all: build
 
@@ -33,15 +33,22 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt needed'; exit 1; }
 
-# The whole suite, both store back ends (S3 against a real versitygw). The S3
-# conformance suite runs verbosely so the log shows which server it ran on and
-# its known deviations; only the passing subtests' result lines are left out,
-# so a failure's log lines (which -v prints before its --- FAIL), panics and
-# the server's output stay.
-test: deps vet
+# The whole suite: gpu/'s tests (test-gpu), then Go's on both store back
+# ends (S3 against a real versitygw). The S3 conformance suite runs verbosely
+# so the log shows which server it ran on and its known deviations; only the
+# passing subtests' result lines are left out, so a failure's log lines (which
+# -v prints before its --- FAIL), panics and the server's output stay.
+test: deps vet test-gpu
 	$(GO) test -count=1 -timeout 30m -skip '^TestS3Conformance$$' ./...
 	$(GO) test -count=1 -timeout 10m -run '^TestS3Conformance$$' -v ./formats/store 2>&1 \
 		| grep -vE '^ *--- PASS: ' ; test $${PIPESTATUS[0]} -eq 0
+
+# gpu/, the PyTorch side (docs/train.md §1): installs its virtual environment
+# and the Qwen3 tokenizer (cached in ~/.cache/kiln), then runs its pytest
+# suite. Any pytest failure fails, exit 5 (no tests collected) included.
+test-gpu:
+	scripts/install-gpu-deps.sh
+	cd gpu && "$$(cat $(HOME)/.cache/kiln/gpu-venv-current)/bin/python" -m pytest -q -p no:cacheprovider tests
 
 test-short:
 	$(GO) test -count=1 ./...

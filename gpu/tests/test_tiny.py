@@ -118,3 +118,21 @@ def test_chat_template_tools_reasoning_tool_calls(tiny_checkpoint):
     assert ids.count(151644) == text.count("<|im_start|>") == 5
     assert ids.count(151657) == text.count("<tool_call>") == 4  # 2 in the system prompt, 2 calls
     assert tok.decode(ids) == text
+
+
+def test_token_logprobs_match_transformers_loss(tiny_checkpoint):
+    """The shift of docs/train.md §2 is the one transformers' own causal-LM
+    loss uses: its mean cross-entropy is minus the mean token logprob."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kiln_gpu.loss import token_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    text = tok.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=False)
+    ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        out = model(ids, labels=ids)
+    lp = token_logprobs(out.logits, ids)
+    assert lp.shape == (1, ids.shape[1] - 1)
+    assert torch.allclose(-lp.mean(), out.loss, atol=1e-5)
