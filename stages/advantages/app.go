@@ -9,12 +9,13 @@ import (
 // App is the kiln-advantages binary on env: the advantages run itself,
 // and the select and stats subcommands.
 func App(env *stagecmd.Env) *cli.App {
+	f := &Flags{}
 	return env.App(&cli.App{
 		Name:        "kiln-advantages",
 		Usage:       "per-segment advantages from per-rollout group statistics",
 		Description: Help,
-		Flags:       Flags(),
+		Flags:       f.Flags(),
 		Commands:    Commands(env),
-		Action:      func(c *cli.Context) error { return Action(c, env) },
+		Action:      func(c *cli.Context) error { return Action(c, env, f) },
 	})
 }

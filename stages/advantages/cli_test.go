@@ -17,10 +17,7 @@ import (
 // app is kiln-advantages as cmd/kiln-advantages builds it, on buffers.
 func app(stdout, stderr *bytes.Buffer) *cli.App {
 	env := &stagecmd.Env{Stdout: stdout, Stderr: stderr, Log: stagecmd.NewLogger(stderr, false)}
-	return stagecmd.CommonApp(&cli.App{
-		Name: "kiln-advantages", Description: Help, Flags: Flags(), Commands: Commands(env),
-		Action: func(c *cli.Context) error { return Action(c, env) },
-	}, stdout, stderr)
+	return App(env)
 }
 
 func TestCLI(t *testing.T) {

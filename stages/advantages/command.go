@@ -27,20 +27,30 @@ const codeVersion = "1"
 // shardRows bounds one advantages shard.
 const shardRows = 4 << 20
 
-// Flags are the flags of kiln-advantages itself (the compute command).
-func Flags() []cli.Flag {
+// Flags is what the flags of kiln-advantages itself (the compute command)
+// set: the run's options before parsing, the output name and
+// --print-version.
+type Flags struct {
+	Trajectories, Grades, Out, Estimator, InfraFailures string
+	StdEps                                              float64
+	MinGroupSize                                        int
+	DropUniform, DropTruncated, PrintVersion            bool
+}
+
+// Flags are the flags of kiln-advantages itself, bound to the fields of f.
+func (f *Flags) Flags() []cli.Flag {
 	return []cli.Flag{
 		stagecmd.StoreFlag(),
-		&cli.StringFlag{Name: "trajectories", Value: "trajectories", Usage: "trajectories dataset: the segments to train (name or name@version)"},
-		&cli.StringFlag{Name: "grades", Value: "grades", Usage: "grades dataset of the same rollouts (kiln-grade): the only source of rewards"},
-		&cli.StringFlag{Name: "out", Value: "advantages", Usage: "dataset name to write"},
-		&cli.StringFlag{Name: "estimator", Value: string(GRPO), Usage: "grpo, dr-grpo, rloo, reinforce-baseline or raw"},
-		&cli.Float64Flag{Name: "std-eps", Value: 1e-6, Usage: "grpo: the epsilon added to the group's std"},
-		&cli.StringFlag{Name: "infra-failures", Value: string(InfraExclude), Usage: "rollouts whose grade is not about the patch (infra_error, aborted, no_grading): zero, exclude or drop-group"},
-		&cli.IntFlag{Name: "min-group-size", Value: 2, Usage: "drop a group left with fewer rollouts in its statistics"},
-		&cli.BoolFlag{Name: "drop-uniform", Usage: "drop groups without reward variance (DAPO dynamic sampling)"},
-		&cli.BoolFlag{Name: "drop-truncated", Usage: "drop rollouts with a truncated segment (the context or output limit cut them)"},
-		stagecmd.PrintVersionFlag(),
+		&cli.StringFlag{Name: "trajectories", Value: "trajectories", Destination: &f.Trajectories, Usage: "trajectories dataset: the segments to train (name or name@version)"},
+		&cli.StringFlag{Name: "grades", Value: "grades", Destination: &f.Grades, Usage: "grades dataset of the same rollouts (kiln-grade): the only source of rewards"},
+		&cli.StringFlag{Name: "out", Value: "advantages", Destination: &f.Out, Usage: "dataset name to write"},
+		&cli.StringFlag{Name: "estimator", Value: string(GRPO), Destination: &f.Estimator, Usage: "grpo, dr-grpo, rloo, reinforce-baseline or raw"},
+		&cli.Float64Flag{Name: "std-eps", Value: 1e-6, Destination: &f.StdEps, Usage: "grpo: the epsilon added to the group's std"},
+		&cli.StringFlag{Name: "infra-failures", Value: string(InfraExclude), Destination: &f.InfraFailures, Usage: "rollouts whose grade is not about the patch (infra_error, aborted, no_grading): zero, exclude or drop-group"},
+		&cli.IntFlag{Name: "min-group-size", Value: 2, Destination: &f.MinGroupSize, Usage: "drop a group left with fewer rollouts in its statistics"},
+		&cli.BoolFlag{Name: "drop-uniform", Destination: &f.DropUniform, Usage: "drop groups without reward variance (DAPO dynamic sampling)"},
+		&cli.BoolFlag{Name: "drop-truncated", Destination: &f.DropTruncated, Usage: "drop rollouts with a truncated segment (the context or output limit cut them)"},
+		stagecmd.PrintVersionFlag(&f.PrintVersion),
 	}
 }
 
@@ -98,15 +108,15 @@ func Commands(env *stagecmd.Env) []*cli.Command {
 }
 
 // Action runs the compute command from parsed flags.
-func Action(c *cli.Context, env *stagecmd.Env) error {
+func Action(c *cli.Context, env *stagecmd.Env, f *Flags) error {
 	if c.NArg() != 0 {
 		return stagecmd.Usagef("kiln-advantages takes no arguments, got %q; see --help (subcommands: select, stats)", c.Args().First())
 	}
-	est, err := ParseEstimator(c.String("estimator"))
+	est, err := ParseEstimator(f.Estimator)
 	if err != nil {
 		return stagecmd.UsageError{Err: err}
 	}
-	infra, err := ParseInfraPolicy(c.String("infra-failures"))
+	infra, err := ParseInfraPolicy(f.InfraFailures)
 	if err != nil {
 		return stagecmd.UsageError{Err: err}
 	}
@@ -114,11 +124,11 @@ func Action(c *cli.Context, env *stagecmd.Env) error {
 	if err != nil {
 		return err
 	}
-	o := RunOptions{Trajectories: c.String("trajectories"), Grades: c.String("grades"), Options: Options{
-		Estimator: est, StdEps: c.Float64("std-eps"), Infra: infra, MinGroupSize: c.Int("min-group-size"),
-		DropUniform: c.Bool("drop-uniform"), DropTruncated: c.Bool("drop-truncated"),
+	o := RunOptions{Trajectories: f.Trajectories, Grades: f.Grades, Options: Options{
+		Estimator: est, StdEps: f.StdEps, Infra: infra, MinGroupSize: f.MinGroupSize,
+		DropUniform: f.DropUniform, DropTruncated: f.DropTruncated,
 	}}
-	out := stagecmd.Output{Name: c.String("out"), PrintVersion: c.Bool("print-version"), Hook: env.Hook}
+	out := stagecmd.Output{Name: f.Out, PrintVersion: f.PrintVersion, Hook: env.Hook}
 	_, err = Run(c.Context, env, st, out, o)
 	return err
 }

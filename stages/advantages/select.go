@@ -31,17 +31,22 @@ Example:
 
 // SelectCommand is kiln-advantages select.
 func SelectCommand(env *stagecmd.Env) *cli.Command {
+	var f struct {
+		grades, tasks, out string
+		minSamples         int
+		printVersion       bool
+	}
 	return &cli.Command{
 		Name:        "select",
 		Usage:       "write the tasks whose samples both pass and fail",
 		Description: SelectHelp,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
-			&cli.StringFlag{Name: "grades", Value: "grades", Usage: "grades dataset of samples of the tasks"},
-			&cli.StringFlag{Name: "tasks", Value: "tasks", Usage: "the tasks dataset the grades were graded against"},
-			&cli.IntFlag{Name: "min-samples", Value: 8, Usage: "gradeable samples a task needs to be judged"},
-			&cli.StringFlag{Name: "out", Usage: "tasks dataset name to write (required)"},
-			stagecmd.PrintVersionFlag(),
+			&cli.StringFlag{Name: "grades", Value: "grades", Destination: &f.grades, Usage: "grades dataset of samples of the tasks"},
+			&cli.StringFlag{Name: "tasks", Value: "tasks", Destination: &f.tasks, Usage: "the tasks dataset the grades were graded against"},
+			&cli.IntFlag{Name: "min-samples", Value: 8, Destination: &f.minSamples, Usage: "gradeable samples a task needs to be judged"},
+			&cli.StringFlag{Name: "out", Destination: &f.out, Usage: "tasks dataset name to write (required)"},
+			stagecmd.PrintVersionFlag(&f.printVersion),
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 0 {
@@ -51,8 +56,8 @@ func SelectCommand(env *stagecmd.Env) *cli.Command {
 			if err != nil {
 				return err
 			}
-			out := stagecmd.Output{Name: c.String("out"), PrintVersion: c.Bool("print-version"), Hook: env.Hook}
-			_, err = Select(c.Context, env, st, out, c.String("grades"), c.String("tasks"), c.Int("min-samples"))
+			out := stagecmd.Output{Name: f.out, PrintVersion: f.printVersion, Hook: env.Hook}
+			_, err = Select(c.Context, env, st, out, f.grades, f.tasks, f.minSamples)
 			return err
 		},
 	}
@@ -173,13 +178,14 @@ Example:
 
 // StatsCommand is kiln-advantages stats.
 func StatsCommand(env *stagecmd.Env) *cli.Command {
+	var grades string
 	return &cli.Command{
 		Name:        "stats",
 		Usage:       "print a grades version's reward statistics and pass@k",
 		Description: StatsHelp,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
-			&cli.StringFlag{Name: "grades", Value: "grades", Usage: "grades dataset (name or name@version)"},
+			&cli.StringFlag{Name: "grades", Value: "grades", Destination: &grades, Usage: "grades dataset (name or name@version)"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 0 {
@@ -189,7 +195,7 @@ func StatsCommand(env *stagecmd.Env) *cli.Command {
 			if err != nil {
 				return err
 			}
-			return Stats(c.Context, env.Stdout, st, c.String("grades"))
+			return Stats(c.Context, env.Stdout, st, grades)
 		},
 	}
 }
