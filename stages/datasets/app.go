@@ -14,7 +14,7 @@ func Stages() []Stage {
 	return []Stage{
 		{"convert", "convert coding-RL datasets (MiMo, SWE-bench, SWE-bench Pro, f2p) into tasks"},
 		{"images", "import task images into rootfs bundles on a sandbox node (import, gc)"},
-		{"rollout", "run agents and record token-exact trajectories (adapter, assemble)"},
+		{"rollout", "run coding agents in sandboxes and record rollouts and token-exact trajectories (run, check, adapter, assemble)"},
 		{"grade", "grade patches with the tasks' official tests in fresh sandboxes"},
 		{"advantages", "per-segment advantages from grades; select learnable tasks; stats"},
 	}
