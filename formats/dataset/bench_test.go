@@ -104,7 +104,7 @@ func encodeSegments(segs []records.Trajectory, opts records.ArrowOptions) func(i
 // kilnWrite commits the shards as one version and returns it.
 func kilnWrite(b *testing.B, st store.Store, name string, shards [][]records.Trajectory) *dataset.Version {
 	ctx := context.Background()
-	w, err := dataset.NewWriter(ctx, st, dataset.Spec{Name: name, Kind: records.TrajectoriesKind,
+	w, err := dataset.NewWriter(ctx, st, dataset.Spec{Name: name, Kind: records.TrajectoriesKind(),
 		Identity: dataset.Identity{Stage: "bench", CodeVersion: "1"}})
 	require.NoError(b, err)
 	for _, segs := range shards {

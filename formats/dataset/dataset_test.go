@@ -49,7 +49,7 @@ func encodeTasks(ts []records.Task) func(io.Writer) error {
 }
 
 func spec(name string, args map[string]any, part dataset.Part) dataset.Spec {
-	return dataset.Spec{Name: name, Kind: records.TasksKind, Part: part, Build: "test",
+	return dataset.Spec{Name: name, Kind: records.TasksKind(), Part: part, Build: "test",
 		Identity: dataset.Identity{Stage: "test", CodeVersion: "1", Args: args}}
 }
 
@@ -105,7 +105,7 @@ func TestWriteCommitRead(t *testing.T) {
 		assert.Equal(t, int64(5), v.Rows)
 		assert.Len(t, v.Shards, 2)
 		assert.Equal(t, "tasks", v.Manifest.Kind)
-		assert.Equal(t, records.TasksKind.Fingerprint(), v.Schema)
+		assert.Equal(t, records.TasksKind().Fingerprint(), v.Schema)
 		assert.Equal(t, "test", v.Producer.Stage)
 		assert.Equal(t, float64(5), v.Metrics["rows"])
 		assert.WithinDuration(t, time.Now(), v.Committed, time.Minute)

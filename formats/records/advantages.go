@@ -40,7 +40,9 @@ var advantageSchema = arrow.NewSchema([]arrow.Field{
 }, nil)
 
 // AdvantagesKind is the advantages record kind.
-var AdvantagesKind = Kind{
+func AdvantagesKind() Kind { return advantagesKind }
+
+var advantagesKind = Kind{
 	Name:     "advantages",
 	Encoding: Arrow,
 	Ext:      ".arrow",

@@ -52,7 +52,7 @@ func TestIndependentReadersAdvantages(t *testing.T) {
 		assert.False(t, got.Fields[i].Nullable)
 	}
 	var kiln []map[string]any
-	require.NoError(t, records.AdvantagesKind.EachJSON(buf.Bytes(), func(row json.RawMessage) error {
+	require.NoError(t, records.AdvantagesKind().EachJSON(buf.Bytes(), func(row json.RawMessage) error {
 		var m map[string]any
 		if err := json.Unmarshal(row, &m); err != nil {
 			return err

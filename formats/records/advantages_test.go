@@ -27,7 +27,7 @@ func TestAdvantagesRoundTrip(t *testing.T) {
 		require.NoError(t, EachAdvantage(buf.Bytes(), func(a *Advantage) error { got = append(got, *a); return nil }))
 		assert.Equal(t, want, got, "options %+v", opts)
 		var rows []json.RawMessage
-		require.NoError(t, AdvantagesKind.EachJSON(buf.Bytes(), func(r json.RawMessage) error { rows = append(rows, r); return nil }))
+		require.NoError(t, AdvantagesKind().EachJSON(buf.Bytes(), func(r json.RawMessage) error { rows = append(rows, r); return nil }))
 		require.Len(t, rows, 3)
 		assert.JSONEq(t, `{"rollout_id":4,"segment":0,"group_index":7,"advantage":-0.8660239037870368,"rollout_trained_tokens":2,"reward":0}`, string(rows[2]))
 	}

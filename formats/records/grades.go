@@ -65,7 +65,9 @@ type Grade struct {
 var gradeJSONColumns = map[string]bool{"tests": true}
 
 // GradesKind is the grades record kind.
-var GradesKind = Kind{
+func GradesKind() Kind { return gradesKind }
+
+var gradesKind = Kind{
 	Name:     "grades",
 	Encoding: Parquet,
 	Ext:      ".parquet",

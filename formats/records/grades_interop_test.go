@@ -41,7 +41,7 @@ func TestIndependentReadersGradesRollouts(t *testing.T) {
 			}
 			return enc.Close()
 		},
-		view: records.GradesKind.EachJSON,
+		view: records.GradesKind().EachJSON,
 	}, {
 		name: "rollouts",
 		encode: func(b *bytes.Buffer) error {
@@ -56,7 +56,7 @@ func TestIndependentReadersGradesRollouts(t *testing.T) {
 			}
 			return enc.Close()
 		},
-		view: records.RolloutsKind.EachJSON,
+		view: records.RolloutsKind().EachJSON,
 	}}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -30,7 +30,7 @@ func TestGradesRoundTrip(t *testing.T) {
 
 	// The JSON view embeds tests and keeps schema order.
 	var views []json.RawMessage
-	require.NoError(t, GradesKind.EachJSON(buf.Bytes(), func(row json.RawMessage) error {
+	require.NoError(t, GradesKind().EachJSON(buf.Bytes(), func(row json.RawMessage) error {
 		views = append(views, append(json.RawMessage(nil), row...))
 		return nil
 	}))
@@ -41,7 +41,7 @@ func TestGradesRoundTrip(t *testing.T) {
 
 	k, err := Lookup("grades")
 	require.NoError(t, err)
-	assert.Equal(t, GradesKind.Fingerprint(), k.Fingerprint())
+	assert.Equal(t, GradesKind().Fingerprint(), k.Fingerprint())
 }
 
 func TestGradeValidate(t *testing.T) {
@@ -92,7 +92,7 @@ func TestRolloutsRoundTrip(t *testing.T) {
 	assert.Equal(t, rows, got)
 
 	var first json.RawMessage
-	require.NoError(t, RolloutsKind.EachJSON(buf.Bytes(), func(row json.RawMessage) error {
+	require.NoError(t, RolloutsKind().EachJSON(buf.Bytes(), func(row json.RawMessage) error {
 		if first == nil {
 			first = append(json.RawMessage(nil), row...)
 		}

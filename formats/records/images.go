@@ -46,7 +46,9 @@ type Image struct {
 var imageJSONColumns = map[string]bool{"env": true, "command": true}
 
 // ImagesKind is the images record kind.
-var ImagesKind = Kind{
+func ImagesKind() Kind { return imagesKind }
+
+var imagesKind = Kind{
 	Name:     "images",
 	Encoding: Parquet,
 	Ext:      ".parquet",

@@ -25,13 +25,13 @@ func TestImagesRoundTrip(t *testing.T) {
 	assert.Equal(t, rows, got)
 
 	var views []string
-	require.NoError(t, ImagesKind.EachJSON(buf.Bytes(), func(row json.RawMessage) error { views = append(views, string(row)); return nil }))
+	require.NoError(t, ImagesKind().EachJSON(buf.Bytes(), func(row json.RawMessage) error { views = append(views, string(row)); return nil }))
 	assert.Equal(t, `{"image":"b","digest":"sha256:`+string(bytes.Repeat([]byte("b"), 64))+`","bundle":"sha256/bb","env":{},"workdir":null,"config_workdir":"/srv","command":[],"source":"registry","size_bytes":0,"files":0,"env_path_prepend":null}`, views[1])
 	assert.Contains(t, views[0], `"env":{"PATH":"/usr/bin","LANG":"C"}`, "env embedded, key order kept")
 
 	k, err := Lookup("images")
 	require.NoError(t, err)
-	assert.Equal(t, ImagesKind.Fingerprint(), k.Fingerprint())
+	assert.Equal(t, ImagesKind().Fingerprint(), k.Fingerprint())
 }
 
 func TestImagesValidate(t *testing.T) {

@@ -40,13 +40,13 @@ func (k Kind) Fingerprint() string {
 
 func kinds() map[string]Kind {
 	return map[string]Kind{
-		TasksKind.Name:        TasksKind,
-		TrajectoriesKind.Name: TrajectoriesKind,
-		TurnsKind.Name:        TurnsKind,
-		ImagesKind.Name:       ImagesKind,
-		GradesKind.Name:       GradesKind,
-		RolloutsKind.Name:     RolloutsKind,
-		AdvantagesKind.Name:   AdvantagesKind,
+		TasksKind().Name:        TasksKind(),
+		TrajectoriesKind().Name: TrajectoriesKind(),
+		TurnsKind().Name:        TurnsKind(),
+		ImagesKind().Name:       ImagesKind(),
+		GradesKind().Name:       GradesKind(),
+		RolloutsKind().Name:     RolloutsKind(),
+		AdvantagesKind().Name:   AdvantagesKind(),
 	}
 }
 

@@ -42,7 +42,9 @@ type Rollout struct {
 }
 
 // RolloutsKind is the rollouts record kind.
-var RolloutsKind = Kind{
+func RolloutsKind() Kind { return rolloutsKind }
+
+var rolloutsKind = Kind{
 	Name:     "rollouts",
 	Encoding: Parquet,
 	Ext:      ".parquet",

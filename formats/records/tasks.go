@@ -42,7 +42,9 @@ type Task struct {
 var taskJSONColumns = map[string]bool{"prompt": true, "pre_commands": true, "grading": true, "metadata": true, "label": true, "extra": true}
 
 // TasksKind is the tasks record kind.
-var TasksKind = Kind{
+func TasksKind() Kind { return tasksKind }
+
+var tasksKind = Kind{
 	Name:     "tasks",
 	Encoding: Parquet,
 	Ext:      ".parquet",

@@ -123,5 +123,5 @@ func TestKindsLookup(t *testing.T) {
 	assert.Regexp(t, `^sha256:[0-9a-f]{64}$`, k.Fingerprint())
 	_, err = Lookup("bogus")
 	assert.ErrorContains(t, err, `unknown record kind "bogus"`)
-	assert.NotEqual(t, TasksKind.Fingerprint(), TrajectoriesKind.Fingerprint())
+	assert.NotEqual(t, TasksKind().Fingerprint(), TrajectoriesKind().Fingerprint())
 }

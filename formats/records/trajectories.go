@@ -54,7 +54,9 @@ var trajectorySchema = arrow.NewSchema(fieldsWithReplay([]arrow.Field{
 }), nil)
 
 // TrajectoriesKind is the trajectories record kind.
-var TrajectoriesKind = Kind{
+func TrajectoriesKind() Kind { return trajectoriesKind }
+
+var trajectoriesKind = Kind{
 	Name:     "trajectories",
 	Encoding: Arrow,
 	Ext:      ".arrow",

@@ -54,7 +54,7 @@ func TestTrajectoryJSONView(t *testing.T) {
 	require.NoError(t, enc.Write(sampleTrajectories()...))
 	require.NoError(t, enc.Close())
 	var rows []json.RawMessage
-	require.NoError(t, TrajectoriesKind.EachJSON(buf.Bytes(), func(r json.RawMessage) error { rows = append(rows, r); return nil }))
+	require.NoError(t, TrajectoriesKind().EachJSON(buf.Bytes(), func(r json.RawMessage) error { rows = append(rows, r); return nil }))
 	require.Len(t, rows, 2)
 	assert.Contains(t, string(rows[1]), `"rollout_topk_k":2`)
 }

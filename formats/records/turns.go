@@ -62,7 +62,9 @@ var turnSchema = arrow.NewSchema(fieldsWithReplay([]arrow.Field{
 ), nil)
 
 // TurnsKind is the turns record kind.
-var TurnsKind = Kind{
+func TurnsKind() Kind { return turnsKind }
+
+var turnsKind = Kind{
 	Name:     "turns",
 	Encoding: Arrow,
 	Ext:      ".arrow",

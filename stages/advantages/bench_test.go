@@ -45,7 +45,7 @@ func benchWorld(b *testing.B, n int) (store.Store, dataset.Ref, dataset.Ref) {
 		require.NoError(b, err)
 		return w
 	}
-	tw, gw := mk("trajectories", records.TrajectoriesKind), mk("grades", records.GradesKind)
+	tw, gw := mk("trajectories", records.TrajectoriesKind()), mk("grades", records.GradesKind())
 	const tokens, resp = 48, 24
 	mask := make([]uint8, resp)
 	lps := make([]float32, resp)

@@ -158,17 +158,17 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 	if err != nil {
 		return dataset.Result{}, err
 	}
-	out.Kind = records.AdvantagesKind
+	out.Kind = records.AdvantagesKind()
 	out.Identity = dataset.Identity{Stage: "advantages", CodeVersion: codeVersion, Inputs: inputs, Args: map[string]any{
 		"estimator": string(o.Estimator), "std_eps": o.StdEps, "infra_failures": string(o.Infra),
 		"min_group_size": o.MinGroupSize, "drop_uniform": o.DropUniform, "drop_truncated": o.DropTruncated,
 	}}
 	return stagecmd.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
-		tv, err := openKind(ctx, st, inputs[0], records.TrajectoriesKind, "--trajectories")
+		tv, err := openKind(ctx, st, inputs[0], records.TrajectoriesKind(), "--trajectories")
 		if err != nil {
 			return nil, err
 		}
-		gv, err := openKind(ctx, st, inputs[1], records.GradesKind, "--grades")
+		gv, err := openKind(ctx, st, inputs[1], records.GradesKind(), "--grades")
 		if err != nil {
 			return nil, err
 		}
@@ -358,7 +358,7 @@ func tasksLineage(ctx context.Context, st store.Store, v *dataset.Version) (map[
 			if err != nil {
 				return nil, fmt.Errorf("reading the lineage of %s: %w", v.Ref(), err)
 			}
-			if iv.Kind().Name == records.TasksKind.Name {
+			if iv.Kind().Name == records.TasksKind().Name {
 				found[in.String()] = true
 				continue
 			}

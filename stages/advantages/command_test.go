@@ -58,7 +58,7 @@ func commitTasks(t *testing.T, st store.Store, name string, ids ...string) datas
 	for i, id := range ids {
 		tasks = append(tasks, records.Task{TaskID: id, TaskIndex: int64(i), Prompt: `"fix it"`, Metadata: "{}"})
 	}
-	return commitRows(t, st, name, records.TasksKind, nil, len(tasks), func(out io.Writer) error {
+	return commitRows(t, st, name, records.TasksKind(), nil, len(tasks), func(out io.Writer) error {
 		enc := records.NewTaskEncoder(out)
 		if err := enc.Write(tasks...); err != nil {
 			return err
@@ -68,7 +68,7 @@ func commitTasks(t *testing.T, st store.Store, name string, ids ...string) datas
 }
 
 func commitGrades(t *testing.T, st store.Store, inputs []dataset.Ref, grades []records.Grade) dataset.Ref {
-	return commitRows(t, st, "grades", records.GradesKind, inputs, len(grades), func(out io.Writer) error {
+	return commitRows(t, st, "grades", records.GradesKind(), inputs, len(grades), func(out io.Writer) error {
 		enc := records.NewGradeEncoder(out)
 		if err := enc.Write(grades...); err != nil {
 			return err
@@ -78,7 +78,7 @@ func commitGrades(t *testing.T, st store.Store, inputs []dataset.Ref, grades []r
 }
 
 func commitSegments(t *testing.T, st store.Store, inputs []dataset.Ref, segs []records.Trajectory) dataset.Ref {
-	return commitRows(t, st, "trajectories", records.TrajectoriesKind, inputs, len(segs), func(out io.Writer) error {
+	return commitRows(t, st, "trajectories", records.TrajectoriesKind(), inputs, len(segs), func(out io.Writer) error {
 		enc, err := records.NewTrajectoryEncoder(out, records.ArrowOptions{})
 		if err != nil {
 			return err
@@ -132,7 +132,7 @@ func newWorld(t *testing.T) *world {
 		}
 		grades = append(grades, grade(r, group, ids[group], r%4, w.fixing[r]))
 	}
-	w.rollouts = commitRows(t, st, "rollouts", records.RolloutsKind, []dataset.Ref{w.tasks}, len(rollouts), func(out io.Writer) error {
+	w.rollouts = commitRows(t, st, "rollouts", records.RolloutsKind(), []dataset.Ref{w.tasks}, len(rollouts), func(out io.Writer) error {
 		enc := records.NewRolloutEncoder(out)
 		if err := enc.Write(rollouts...); err != nil {
 			return err
@@ -328,7 +328,7 @@ func commitRawGrades(t *testing.T, w *world, edit func(*records.Grade)) dataset.
 		edit(&g)
 		gs = append(gs, g)
 	}
-	return commitRows(t, w.st, "grades", records.GradesKind, []dataset.Ref{w.tasks, w.rollouts}, len(gs), func(out io.Writer) error {
+	return commitRows(t, w.st, "grades", records.GradesKind(), []dataset.Ref{w.tasks, w.rollouts}, len(gs), func(out io.Writer) error {
 		pw := parquet.NewGenericWriter[records.Grade](out)
 		if _, err := pw.Write(gs); err != nil {
 			return err
@@ -434,7 +434,7 @@ func TestReadSegmentsShardOrder(t *testing.T) {
 	st, err := store.NewLocal(t.TempDir())
 	require.NoError(t, err)
 	ctx := context.Background()
-	w, err := dataset.NewWriter(ctx, st, dataset.Spec{Name: "trajectories", Kind: records.TrajectoriesKind, Identity: dataset.Identity{Stage: "test"}})
+	w, err := dataset.NewWriter(ctx, st, dataset.Spec{Name: "trajectories", Kind: records.TrajectoriesKind(), Identity: dataset.Identity{Stage: "test"}})
 	require.NoError(t, err)
 	var want []Segment
 	for sh := range 7 {

@@ -88,7 +88,7 @@ func TestChainRolloutsGradesAdvantages(t *testing.T) {
 
 	grading, _ := json.Marshal(map[string]string{"kind": "eval_cmd", "eval_cmd": "grep -qx fixed fixed.txt"})
 	gs, image := string(grading), "img:fix"
-	tasks := put(t, st, "tasks", records.TasksKind, nil, 1, func(out io.Writer) error {
+	tasks := put(t, st, "tasks", records.TasksKind(), nil, 1, func(out io.Writer) error {
 		enc := records.NewTaskEncoder(out)
 		if err := enc.Write(records.Task{TaskID: "fixture-fix-001", Prompt: `"fix it"`, Metadata: "{}", Image: &image, Workdir: &repo, Grading: &gs}); err != nil {
 			return err
@@ -97,7 +97,7 @@ func TestChainRolloutsGradesAdvantages(t *testing.T) {
 	})
 	bundles := t.TempDir()
 	require.NoError(t, os.MkdirAll(filepath.Join(bundles, "b1", "rootfs"), 0o755))
-	images := put(t, st, "images", records.ImagesKind, nil, 1, func(out io.Writer) error {
+	images := put(t, st, "images", records.ImagesKind(), nil, 1, func(out io.Writer) error {
 		enc := records.NewImageEncoder(out)
 		if err := enc.Write(records.Image{Image: image, Digest: "sha256:" + strings.Repeat("0", 64), Bundle: "b1", Env: `{"PATH":"/usr/bin:/bin"}`, Command: "[]"}); err != nil {
 			return err
@@ -125,14 +125,14 @@ func TestChainRolloutsGradesAdvantages(t *testing.T) {
 				LossMask: []uint8{1, 0, 1}, RolloutLogProbs: []float32{-0.1, 0, -0.2}})
 		}
 	}
-	rref := put(t, st, "rollouts", records.RolloutsKind, []dataset.Ref{tasks}, len(rollouts), func(out io.Writer) error {
+	rref := put(t, st, "rollouts", records.RolloutsKind(), []dataset.Ref{tasks}, len(rollouts), func(out io.Writer) error {
 		enc := records.NewRolloutEncoder(out)
 		if err := enc.Write(rollouts...); err != nil {
 			return err
 		}
 		return enc.Close()
 	})
-	tref := put(t, st, "trajectories", records.TrajectoriesKind, []dataset.Ref{rref}, len(segs), func(out io.Writer) error {
+	tref := put(t, st, "trajectories", records.TrajectoriesKind(), []dataset.Ref{rref}, len(segs), func(out io.Writer) error {
 		enc, err := records.NewTrajectoryEncoder(out, records.ArrowOptions{})
 		if err != nil {
 			return err

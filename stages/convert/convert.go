@@ -176,7 +176,7 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 	if err != nil {
 		return dataset.Result{}, err
 	}
-	out.Kind = records.TasksKind
+	out.Kind = records.TasksKind()
 	out.Identity = dataset.Identity{Stage: "convert-" + o.Format, CodeVersion: codeVersion, Args: identityArgs(o), External: ext}
 	return stagecmd.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
 		return produce(ctx, env, src, o, out.Part, w)

@@ -209,7 +209,7 @@ func TestLogShowsInputs(t *testing.T) {
 		require.NoError(t, err)
 
 		// A derived version, as a later stage would write it.
-		w, err := dataset.NewWriter(ctx, sc.st, dataset.Spec{Name: "trajectories/step-0", Kind: records.TrajectoriesKind,
+		w, err := dataset.NewWriter(ctx, sc.st, dataset.Spec{Name: "trajectories/step-0", Kind: records.TrajectoriesKind(),
 			Identity: dataset.Identity{Stage: "rollout", CodeVersion: "1", Inputs: []dataset.Ref{in}}})
 		require.NoError(t, err)
 		_, err = w.WriteShard(ctx, 1, nil, func(out io.Writer) error {

@@ -78,7 +78,7 @@ Example:
 }
 
 func exportRows(c *cli.Context, v *dataset.Version, w io.Writer) error {
-	if v.Kind().Name == records.TasksKind.Name {
+	if v.Kind().Name == records.TasksKind().Name {
 		for i := range v.Shards {
 			data, err := v.ReadShard(c.Context, i)
 			if err != nil {

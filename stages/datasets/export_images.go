@@ -36,7 +36,7 @@ func imagesRootFlag(dst *string) cli.Flag {
 // (never the image's WorkingDir) and is left out when the tasks had none,
 // so the consumer's default (/testbed) applies. It returns the entry count.
 func exportImagesJSON(v *dataset.Version, root string, read func(fn func(records.Image) error) error, w io.Writer) (int, error) {
-	if v.Kind().Name != records.ImagesKind.Name {
+	if v.Kind().Name != records.ImagesKind().Name {
 		return 0, stagecmd.Usagef("export: --format %s needs an images dataset, %s is %s", formatImagesJSON, v.Ref(), v.Kind().Name)
 	}
 	if root == "" {

@@ -45,7 +45,7 @@ type importKind struct {
 func importKinds() []importKind {
 	return []importKind{
 		{
-			kind: records.TasksKind, format: "reference-jsonl", shardRows: importShardRows,
+			kind: records.TasksKind(), format: "reference-jsonl", shardRows: importShardRows,
 			usage: "import reference JSONL rows {prompt, label, metadata} as tasks",
 			help: `Reads rows of the reference Python stack, one JSON object per line, and
 writes them as a tasks version. Nothing is lost: metadata keys with a column of
@@ -82,7 +82,7 @@ A duplicate task id is invalid input.`,
 			},
 		},
 		{
-			kind: records.TurnsKind, format: "turns-jsonl", shardRows: importTurnShardRows,
+			kind: records.TurnsKind(), format: "turns-jsonl", shardRows: importTurnShardRows,
 			usage: "import turn records (another system's model calls) as turns",
 			help: `Reads turns as kiln export writes them, one JSON object per line with the
 turns columns as keys (docs/records.md): session, turn, prompt_ids,
@@ -120,7 +120,7 @@ index.`,
 			},
 		},
 		{
-			kind: records.RolloutsKind, format: "rollouts-jsonl", shardRows: importShardRows,
+			kind: records.RolloutsKind(), format: "rollouts-jsonl", shardRows: importShardRows,
 			usage: "import agent runs (rollouts rows) from JSON lines",
 			help: `Reads rollouts as kiln export writes them, one JSON object per line with the
 rollouts columns as keys (docs/records.md): rollout_id, index, group_index,
@@ -142,7 +142,7 @@ artifacts.`,
 			},
 		},
 		{
-			kind: records.GradesKind, format: "grades-jsonl", shardRows: importShardRows,
+			kind: records.GradesKind(), format: "grades-jsonl", shardRows: importShardRows,
 			usage: "import verdicts (an external grader's grades rows) from JSON lines",
 			help: `Reads grades as kiln export writes them, one JSON object per line with the
 grades columns as keys (docs/records.md): rollout_id, index, group_index,

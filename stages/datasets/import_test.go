@@ -33,7 +33,7 @@ func kindFixtures() []struct {
 		encode func(io.Writer) error
 		rows   int64
 	}{
-		{records.TurnsKind, func(w io.Writer) error {
+		{records.TurnsKind(), func(w io.Writer) error {
 			enc, err := records.NewTurnEncoder(w, records.ArrowOptions{})
 			if err != nil {
 				return err
@@ -51,7 +51,7 @@ func kindFixtures() []struct {
 			}
 			return enc.Close()
 		}, 2},
-		{records.RolloutsKind, func(w io.Writer) error {
+		{records.RolloutsKind(), func(w io.Writer) error {
 			enc := records.NewRolloutEncoder(w)
 			if err := enc.Write(
 				records.Rollout{RolloutID: 1, Index: 1, Sample: 0, TaskID: "t-1", Agent: "claude-code", WeightsVersion: "step-3",
@@ -64,7 +64,7 @@ func kindFixtures() []struct {
 			}
 			return enc.Close()
 		}, 2},
-		{records.GradesKind, func(w io.Writer) error {
+		{records.GradesKind(), func(w io.Writer) error {
 			enc := records.NewGradeEncoder(w)
 			if err := enc.Write(
 				records.Grade{RolloutID: 1, Index: 1, TaskID: "t-1", Reward: 1, Applied: true, ApplyMethod: sp("git_apply"), ExitCode: 0,

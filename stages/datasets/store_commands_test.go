@@ -75,8 +75,8 @@ func TestVerify(t *testing.T) {
 		flipped := kiln(t, "import", "tasks", "--store", sc.uri, "--out", "tasks/flipped", rowsFile(t, 2, 3)).LastLine()
 		missing := kiln(t, "import", "tasks", "--store", sc.uri, "--out", "tasks/missing", rowsFile(t, 3, 3)).LastLine()
 		// Shards that hash right but are not what the manifest says.
-		schema := makeVersion(t, sc, "tasks/schema", records.TasksKind, "s", nil, 1, gradesShard(oneGrade("a")), nil)
-		count := makeVersion(t, sc, "grades/count", records.GradesKind, "c", nil, 5, gradesShard(oneGrade("a"), oneGrade("b")), nil)
+		schema := makeVersion(t, sc, "tasks/schema", records.TasksKind(), "s", nil, 1, gradesShard(oneGrade("a")), nil)
+		count := makeVersion(t, sc, "grades/count", records.GradesKind(), "c", nil, 5, gradesShard(oneGrade("a"), oneGrade("b")), nil)
 		badManifest := kiln(t, "import", "tasks", "--store", sc.uri, "--out", "tasks/manifest", rowsFile(t, 4, 1)).LastLine()
 
 		v := manifestOf(t, sc, flipped)
@@ -139,9 +139,9 @@ func TestCat(t *testing.T) {
 	eachStore(t, func(t *testing.T, sc storeCase) {
 		log := `{"cmd": "pytest", "exit": 1}` + "\n" + strings.Repeat("é", 3000) + "\n"
 		g := oneGrade("t-1")
-		ref := makeVersion(t, sc, "grades/step-1", records.GradesKind, "1", nil, 1, gradesShard(g),
+		ref := makeVersion(t, sc, "grades/step-1", records.GradesKind(), "1", nil, 1, gradesShard(g),
 			map[string]string{"logs/t-1.jsonl": log, "logs/t-2.jsonl": "two\n"})
-		other := makeVersion(t, sc, "grades/step-1", records.GradesKind, "2", nil, 1, gradesShard(g), nil)
+		other := makeVersion(t, sc, "grades/step-1", records.GradesKind(), "2", nil, 1, gradesShard(g), nil)
 		key := dataset.AttachmentKey(ref, "logs/t-1.jsonl")
 
 		for _, c := range []struct {
@@ -347,9 +347,9 @@ func TestForget(t *testing.T) {
 		waitTick(sc)
 		r2, _ := dataset.ParseRef(v2)
 		r3, _ := dataset.ParseRef(v3)
-		v4 := makeVersion(t, sc, "tasks", records.GradesKind, "4", []dataset.Ref{r2}, 1, gradesShard(oneGrade("a")),
+		v4 := makeVersion(t, sc, "tasks", records.GradesKind(), "4", []dataset.Ref{r2}, 1, gradesShard(oneGrade("a")),
 			map[string]string{"logs/a.jsonl": "log\n"}).String()
-		rollouts := makeVersion(t, sc, "rollouts/x", records.GradesKind, "x", []dataset.Ref{r3}, 1, gradesShard(oneGrade("a")), nil)
+		rollouts := makeVersion(t, sc, "rollouts/x", records.GradesKind(), "x", []dataset.Ref{r3}, 1, gradesShard(oneGrade("a")), nil)
 		require.Equal(t, v1, kiln(t, "import", "tasks", "--store", sc.uri, file1).LastLine())
 		require.Equal(t, v1, latestVersion(t, sc, "tasks"))
 
@@ -419,7 +419,7 @@ func TestForgetRefusesOnUnreadableLineage(t *testing.T) {
 		a := kiln(t, "import", "tasks", "--store", sc.uri, rowsFile(t, 1, 2)).LastLine()
 		waitTick(sc)
 		kiln(t, "import", "tasks", "--store", sc.uri, rowsFile(t, 2, 2))
-		other := makeVersion(t, sc, "rollouts/x", records.GradesKind, "x", nil, 1, gradesShard(oneGrade("a")), nil)
+		other := makeVersion(t, sc, "rollouts/x", records.GradesKind(), "x", nil, 1, gradesShard(oneGrade("a")), nil)
 		_, err := sc.st.Put(ctx, "rollouts/x/_v/"+other.Version+"/manifest.json", strings.NewReader("{"), 1)
 		require.NoError(t, err)
 		r := kiln(t, "forget", "--store", sc.uri, "--keep-referenced", "--keep-last", "1", "tasks")

@@ -228,7 +228,7 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 		}
 		id.External = []dataset.External{ext}
 	}
-	out.Kind, out.Identity = records.GradesKind, id
+	out.Kind, out.Identity = records.GradesKind(), id
 	return stagecmd.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
 		if fi, err := os.Stat(bundles); err != nil || !fi.IsDir() {
 			return nil, stagecmd.Usagef("--bundles %q is not a directory: pass the bundle root kiln-images unpacked the images into", o.Bundles)
@@ -349,7 +349,7 @@ func planJobs(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles
 		if err != nil {
 			return nil, 0, err
 		}
-		if rv.Kind().Name != records.RolloutsKind.Name {
+		if rv.Kind().Name != records.RolloutsKind().Name {
 			return nil, 0, stagecmd.Usagef("--rollouts %s holds %s records, not rollouts", rv.Ref(), rv.Kind().Name)
 		}
 		seen := map[int64]bool{}

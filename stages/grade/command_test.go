@@ -74,7 +74,7 @@ func newHostWorld(t *testing.T, ids ...string) *hostWorld {
 		tasks = append(tasks, records.Task{TaskID: id, TaskIndex: int64(i), Prompt: `"p"`, Metadata: "{}", Image: &image,
 			Workdir: &repo, Grading: &gs, Split: &split})
 	}
-	w.tasks = commit(t, st, "tasks", records.TasksKind, len(tasks), func(out io.Writer) error {
+	w.tasks = commit(t, st, "tasks", records.TasksKind(), len(tasks), func(out io.Writer) error {
 		enc := records.NewTaskEncoder(out)
 		if err := enc.Write(tasks...); err != nil {
 			return err
@@ -85,7 +85,7 @@ func newHostWorld(t *testing.T, ids ...string) *hostWorld {
 	for _, id := range ids {
 		images = append(images, records.Image{Image: "img:" + id, Digest: testDigest, Bundle: "b1", Env: `{"PATH":"/usr/bin:/bin","LANG":"C"}`, Command: "[]"})
 	}
-	w.images = commit(t, st, "images", records.ImagesKind, len(images), func(out io.Writer) error {
+	w.images = commit(t, st, "images", records.ImagesKind(), len(images), func(out io.Writer) error {
 		enc := records.NewImageEncoder(out)
 		if err := enc.Write(images...); err != nil {
 			return err
@@ -237,7 +237,7 @@ func TestRunBadInputs(t *testing.T) {
 func TestRunImageNotImported(t *testing.T) {
 	w := newHostWorld(t, "a")
 	// Images of another tasks set: task a's image is missing.
-	w.images = commit(t, w.st, "images", records.ImagesKind, 1, func(out io.Writer) error {
+	w.images = commit(t, w.st, "images", records.ImagesKind(), 1, func(out io.Writer) error {
 		enc := records.NewImageEncoder(out)
 		if err := enc.Write(records.Image{Image: "other", Digest: testDigest, Bundle: "b1", Env: "{}", Command: "[]"}); err != nil {
 			return err
@@ -263,7 +263,7 @@ func TestRunRollouts(t *testing.T) {
 		{RolloutID: 11, Index: 11, GroupIndex: 5, Sample: 1, TaskID: "a", Agent: "shell", Patch: "", StartedAt: start, EndedAt: start},
 		{RolloutID: 12, Index: 12, GroupIndex: 6, Sample: 0, TaskID: "b", Agent: "shell", Patch: fixPatch, AbortReason: &abort, StartedAt: start, EndedAt: start},
 	}
-	ref := commit(t, w.st, "rollouts", records.RolloutsKind, len(rows), func(out io.Writer) error {
+	ref := commit(t, w.st, "rollouts", records.RolloutsKind(), len(rows), func(out io.Writer) error {
 		enc := records.NewRolloutEncoder(out)
 		if err := enc.Write(rows...); err != nil {
 			return err

@@ -303,7 +303,7 @@ func TestFixturesGradeRollouts(t *testing.T) {
 
 	st, err := store.Open(w.store)
 	require.NoError(t, err)
-	dw, err := dataset.NewWriter(ctx, st, dataset.Spec{Name: "rollouts/fixtures", Kind: records.RolloutsKind,
+	dw, err := dataset.NewWriter(ctx, st, dataset.Spec{Name: "rollouts/fixtures", Kind: records.RolloutsKind(),
 		Identity: dataset.Identity{Stage: "test", Args: map[string]any{"t": t.Name()}}})
 	require.NoError(t, err)
 	_, err = dw.WriteShard(ctx, int64(len(rows)), nil, func(out io.Writer) error {

@@ -37,7 +37,7 @@ type taskTable struct {
 
 func loadTasks(ctx context.Context, v *dataset.Version) (*taskTable, error) {
 	tt := &taskTable{ref: v.Ref(), byID: map[string]*records.Task{}}
-	if v.Kind().Name != records.TasksKind.Name {
+	if v.Kind().Name != records.TasksKind().Name {
 		return nil, stagecmd.Usagef("--tasks %s holds %s records, not tasks", v.Ref(), v.Kind().Name)
 	}
 	err := v.EachShard(ctx, func(_ int, data []byte) error {
@@ -58,7 +58,7 @@ func loadTasks(ctx context.Context, v *dataset.Version) (*taskTable, error) {
 }
 
 func loadImages(ctx context.Context, v *dataset.Version) (map[string]records.Image, error) {
-	if v.Kind().Name != records.ImagesKind.Name {
+	if v.Kind().Name != records.ImagesKind().Name {
 		return nil, stagecmd.Usagef("--images %s holds %s records, not images", v.Ref(), v.Kind().Name)
 	}
 	out := map[string]records.Image{}

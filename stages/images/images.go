@@ -240,7 +240,7 @@ func runImport(c *cli.Context, env *stagecmd.Env, f *importFlags) error {
 	if err != nil {
 		return err
 	}
-	if v.Kind().Name != records.TasksKind.Name {
+	if v.Kind().Name != records.TasksKind().Name {
 		return stagecmd.Usagef("import: --tasks %s is a %s dataset, want tasks", inputs[0], v.Kind().Name)
 	}
 	tasks, err := readTaskImages(ctx, v)
@@ -279,7 +279,7 @@ func runImport(c *cli.Context, env *stagecmd.Env, f *importFlags) error {
 	}
 	id := dataset.Identity{Stage: "images-import", CodeVersion: importVersion, Inputs: inputs,
 		Args: map[string]any{"sources": srcs, "env_path_prepend": opts.pathPrepend, "images": digests}}
-	out := stagecmd.Output{Name: f.out, Kind: records.ImagesKind, Identity: id, Part: opts.part,
+	out := stagecmd.Output{Name: f.out, Kind: records.ImagesKind(), Identity: id, Part: opts.part,
 		PrintVersion: f.printVersion, Hook: env.Hook}
 	if out.PrintVersion {
 		_, err := stagecmd.Write(ctx, st, out, env.Stdout, env.Log, nil)
@@ -507,7 +507,7 @@ func runGC(c *cli.Context, env *stagecmd.Env, f *gcFlags) error {
 		if err != nil {
 			return err
 		}
-		if v.Kind().Name != records.ImagesKind.Name {
+		if v.Kind().Name != records.ImagesKind().Name {
 			return stagecmd.Usagef("gc: --keep %s is a %s dataset, want images", ref, v.Kind().Name)
 		}
 		err = v.EachShard(c.Context, func(_ int, data []byte) error {

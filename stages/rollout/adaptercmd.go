@@ -293,7 +293,7 @@ func (r recording) commit(ctx context.Context, turns []records.Turn) error {
 	// A recording is unique: its id covers when and which run made it.
 	id := dataset.Identity{Stage: "rollout-adapter", CodeVersion: recordVersion,
 		Args: map[string]any{"recording": time.Now().UTC().Format(time.RFC3339) + "-" + hex.EncodeToString(nonce[:])}}
-	res, err := stagecmd.Write(ctx, r.st, stagecmd.Output{Name: r.out + "/turns", Kind: records.TurnsKind, Identity: id},
+	res, err := stagecmd.Write(ctx, r.st, stagecmd.Output{Name: r.out + "/turns", Kind: records.TurnsKind(), Identity: id},
 		r.env.Stdout, r.env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
 			_, err := w.WriteShard(ctx, int64(len(turns)), nil, func(out io.Writer) error {
 				enc, err := records.NewTurnEncoder(out, records.ArrowOptions{})
@@ -313,7 +313,7 @@ func (r recording) commit(ctx context.Context, turns []records.Turn) error {
 	tid := dataset.Identity{Stage: "rollout-assemble", CodeVersion: assembleVersion,
 		Args:   map[string]any{"fork_merge_max_response_tokens": r.threshold, "uncompressed": false},
 		Inputs: []dataset.Ref{res.Ref}}
-	_, err = writeTrajectories(ctx, r.env, r.st, stagecmd.Output{Name: r.out + "/trajectories", Kind: records.TrajectoriesKind, Identity: tid},
+	_, err = writeTrajectories(ctx, r.env, r.st, stagecmd.Output{Name: r.out + "/trajectories", Kind: records.TrajectoriesKind(), Identity: tid},
 		r.threshold, records.ArrowOptions{}, func(add func(records.Turn) error) error {
 			for _, t := range turns {
 				if err := add(t); err != nil {

@@ -139,7 +139,7 @@ func assemble(c *cli.Context, env *stagecmd.Env, f *assembleFlags) error {
 			return readTurnsJSONL(rc, jsonl, add)
 		}
 	}
-	out := stagecmd.Output{Name: f.out, Kind: records.TrajectoriesKind, Identity: id, Part: part,
+	out := stagecmd.Output{Name: f.out, Kind: records.TrajectoriesKind(), Identity: id, Part: part,
 		PrintVersion: f.printVersion, Hook: env.Hook}
 	_, err = writeTrajectories(ctx, env, st, out, threshold, records.ArrowOptions{Uncompressed: f.uncompressed}, read)
 	return err

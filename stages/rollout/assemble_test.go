@@ -146,7 +146,7 @@ func TestAssembleTurnsDataset(t *testing.T) {
 	dir := t.TempDir()
 	st := mustLocal(t, dir)
 	ctx := context.Background()
-	w, err := dataset.NewWriter(ctx, st, dataset.Spec{Name: "turns/step-0", Kind: records.TurnsKind,
+	w, err := dataset.NewWriter(ctx, st, dataset.Spec{Name: "turns/step-0", Kind: records.TurnsKind(),
 		Identity: dataset.Identity{Stage: "rollout", CodeVersion: "1"}})
 	require.NoError(t, err)
 	var turns []records.Turn

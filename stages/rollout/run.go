@@ -177,9 +177,9 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out RunOutput, 
 	}
 	id := dataset.Identity{Stage: "rollout-run", CodeVersion: runVersion, Inputs: inputs, Args: o.identityArgs()}
 	specs := [3]dataset.Spec{
-		{Name: out.Name + "/rollouts", Kind: records.RolloutsKind},
-		{Name: out.Name + "/turns", Kind: records.TurnsKind},
-		{Name: out.Name + "/trajectories", Kind: records.TrajectoriesKind},
+		{Name: out.Name + "/rollouts", Kind: records.RolloutsKind()},
+		{Name: out.Name + "/turns", Kind: records.TurnsKind()},
+		{Name: out.Name + "/trajectories", Kind: records.TrajectoriesKind()},
 	}
 	for i := range specs {
 		specs[i].Identity, specs[i].Part, specs[i].Build, specs[i].Hook = id, out.Part, stagecmd.Build(), out.Hook
@@ -299,7 +299,7 @@ func planRuns(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles
 	if err != nil {
 		return nil, err
 	}
-	if tv.Kind().Name != records.TasksKind.Name {
+	if tv.Kind().Name != records.TasksKind().Name {
 		return nil, stagecmd.Usagef("--tasks %s holds %s records, not tasks", tv.Ref(), tv.Kind().Name)
 	}
 	var tasks []records.Task
@@ -312,7 +312,7 @@ func planRuns(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles
 	if err != nil {
 		return nil, err
 	}
-	if iv.Kind().Name != records.ImagesKind.Name {
+	if iv.Kind().Name != records.ImagesKind().Name {
 		return nil, stagecmd.Usagef("--images %s holds %s records, not images", iv.Ref(), iv.Kind().Name)
 	}
 	images := map[string]records.Image{}

@@ -459,7 +459,7 @@ func TestRunTaskAgent(t *testing.T) {
 	}))
 	// withAgents writes the tasks with agent columns as a new version.
 	withAgents := func(name string, agents ...string) string {
-		spec := dataset.Spec{Name: name, Kind: records.TasksKind, Identity: dataset.Identity{Stage: "test", CodeVersion: "1"}}
+		spec := dataset.Spec{Name: name, Kind: records.TasksKind(), Identity: dataset.Identity{Stage: "test", CodeVersion: "1"}}
 		wr, err := dataset.NewWriter(ctx, w.st, spec)
 		require.NoError(t, err)
 		rows := slices.Clone(tasks)
