@@ -2,6 +2,7 @@ package records
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"path"
@@ -99,4 +100,29 @@ func NewImageEncoder(w io.Writer) *ImageEncoder { return newParquetEncoder[Image
 // EachImage decodes an images shard in row order.
 func EachImage(shard []byte, fn func(Image) error) error {
 	return eachParquetRow(shard, "images", fn)
+}
+
+// EnvList is the image's Env as KEY=VALUE entries in the image config's
+// order, as a sandbox's environment takes them.
+func (im Image) EnvList() ([]string, error) {
+	dec := json.NewDecoder(strings.NewReader(im.Env))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, errors.New("env is not a JSON object")
+	}
+	var out []string
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("env: %w", err)
+		}
+		var v string
+		if err := dec.Decode(&v); err != nil {
+			return nil, fmt.Errorf("env: value of %v is not a string", k)
+		}
+		out = append(out, fmt.Sprint(k)+"="+v)
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, fmt.Errorf("env: %w", err)
+	}
+	return out, nil
 }

@@ -3,6 +3,7 @@ package records
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -53,5 +54,30 @@ func TestImagesValidate(t *testing.T) {
 		im := ok
 		c.edit(&im)
 		assert.ErrorContains(t, im.Validate(), c.want, c.name)
+	}
+}
+
+func TestImageEnvList(t *testing.T) {
+	for _, c := range []struct {
+		env  string
+		want []string
+		err  bool
+	}{
+		{env: `{"PATH":"/usr/bin","A":"x=y"}`, want: []string{"PATH=/usr/bin", "A=x=y"}},
+		{env: `{}`},
+		{env: `[]`, err: true},
+		{env: `{"A":1}`, err: true},
+		{env: `{"A":"x"`, err: true},
+	} {
+		got, err := Image{Env: c.env}.EnvList()
+		if c.err {
+			if err == nil {
+				t.Errorf("EnvList(%s) = %q, want an error", c.env, got)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("EnvList(%s) = %q, %v; want %q", c.env, got, err, c.want)
+		}
 	}
 }

@@ -111,13 +111,3 @@ func TestShellQuoteAndASCIIJSON(t *testing.T) {
 	assert.Equal(t, `'a b'`, shellQuote("a b"))
 	assert.Equal(t, `"a.py,b \u00e9\"\\ \ud83d\ude00"`, asciiJSON([]byte(`"a.py,b é\"\\ 😀"`)))
 }
-
-func TestEnvList(t *testing.T) {
-	env, err := envList(`{"PATH":"/usr/bin","A":"x=y"}`)
-	require.NoError(t, err)
-	assert.Equal(t, []string{"PATH=/usr/bin", "A=x=y"}, env)
-	_, err = envList(`[]`)
-	assert.Error(t, err)
-	_, err = envList(`{"A":1}`)
-	assert.Error(t, err)
-}

@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
@@ -121,7 +120,7 @@ func (ts *targets) get(t *records.Task) (*Target, error) {
 		return nil, fmt.Errorf("bundle of image %q (task %q) is not on this node: %q is not a directory; run kiln-images with --bundles %s here: %w",
 			*t.Image, t.TaskID, rootfs, ts.bundles, os.ErrNotExist)
 	}
-	env, err := envList(im.Env)
+	env, err := im.EnvList()
 	if err != nil {
 		return nil, stagecmd.BadInputError{Err: fmt.Errorf("images %s: image %q: env: %w", ts.imgRef, im.Image, err)}
 	}
@@ -136,27 +135,6 @@ func (ts *targets) get(t *records.Task) (*Target, error) {
 		tg.Workdir = "/testbed" // the reference's default (docs/data-and-grading.md §2.2)
 	}
 	return tg, nil
-}
-
-// envList turns an env JSON object into KEY=VALUE entries in its order.
-func envList(obj string) ([]string, error) {
-	dec := json.NewDecoder(strings.NewReader(obj))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return nil, fmt.Errorf("not a JSON object")
-	}
-	var out []string
-	for dec.More() {
-		k, err := dec.Token()
-		if err != nil {
-			return nil, err
-		}
-		var v string
-		if err := dec.Decode(&v); err != nil {
-			return nil, fmt.Errorf("value of %v is not a string", k)
-		}
-		out = append(out, fmt.Sprint(k)+"="+v)
-	}
-	return out, nil
 }
 
 // patchRow is one line of a patches file: kiln's {task_id, patch,

@@ -394,7 +394,7 @@ func resolveTask(t *records.Task, images map[string]records.Image, bundles strin
 		return AbortMissingImage, fmt.Sprintf("the bundle of image %q is not on this node (%s)", *t.Image, j.rootfs)
 	}
 	var err error
-	if j.env, err = envList(im.Env); err != nil {
+	if j.env, err = im.EnvList(); err != nil {
 		return abortExceptionPref + "bad_image_env", fmt.Sprintf("image %q: env: %v", im.Image, err)
 	}
 	if t.ProblemStatement != nil {
@@ -408,27 +408,6 @@ func resolveTask(t *records.Task, images map[string]records.Image, bundles strin
 		j.setup.PreCommands = workspace.PreCommandsBody(v)
 	}
 	return "", ""
-}
-
-// envList turns an env JSON object into KEY=VALUE entries in its order.
-func envList(obj string) ([]string, error) {
-	dec := json.NewDecoder(strings.NewReader(obj))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return nil, errors.New("not a JSON object")
-	}
-	var out []string
-	for dec.More() {
-		k, err := dec.Token()
-		if err != nil {
-			return nil, err
-		}
-		var v string
-		if err := dec.Decode(&v); err != nil {
-			return nil, fmt.Errorf("value of %v is not a string", k)
-		}
-		out = append(out, fmt.Sprint(k)+"="+v)
-	}
-	return out, nil
 }
 
 // Shards are flushed (with their receipts) every flushRuns runs or
