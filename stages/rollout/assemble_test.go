@@ -2,7 +2,6 @@ package rollout_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -62,16 +61,11 @@ func sessionTurns(i int) []records.TurnJSON {
 }
 
 func writeJSONL(t *testing.T, turns []records.TurnJSON) string {
-	p := filepath.Join(t.TempDir(), "turns.jsonl")
-	var buf bytes.Buffer
+	var buf strings.Builder
 	for _, tj := range turns {
-		b, err := json.Marshal(tj)
-		require.NoError(t, err)
-		buf.Write(b)
-		buf.WriteByte('\n')
+		buf.WriteString(jsonLine(t, tj) + "\n")
 	}
-	require.NoError(t, os.WriteFile(p, buf.Bytes(), 0o644))
-	return p
+	return writeFile(t, buf.String())
 }
 
 func allTurns(n int) []records.TurnJSON {
@@ -201,6 +195,10 @@ func TestAssembleBadInput(t *testing.T) {
 		{"both inputs", []string{"--turns-jsonl", "x", "--turns", "y"}, stagecmd.ExitUsage, "exactly one of"},
 		{"negative T", []string{"--turns-jsonl", "x", "--fork-merge-max-response-tokens", "-1"}, stagecmd.ExitUsage, "must be >= 0"},
 		{"missing file", []string{"--turns-jsonl", filepath.Join(t.TempDir(), "none.jsonl")}, stagecmd.ExitNotFound, "none.jsonl"},
+		{"empty file", []string{"--turns-jsonl", writeFile(t, "\n\n")}, stagecmd.ExitBadInput, "turns.jsonl: no turns in the file"},
+		{"no session", []string{"--turns-jsonl", writeFile(t, `{"index":0,"group_index":0,"prompt_ids":[1],"output_ids":[],"output_log_probs":[]}`+"\n")}, stagecmd.ExitBadInput, `turns.jsonl:1: turn 0 of session "": empty session`},
+		{"no prompt ids", []string{"--turns-jsonl", writeFile(t, `{"session":"s","index":0,"group_index":0}`+"\n")}, stagecmd.ExitBadInput, `turns.jsonl:1: field "prompt_ids" is missing`},
+		{"trailing garbage", []string{"--turns-jsonl", writeFile(t, jsonLine(t, turns[0])+"}}]garbage\n")}, stagecmd.ExitBadInput, "turns.jsonl:1: text after the turn's object"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -213,4 +211,20 @@ func TestAssembleBadInput(t *testing.T) {
 			assert.Empty(t, all, "no version after a failure")
 		})
 	}
+}
+
+// writeFile writes text as a turns.jsonl file of its own.
+func writeFile(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "turns.jsonl")
+	require.NoError(t, os.WriteFile(p, []byte(text), 0o644))
+	return p
+}
+
+// jsonLine is one turn as a JSON line's object (without its newline).
+func jsonLine(t *testing.T, j records.TurnJSON) string {
+	t.Helper()
+	b, err := json.Marshal(j)
+	require.NoError(t, err)
+	return string(b)
 }

@@ -268,6 +268,9 @@ func readTurnsJSONLReference(data []byte, name string) ([]records.Turn, error) {
 			continue
 		}
 		t, err := decodeTurnJSON(line, order)
+		if err == nil {
+			err = checkTurnFields(t)
+		}
 		if err != nil {
 			return out, stagecmd.BadInputError{Err: fmt.Errorf("%s:%d: %w", name, lineNo+1, err)}
 		}

@@ -89,14 +89,16 @@ func readTurnsDataset(ctx context.Context, v *dataset.Version, add func(records.
 //
 // Each line is read by turnDecoder, which accepts exactly what encoding/json
 // would and makes the same turn; a line it declines is decoded with
-// encoding/json (into records.TurnJSON, unknown fields refused, then
-// ToTurn), which either makes the turn or says what is wrong, named by file
-// and line. The turns' message text aliases the lines read (lineReader
+// encoding/json (into records.TurnJSON, unknown fields and text after the
+// object refused, then ToTurn), which either makes the turn or says what is
+// wrong, named by file and line. A turn without prompt ids, and a file
+// without turns, are invalid input too. The turns' message text aliases the lines read (lineReader
 // never reuses a line's storage).
 func readTurnsJSONL(r io.Reader, name string, add func(records.Turn) error) error {
 	lr := lineReader{r: r, chunk: 4 << 20}
 	order := map[string]int32{}
 	var dec turnDecoder
+	turns := 0
 	for lineNo := 1; ; lineNo++ {
 		line, err := lr.next()
 		if len(bytes.TrimSpace(line)) > 0 {
@@ -111,12 +113,19 @@ func readTurnsJSONL(r io.Reader, name string, add func(records.Turn) error) erro
 					return stagecmd.BadInputError{Err: fmt.Errorf("%s:%d: %w", name, lineNo, terr)}
 				}
 			}
+			if ferr := checkTurnFields(t); ferr != nil {
+				return stagecmd.BadInputError{Err: fmt.Errorf("%s:%d: %w", name, lineNo, ferr)}
+			}
 			order[t.Session]++
+			turns++
 			if aerr := add(t); aerr != nil {
 				return aerr
 			}
 		}
 		if errors.Is(err, io.EOF) {
+			if turns == 0 {
+				return stagecmd.BadInputError{Err: fmt.Errorf("%s: no turns in the file: nothing to assemble", name)}
+			}
 			return nil
 		}
 		if err != nil {
@@ -134,7 +143,21 @@ func decodeTurnJSON(line []byte, order map[string]int32) (records.Turn, error) {
 	if err := dec.Decode(&j); err != nil {
 		return records.Turn{}, err
 	}
+	if rest := bytes.TrimSpace(line[dec.InputOffset():]); len(rest) > 0 {
+		return records.Turn{}, fmt.Errorf("text after the turn's object: %.40q", rest)
+	}
 	return j.ToTurn(order[j.Session])
+}
+
+// checkTurnFields refuses a turn that is valid as a record but lacks what
+// assembly needs: without prompt ids it would make no segment, and the file
+// would commit with its turns silently dropped. (An empty session is
+// refused by the record's own validation.)
+func checkTurnFields(t records.Turn) error {
+	if len(t.PromptIDs) == 0 {
+		return errors.New(`field "prompt_ids" is missing or empty`)
+	}
+	return nil
 }
 
 // lineReader splits a stream into lines as bufio.Reader.ReadBytes('\n')
