@@ -1,0 +1,96 @@
+"""The trainer's output directory (docs/train.md §10): HF layout weights,
+the base model's other files, metrics, optimizer and trainer state.
+Written into OUT.tmp-<pid> and renamed to OUT, so OUT exists only complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack", ".h5")
+DEFAULT_SHARD_BYTES = 5 * 1024**3
+
+
+def is_weight_file(name: str) -> bool:
+    return name.endswith(WEIGHT_SUFFIXES) or name.endswith(".index.json")
+
+
+def _dedup(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drops tensors that share storage with an earlier one (tied weights:
+    HF keeps the first, e.g. embed_tokens, and re-ties on load)."""
+    seen, out = set(), {}
+    for k, v in state.items():
+        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
+        if key in seen:
+            continue
+        seen.add(key)
+        out[k] = v
+    return out
+
+
+def save_weights(state: dict[str, torch.Tensor], out: Path, dtype: torch.dtype, max_shard_bytes: int) -> None:
+    state = _dedup(state)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    total = 0
+    for k, v in state.items():
+        t = v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+        n = t.numel() * t.element_size()
+        if shards[-1] and size + n > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][k] = t
+        size += n
+        total += n
+    n_sh = len(shards)
+    weight_map = {}
+    for i, sh in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{n_sh:05d}.safetensors"
+        save_file(sh, str(out / name), metadata={"format": "pt"})
+        for k in sh:
+            weight_map[k] = name
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2) + "\n"
+    )
+
+
+def copy_base_files(base: Path, out: Path) -> None:
+    """Every non-weight file of the base (config, tokenizer, chat template,
+    generation config), and non-weight subdirectories."""
+    for p in sorted(base.iterdir()):
+        if p.name in ("optimizer.pt", "trainer_state.json", "metrics.jsonl"):
+            continue
+        if p.is_dir():
+            shutil.copytree(p, out / p.name)
+        elif not is_weight_file(p.name):
+            shutil.copyfile(p, out / p.name)
+
+
+def write_checkpoint(
+    out: Path,
+    base: Path,
+    state: dict[str, torch.Tensor],
+    save_dtype: torch.dtype,
+    optimizer_state: dict,
+    trainer_state: dict,
+    metrics_lines: list[str],
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> None:
+    if out.exists():
+        raise FileExistsError(f"{out} exists: the trainer writes a new directory")
+    tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    copy_base_files(base, tmp)
+    save_weights(state, tmp, save_dtype, max_shard_bytes)
+    (tmp / "metrics.jsonl").write_text("".join(line + "\n" for line in metrics_lines))
+    torch.save(optimizer_state, tmp / "optimizer.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2, sort_keys=True) + "\n")
+    os.rename(tmp, out)

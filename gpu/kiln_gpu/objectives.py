@@ -1,0 +1,235 @@
+"""The per-token objectives beyond PPO clip: GSPO, CISPO, REINFORCE, score
+centering, and the KL and entropy terms (docs/train.md §8).
+
+Everything works on one micro-batch's flat response region (R tokens, in
+segment order) as loss.py does; `seg` maps each token to its segment index
+within the micro-batch. The result is one micro-batch's share of the step's
+objective: Σ m·ℓ / max(d, 1) / divisor (docs/train.md §4), so backward per
+micro-batch accumulates the step's gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .loss import LossConfig, LossOutput, ppo_clip, reduce, rollout_correction
+
+OBJECTIVES = ("ppo", "gspo", "cispo", "reinforce")
+SC_PATHS = ("top-p", "top-k")
+
+
+@dataclass(frozen=True)
+class Objective:
+    """The full objective (docs/train.md §8): the PPO-family token loss and
+    its knobs (loss.LossConfig), score centering, KL and entropy."""
+
+    objective: str = "ppo"
+    base: LossConfig = LossConfig()
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    score_centering: bool = False
+    # how the recorded spans are read under score centering: "top-p" (the
+    # sampler's nucleus, probabilities normalised on it) or "top-k" (the
+    # sampler's head with full-vocabulary probabilities, spec §4.4)
+    sc_path: str = "top-p"
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {self.objective!r}: want one of {OBJECTIVES}")
+        if self.score_centering and self.objective != "reinforce":
+            raise ValueError("score centering needs objective reinforce (docs/train.md §8.3)")
+        if self.sc_path not in SC_PATHS:
+            raise ValueError(f"unknown score-centering path {self.sc_path!r}: want one of {SC_PATHS}")
+
+
+def _f(ratio: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
+    """The correction weight rule f applied to a probability ratio (docs/train.md §3.2)."""
+    if cfg.correction is None:
+        return torch.ones_like(ratio)
+    if cfg.correction == "tis":
+        return torch.clamp(ratio, cfg.correction_low, cfg.correction_high)
+    inside = (ratio >= cfg.correction_low) & (ratio <= cfg.correction_high)
+    return torch.where(inside, ratio, torch.zeros_like(ratio))
+
+
+def segment_mean(x: torch.Tensor, mask: torch.Tensor, seg: torch.Tensor, n_seg: int) -> torch.Tensor:
+    """Each token gets the masked mean of x over its segment (0 for a segment
+    without trained tokens)."""
+    num = torch.zeros(n_seg, dtype=x.dtype, device=x.device).index_add(0, seg, x * mask)
+    den = torch.zeros(n_seg, dtype=x.dtype, device=x.device).index_add(0, seg, mask)
+    return (num / torch.clamp(den, min=1.0))[seg]
+
+
+def score_centering_term(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    roll: torch.Tensor,
+    offsets: torch.Tensor,
+    ids: torch.Tensor,
+    probs: torch.Tensor,
+    cfg: LossConfig,
+    path: str,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """SC REINFORCE (docs/train.md §8.3, spec §4.4) for R response tokens.
+
+    logits [R, V] are already divided by the temperature; target [R] the
+    sampled ids; the span of token i is ids/probs[offsets[i]:offsets[i+1]].
+    Returns (lp of the sampled token, the per-token centered score
+    sg(w_a)·lp(a) − C, per-token metrics). The loss is −A times the score.
+    top-p: lp is renormalised on the span, q is the sampler's nucleus
+    normalised on it; C = Σ_S (q·f(p/q) − p)·lp. top-k: lp is full
+    vocabulary, C = Σ_H (q·f(p/q) − α·p)·lp with α = ρ·f(1/ρ),
+    ρ = max(1 − Q_H, 1e-6) / max(1 − P_H, 1e-6). An empty span (a masked
+    row) contributes 0.
+    """
+    R = logits.shape[0]
+    lens = (offsets[1:] - offsets[:-1]).long()
+    row = torch.repeat_interleave(torch.arange(R, device=logits.device), lens)
+    ids = ids.long()
+    q = probs.to(logits.dtype)
+    full_lp = torch.log_softmax(logits, dim=-1)
+    span_full = full_lp[row, ids]  # full-vocabulary lp of each span entry
+    if path == "top-p":
+        # renormalise on the span: lp^S = z_v − logsumexp_S z
+        z = logits[row, ids]
+        mx = torch.full((R,), float("-inf"), dtype=z.dtype, device=z.device).index_reduce(
+            0, row, z.detach(), "amax", include_self=True
+        )
+        mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
+        se = torch.zeros(R, dtype=z.dtype, device=z.device).index_add(0, row, torch.exp(z - mx[row]))
+        lse = mx + torch.log(torch.clamp(se, min=torch.finfo(z.dtype).tiny))
+        span_lp = z - lse[row]
+        qsum = torch.zeros(R, dtype=q.dtype, device=q.device).index_add(0, row, q)
+        qn = q / torch.clamp(qsum, min=1e-30)[row]
+        p = torch.exp(span_lp.detach())
+        coef = qn * _f(p / torch.clamp(qn, min=1e-30), cfg) - p
+        # the sampled token's renormalised lp: its entry in the span
+        hit = (ids == target.long()[row]).to(z.dtype)
+        hits = torch.zeros(R, dtype=z.dtype, device=z.device).index_add(0, row, hit)
+        lp_a = torch.zeros(R, dtype=z.dtype, device=z.device).index_add(0, row, span_lp * hit)
+        lp_a = torch.where(hits > 0, lp_a, full_lp.gather(-1, target.long().unsqueeze(-1)).squeeze(-1))
+        sampler_mass = qsum
+        train_mass = torch.zeros(R, dtype=z.dtype, device=z.device).index_add(0, row, torch.exp(span_full.detach()))
+    else:
+        span_lp = span_full
+        p = torch.exp(span_lp.detach())
+        P = torch.zeros(R, dtype=p.dtype, device=p.device).index_add(0, row, p)
+        Q = torch.zeros(R, dtype=q.dtype, device=q.device).index_add(0, row, q)
+        rho = torch.clamp(1 - Q, min=1e-6) / torch.clamp(1 - P, min=1e-6)
+        alpha = rho * _f(1.0 / rho, cfg)
+        coef = q * _f(p / torch.clamp(q, min=1e-30), cfg) - alpha[row] * p
+        lp_a = full_lp.gather(-1, target.long().unsqueeze(-1)).squeeze(-1)
+        sampler_mass, train_mass = Q, P
+    C = torch.zeros(R, dtype=span_lp.dtype, device=span_lp.device).index_add(0, row, coef.detach() * span_lp)
+    w_a = _f(torch.exp(lp_a.detach() - roll.to(lp_a.dtype)), cfg)
+    score = w_a * lp_a - C
+    return lp_a, score, {"sc_correction": C.detach(), "sc_sampler_head_mass": sampler_mass.detach(),
+                         "sc_train_head_mass": train_mass.detach()}
+
+
+def micro_batch_loss(
+    obj: Objective,
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    roll: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    denom: torch.Tensor,
+    divisor: float,
+    seg: torch.Tensor,
+    n_seg: int,
+    ref_lp: Optional[torch.Tensor] = None,
+    spans: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
+) -> LossOutput:
+    """One micro-batch's share of the step's objective (docs/train.md §8).
+
+    logits [R, V]: the response tokens' logits (position t−1 for token t),
+    already divided by the temperature; target [R] the trained ids; the
+    other tensors per token as in loss.py. The trainer is on-policy (one
+    optimizer step per batch), so old = sg(lp): the ratio is 1 and only its
+    gradient matters.
+    """
+    cfg = obj.base
+    dt = logits.dtype
+    mask = mask.to(dt)
+    denom = denom.to(dt)
+    adv = adv.to(dt)
+    roll = roll.to(dt)
+    sc_metrics: dict[str, torch.Tensor] = {}
+    logp = None
+    if obj.score_centering:
+        if spans is None:
+            raise ValueError("score centering needs the recorded spans (top_p_offsets, top_p_ids, top_p_probs)")
+        lp, score, sc_metrics = score_centering_term(logits, target, roll, *spans, cfg, obj.sc_path)
+    elif spans is not None and obj.sc_path == "top-p":
+        # top-p replay (spec §4.4, last item): lp on the logits masked to the
+        # recorded nucleus, the target always kept
+        offsets, ids, _ = spans
+        lens = (offsets[1:] - offsets[:-1]).long()
+        row = torch.repeat_interleave(torch.arange(logits.shape[0], device=logits.device), lens)
+        keep = torch.zeros_like(logits, dtype=torch.bool)
+        keep[row, ids.long()] = True
+        keep[torch.arange(logits.shape[0], device=logits.device), target.long()] = True
+        masked = logits.masked_fill(~keep, float("-inf"))
+        lp = torch.log_softmax(masked, dim=-1).gather(-1, target.long().unsqueeze(-1)).squeeze(-1)
+    else:
+        logp = torch.log_softmax(logits, dim=-1)
+        lp = logp.gather(-1, target.long().unsqueeze(-1)).squeeze(-1)
+    old = lp.detach()
+    zeros = torch.zeros_like(lp)
+    clipfrac = zeros
+    w, changed = rollout_correction(old, roll, cfg.correction, cfg.correction_low, cfg.correction_high)
+    if obj.score_centering:
+        pg = -adv * score  # the weight is inside the score
+    elif obj.objective == "reinforce":
+        pg = -adv * lp * w
+    elif obj.objective == "cispo":
+        r = torch.exp(lp - old)
+        eps_hi = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
+        rc = torch.clamp(r, 1.0 - cfg.eps_clip, 1.0 + eps_hi)
+        clipfrac = (rc != r).to(dt).detach()
+        pg = -rc.detach() * adv * lp * w
+    else:
+        log_ratio = lp - old
+        if obj.objective == "gspo":
+            log_ratio = segment_mean(log_ratio, mask, seg, n_seg)
+        pg, clipfrac = ppo_clip(log_ratio, adv, cfg.eps_clip, cfg.eps_clip_high, cfg.eps_clip_c)
+        pg = pg * w
+    pg_loss = reduce(pg, mask, denom, divisor)
+    loss = pg_loss
+    ent = None
+    if obj.entropy_coef != 0.0:
+        if logp is None:
+            logp = torch.log_softmax(logits, dim=-1)
+        ent = -(torch.exp(logp) * logp).sum(-1)
+        loss = loss - obj.entropy_coef * reduce(ent, mask, denom, divisor)
+    kl = None
+    if obj.kl_coef != 0.0:
+        if ref_lp is None:
+            raise ValueError("kl_coef needs the reference model's logprobs")
+        d = lp - ref_lp.to(dt)
+        kl = torch.exp(-d) - 1 + d  # k3 (spec §4.1)
+        loss = loss + obj.kl_coef * reduce(kl, mask, denom, divisor)
+    with torch.no_grad():
+        r_ = lambda x: float(reduce(x, mask, denom, divisor))  # noqa: E731
+        metrics = {
+            "loss": float(loss.detach()),
+            "pg_loss": float(pg_loss.detach()),
+            "pg_clipfrac": r_(clipfrac),
+            "ppo_kl": r_(old - lp.detach()),
+            "train_rollout_logprob_abs_diff": r_((old - roll).abs()),
+            "kl_loss": r_(kl.detach()) if kl is not None else 0.0,
+        }
+        if ent is None:
+            lq = logp.detach() if logp is not None else torch.log_softmax(logits.detach(), dim=-1)
+            ent = -(torch.exp(lq) * lq).sum(-1)
+        metrics["entropy"] = r_(ent.detach())
+        if cfg.correction is not None:
+            metrics["tis"] = r_(w)
+            metrics["tis_clipfrac"] = r_(changed)
+        for k, v in sc_metrics.items():
+            metrics[k] = r_(v)
+    return LossOutput(loss=loss, metrics=metrics)

@@ -1,0 +1,352 @@
+"""kiln's trainer: one plan of kiln-train's batches, AdamW steps, an HF
+checkpoint (docs/train.md §9–§11).
+
+    python -m kiln_gpu.train --plan DIR/plan.json
+    torchrun --nproc-per-node N -m kiln_gpu.train --plan DIR/plan.json
+
+stdout: JSON lines ({"event":"start"}, one {"event":"step"} per optimizer
+step, {"event":"saved"}); logs on stderr. Exit 0 once the output directory
+is complete, 2 for a bad plan (the message names the file and field), 1
+for any other failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from .batches import MicroBatch, Plan, PlanError, load_micro_batch, load_plan
+from .checkpoint import DEFAULT_SHARD_BYTES, write_checkpoint
+from .loss import LossConfig
+from .objectives import Objective, micro_batch_loss
+
+log = logging.getLogger("kiln_gpu.train")
+
+# Dense bf16 peak FLOP/s by device-name substring (docs/train.md §11).
+PEAK_FLOPS = (
+    ("H200", 989e12),
+    ("H100", 989e12),
+    ("H800", 989e12),
+    ("GH200", 989e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("L40S", 362e12),
+    ("A10", 125e12),
+    ("L4", 121e12),
+)
+
+
+def peak_flops(name: str) -> Optional[float]:
+    for key, v in PEAK_FLOPS:
+        if key in name:
+            return v
+    return None
+
+
+def objective_from_plan(plan: Plan) -> Objective:
+    L = plan.loss
+    known = {"objective", "eps_clip", "eps_clip_high", "eps_clip_c", "correction", "correction_low",
+             "correction_high", "reduction", "kl_coef", "entropy_coef", "score_centering", "score_centering_path"}
+    extra = sorted(set(L) - known)
+    if extra:
+        raise PlanError(f"{plan.path}: loss has unknown fields {extra}")
+    try:
+        base = LossConfig(
+            eps_clip=float(L.get("eps_clip", 0.2)),
+            eps_clip_high=None if L.get("eps_clip_high") is None else float(L["eps_clip_high"]),
+            eps_clip_c=None if L.get("eps_clip_c") is None else float(L["eps_clip_c"]),
+            correction=L.get("correction"),
+            correction_low=float(L.get("correction_low", 0.0)),
+            correction_high=float(L.get("correction_high", 2.0)),
+            reduction=L.get("reduction", "rollout"),
+        )
+        if base.eps_clip_c is not None and base.eps_clip_c <= 1:
+            raise ValueError(f"eps_clip_c must be > 1, got {base.eps_clip_c}")
+        return Objective(
+            objective=L.get("objective", "ppo"),
+            base=base,
+            kl_coef=float(L.get("kl_coef", 0.0)),
+            entropy_coef=float(L.get("entropy_coef", 0.0)),
+            score_centering=bool(L.get("score_centering", False)),
+            sc_path=L.get("score_centering_path", "top-p"),
+        )
+    except (TypeError, ValueError) as e:
+        raise PlanError(f"{plan.path}: loss: {e}") from None
+
+
+class Dist:
+    """The process group, if any: rank r trains micro-batches r::world of each step."""
+
+    def __init__(self) -> None:
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.on = self.world > 1
+        if self.on:
+            import torch.distributed as dist
+
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            if torch.cuda.is_available():
+                torch.cuda.set_device(self.local_rank)
+            dist.init_process_group(backend)
+
+    def all_reduce_(self, t: torch.Tensor) -> torch.Tensor:
+        if self.on:
+            import torch.distributed as dist
+
+            dist.all_reduce(t)
+        return t
+
+    def close(self) -> None:
+        if self.on:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+def response_logits(model, mb: MicroBatch, temperature: float, device, autocast,
+                    direct: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits / T that predict each response token (position t−1 for
+    token t, docs/train.md §2) and those tokens, in the file's order.
+    The segments are right-padded into one batch; causal attention keeps
+    the padding out of every real position. direct: run the decoder and
+    apply the LM head only to the rows that train (R × V logits, not
+    S × L × V); off under FSDP, whose root module must run its own forward."""
+    off = mb.seq_offsets.tolist()
+    lens = [b - a for a, b in zip(off, off[1:])]
+    S, Lmax = len(lens), max(lens)
+    ids = torch.zeros(S, Lmax, dtype=torch.long)
+    att = torch.zeros(S, Lmax, dtype=torch.long)
+    for i, (a, n) in enumerate(zip(off, lens)):
+        ids[i, :n] = mb.tokens[a:a + n].long()
+        att[i, :n] = 1
+    ids, att = ids.to(device), att.to(device)
+    rl = mb.response_lengths.tolist()
+    # row i, the positions n−rl−1 … n−2 predict the response tokens n−rl … n−1
+    rows = torch.cat([torch.full((r,), i, dtype=torch.long) for i, r in enumerate(rl)]).to(device)
+    cols = torch.cat([torch.arange(n - r - 1, n - 1) for n, r in zip(lens, rl)]).to(device)
+    with autocast():
+        direct = direct and hasattr(model, "model") and hasattr(model, "lm_head")
+        if direct:
+            hidden = model.model(input_ids=ids, attention_mask=att).last_hidden_state
+            logits = model.lm_head(hidden[rows, cols])  # only the rows that train: R × V, not S × L × V
+        else:
+            logits = model(input_ids=ids, attention_mask=att).logits[rows, cols]
+    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    if temperature != 1.0:
+        logits = logits / temperature
+    target = ids[rows, cols + 1]
+    return logits, target
+
+
+def micro_batch_step(model, ref_model, mb: MicroBatch, obj: Objective, divisor: float, temperature: float,
+                     device, autocast, scale: float = 1.0, direct: bool = True):
+    """Forward and backward of one micro-batch; returns its metrics. scale 0
+    is the FSDP filler pass (same collectives, no contribution)."""
+    logits, target = response_logits(model, mb, temperature, device, autocast, direct)
+    rl = mb.response_lengths.long()
+    seg = torch.repeat_interleave(torch.arange(mb.n_segments), rl).to(device)
+    denom = mb.denominators.to(device)[seg]
+    ref_lp = None
+    if ref_model is not None:
+        with torch.no_grad():
+            rlog, _ = response_logits(ref_model, mb, temperature, device, autocast, direct)
+            ref_lp = torch.log_softmax(rlog, -1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    spans = None if mb.spans is None else tuple(x.to(device) for x in mb.spans)
+    out = micro_batch_loss(
+        obj, logits, target, mb.rollout_logprobs.to(device), mb.advantages.to(device),
+        mb.loss_mask.to(device), denom, divisor, seg, mb.n_segments, ref_lp=ref_lp, spans=spans,
+    )
+    (out.loss * scale if scale != 1.0 else out.loss).backward()
+    return out.metrics if scale == 1.0 else {}
+
+
+def build_optimizer(model, o: dict[str, Any]):
+    betas = o.get("betas", [0.9, 0.999])
+    return torch.optim.AdamW(
+        model.parameters(), lr=float(o["lr"]), betas=(float(betas[0]), float(betas[1])),
+        eps=float(o.get("eps", 1e-8)), weight_decay=float(o.get("weight_decay", 0.0)),
+        foreach=False,
+    )
+
+
+def grad_norm_and_clip(model, max_norm: float) -> float:
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def _save_dtype(model_dir: Path, fallback: torch.dtype) -> torch.dtype:
+    cfg = json.loads((model_dir / "config.json").read_text())
+    name = cfg.get("dtype") or cfg.get("torch_dtype")
+    return getattr(torch, name) if isinstance(name, str) and isinstance(getattr(torch, name, None), torch.dtype) else fallback
+
+
+def emit(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def run(plan: Plan, dist: Dist) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    obj = objective_from_plan(plan)
+    cuda = torch.cuda.is_available() and plan.flag("device", "auto") != "cpu"
+    device = torch.device("cuda", dist.local_rank) if cuda else torch.device("cpu")
+    dtype = getattr(torch, plan.flag("dtype", "float32"))
+    bf16 = bool(plan.flag("bf16", cuda))
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if (cuda and bf16) else contextlib.nullcontext
+    torch.manual_seed(plan.seed)
+    src = plan.resume_from or plan.model
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).to(device)
+    model.train()
+    if cuda and plan.flag("activation_checkpointing", True):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ref_model = None
+    if obj.kl_coef != 0.0:
+        ref_model = AutoModelForCausalLM.from_pretrained(plan.model, dtype=dtype).to(device).eval()
+        for p in ref_model.parameters():
+            p.requires_grad_(False)
+    fsdp = dist.on and cuda
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        # the step's gradient is the SUM of the ranks' micro-batches (docs/train.md §10)
+        model.set_reduce_scatter_divide_factor(1.0)
+    opt = build_optimizer(model, plan.optimizer)
+    done_steps = 0
+    if plan.resume_from is not None:
+        st = torch.load(plan.resume_from / "optimizer.pt", map_location=device, weights_only=False)
+        if "master" in st:
+            model.load_state_dict(st["master"])
+        opt.load_state_dict(st["optimizer"])
+        done_steps = int(st["step"])
+        torch.set_rng_state(st["rng"]["cpu"])
+    n_params = sum(p.numel() for p in model.parameters())
+    peak = peak_flops(torch.cuda.get_device_name(device)) if cuda else None
+    emit({"event": "start", "plan": str(plan.path), "model": str(src), "steps": len(plan.steps),
+          "world_size": dist.world, "device": str(device), "params": n_params, "resumed_at": done_steps})
+    lines = []
+    for si, step in enumerate(plan.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        mine = step.micro_batches[dist.rank::dist.world]
+        sums: dict[str, float] = {}
+        tokens = 0
+        n_rounds = math.ceil(len(step.micro_batches) / dist.world) if fsdp else len(mine)
+        for j in range(n_rounds):
+            if j < len(mine):
+                mb = load_micro_batch(mine[j])
+                m = micro_batch_step(model, ref_model, mb, obj, step.divisor, plan.temperature, device, autocast,
+                                     direct=not fsdp)
+                tokens += mb.tokens.numel()
+            else:  # FSDP: every rank runs the same number of forward/backward passes
+                mb = load_micro_batch(step.micro_batches[0])
+                m = micro_batch_step(model, ref_model, mb, obj, step.divisor, plan.temperature, device,
+                                     autocast, scale=0.0, direct=False)
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0.0) + v
+        if dist.on and not fsdp:
+            for p in model.parameters():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce_(p.grad)
+        keys = sorted(set(sums) | {"loss", "pg_loss", "pg_clipfrac", "ppo_kl", "train_rollout_logprob_abs_diff",
+                                   "kl_loss", "entropy"})
+        vec = torch.tensor([sums.get(k, 0.0) for k in keys] + [float(tokens)], dtype=torch.float64)
+        if dist.on:
+            vec = dist.all_reduce_(vec.to(device)).cpu()
+        metrics = dict(zip(keys, vec[:-1].tolist()))
+        tokens = int(vec[-1])
+        gn = grad_norm_and_clip(model, float(plan.optimizer.get("grad_clip", 1.0)))
+        opt.step()
+        if cuda:
+            torch.cuda.synchronize(device)
+        dt = time.perf_counter() - t0
+        done_steps += 1
+        ev = {"event": "step", "step": si, "steps": len(plan.steps), "index": step.index,
+              "global_step": done_steps, **metrics, "grad_norm": gn, "tokens": tokens,
+              "tokens_per_s": tokens / dt if dt > 0 else None,
+              "mfu": (6 * n_params * tokens / dt / (peak * dist.world)) if (peak and dt > 0) else None,
+              "time_s": dt, "rollouts": step.rollouts, "global_batch_size": plan.global_batch_size}
+        lines.append(json.dumps(ev))
+        if dist.rank == 0:
+            emit(ev)
+    return {"model": model, "opt": opt, "lines": lines, "done_steps": done_steps, "fsdp": fsdp, "dtype": dtype}
+
+
+def save(plan: Plan, dist: Dist, res: dict) -> None:
+    model, opt = res["model"], res["opt"]
+    state = model.state_dict()
+    if res["fsdp"]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, \
+            get_optimizer_state_dict
+
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        ostate = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    else:
+        ostate = opt.state_dict()
+    if dist.rank != 0:
+        return
+    save_dtype = _save_dtype(plan.model, res["dtype"])
+    opt_file = {"optimizer": ostate, "step": res["done_steps"], "rng": {"cpu": torch.get_rng_state()}}
+    if save_dtype != res["dtype"]:
+        # the saved weights are rounded; resume needs the exact master copy
+        opt_file["master"] = {k: v.detach().cpu() for k, v in state.items()}
+    trainer_state = {"format": "kiln-trainer-state/1", "global_step": res["done_steps"],
+                     "plan_steps": [s.index for s in plan.steps], "base_model": str(plan.model),
+                     "resumed_from": None if plan.resume_from is None else str(plan.resume_from),
+                     "seed": plan.seed, "world_size": dist.world, "dropped_rollouts": plan.dropped_rollouts}
+    write_checkpoint(plan.out, plan.model, state, save_dtype, opt_file, trainer_state, res["lines"],
+                     int(plan.flag("max_shard_bytes", DEFAULT_SHARD_BYTES)))
+    emit({"event": "saved", "dir": str(plan.out)})
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kiln_gpu.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--plan", required=True, help="kiln-train's plan.json")
+    a = p.parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        plan = load_plan(a.plan)
+        objective_from_plan(plan)
+        if plan.out.exists():
+            raise PlanError(f"{plan.path}: out {str(plan.out)!r} exists; the trainer writes a new directory")
+    except PlanError as e:
+        log.error("bad plan: %s", e)
+        return 2
+    dist = None
+    try:
+        dist = Dist()
+        res = run(plan, dist)
+        save(plan, dist, res)
+        return 0
+    except PlanError as e:
+        log.error("bad plan: %s", e)
+        return 2
+    except Exception:
+        log.exception("training failed")
+        return 1
+    finally:
+        if dist is not None:
+            dist.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
