@@ -78,6 +78,48 @@ install_apt() {
 	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 }
 
+# --- slurm ------------------------------------------------------------------
+
+# Debian's Slurm and munge for the one-node test cluster
+# (internal/testenv/slurmtest, which starts munged, slurmctld and slurmd
+# itself: no systemd units are enabled or needed). The packages come from
+# the Debian archive, so apt's own cache is the cache; the marker records
+# which versions the last run found, so a second run is a dpkg query.
+SLURM_APT_PACKAGES=(slurm-wlm munge)
+
+install_slurm() {
+	local marker="$CACHE/slurm-installed" missing=() pkg
+	for pkg in "${SLURM_APT_PACKAGES[@]}"; do
+		if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
+			missing+=("$pkg")
+		fi
+	done
+	if ((${#missing[@]} > 0)); then
+		need apt-get "install ${missing[*]} by hand"
+		local sudo=()
+		if ((EUID != 0)); then
+			need sudo "run as root, or install ${missing[*]} by hand"
+			sudo=(sudo)
+		fi
+		log "    missing: ${missing[*]}"
+		"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+		# Without recommends the daemons' plugins still come (slurm-wlm
+		# depends on them); the package's own services are not started in a
+		# container without systemd, and the tests do not use them.
+		"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+	fi
+	local bin
+	for bin in /usr/sbin/munged /usr/sbin/slurmctld /usr/sbin/slurmd; do
+		[[ -x $bin ]] || die "$bin is missing after installing ${SLURM_APT_PACKAGES[*]}"
+	done
+	for bin in sbatch squeue sinfo scontrol scancel; do
+		need "$bin" "slurm-wlm should have installed it"
+	done
+	dpkg-query -W -f='${Package} ${Version}\n' "${SLURM_APT_PACKAGES[@]}" >"$marker.tmp"
+	mv "$marker.tmp" "$marker"
+	log "    $(tr '\n' ' ' <"$marker")"
+}
+
 # --- versitygw --------------------------------------------------------------
 
 install_versitygw() {
@@ -210,6 +252,7 @@ main() {
 	start=$(now_us)
 	mkdir -p "$CACHE"
 	step "apt packages" install_apt
+	step "slurm and munge" install_slurm
 	step "versitygw $VERSITYGW_VERSION" install_versitygw
 	step "npm packages" install_npm
 	step "npm CLIs" install_npm_clis
