@@ -47,6 +47,7 @@ func kinds() map[string]Kind {
 		GradesKind().Name:       GradesKind(),
 		RolloutsKind().Name:     RolloutsKind(),
 		AdvantagesKind().Name:   AdvantagesKind(),
+		CheckpointsKind().Name:  CheckpointsKind(),
 	}
 }
 

@@ -17,6 +17,7 @@ func Stages() []Stage {
 		{"rollout", "run coding agents in sandboxes and record rollouts and token-exact trajectories (run, check, adapter, assemble)"},
 		{"grade", "grade patches with the tasks' official tests in fresh sandboxes"},
 		{"advantages", "per-segment advantages from grades; select learnable tasks; stats"},
+		{"train", "train a Hugging Face model on trajectories and advantages (rollout-atomic batches) and commit a checkpoint"},
 	}
 }
 

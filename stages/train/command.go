@@ -1,0 +1,492 @@
+package train
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/formats/store"
+	"github.com/kilnrl/kiln/internal/stagecmd"
+)
+
+// codeVersion is the train stage's code version (dataset.Identity): bump
+// it whenever the batches or the checkpoint for the same inputs and
+// arguments change.
+const codeVersion = "1"
+
+// Flags is what kiln-train's flags set.
+type Flags struct {
+	Trajectories, Advantages, Model, Out, ResumeFrom string
+	GlobalBatchSize, MaxTokens, NProc                int
+	Launcher, Python, GPUDir, CacheDir, WorkDir      string
+	Packing                                          string
+	Objective, Correction, Reduction                 string
+	EpsClip, EpsClipHigh, EpsClipC                   float64
+	CorrectionLow, CorrectionHigh                    float64
+	KLCoef, EntropyCoef, LR, WeightDecay, GradClip   float64
+	Temperature                                      float64
+	Seed                                             int64
+	ScoreCentering, PrintVersion, DryRun, KeepWork   bool
+}
+
+// Flags are kiln-train's flags, bound to the fields of f.
+func (f *Flags) Flags() []cli.Flag {
+	return []cli.Flag{
+		stagecmd.StoreFlag(),
+		&cli.StringFlag{Name: "trajectories", Value: "trajectories", Destination: &f.Trajectories, Usage: "trajectories dataset: the segments to train (name or name@version)"},
+		&cli.StringFlag{Name: "advantages", Value: "advantages", Destination: &f.Advantages, Usage: "advantages dataset computed from --trajectories (kiln-advantages)"},
+		&cli.StringFlag{Name: "model", Required: true, Destination: &f.Model, Usage: "the base model: a Hugging Face checkpoint directory, or a checkpoints version (name or name@version)"},
+		&cli.StringFlag{Name: "out", Value: "checkpoints", Destination: &f.Out, Usage: "checkpoints dataset name to write"},
+		&cli.StringFlag{Name: "resume-from", Destination: &f.ResumeFrom, Usage: "a checkpoints version (or directory) with optimizer.pt: the trainer loads its weights and optimizer state"},
+		&cli.IntFlag{Name: "global-batch-size", Value: 8, Destination: &f.GlobalBatchSize, Usage: "rollouts per optimizer step (G); trailing rollouts that fill no step are dropped and counted"},
+		&cli.IntFlag{Name: "max-tokens-per-microbatch", Value: 16384, Destination: &f.MaxTokens, Usage: "token cap of a micro-batch (first-fit packing; a longer segment gets its own); 0: one micro-batch per step"},
+		&cli.StringFlag{Name: "packing", Value: string(FirstFitDecreasing), Destination: &f.Packing, Usage: "first-fit-decreasing or first-fit (segment order within a step does not change the loss)"},
+		&cli.StringFlag{Name: "launcher", Value: string(LaunchPython), Destination: &f.Launcher, Usage: "python (one process), torchrun (--nproc processes, FSDP) or srun (Slurm tasks)"},
+		&cli.IntFlag{Name: "nproc", Value: 1, Destination: &f.NProc, Usage: "processes for torchrun, tasks for srun"},
+		&cli.StringFlag{Name: "python", Destination: &f.Python, Usage: "the trainer's interpreter (default $KILN_PYTHON, else the venv in ~/.cache/kiln/gpu-venv-current, else python3)"},
+		&cli.StringFlag{Name: "gpu-dir", Destination: &f.GPUDir, Usage: "the directory holding kiln_gpu/ (default $KILN_GPU_DIR, else gpu/ in the first ancestor of the binary or working directory that has one)"},
+		&cli.StringFlag{Name: "cache-dir", EnvVars: []string{"KILN_CHECKPOINT_CACHE"}, Destination: &f.CacheDir, Usage: "where checkpoints versions are materialized (default ~/.cache/kiln/checkpoints)"},
+		&cli.StringFlag{Name: "work-dir", Destination: &f.WorkDir, Usage: "parent of the run's work directory (batches and the trainer's output; default $TMPDIR)"},
+		&cli.BoolFlag{Name: "keep-work", Destination: &f.KeepWork, Usage: "keep the work directory after the run"},
+		&cli.StringFlag{Name: "objective", Value: "ppo", Destination: &f.Objective, Usage: "ppo, gspo, cispo or reinforce"},
+		&cli.Float64Flag{Name: "eps-clip", Value: 0.2, Destination: &f.EpsClip, Usage: "PPO clip: lower epsilon"},
+		&cli.Float64Flag{Name: "eps-clip-high", Destination: &f.EpsClipHigh, Usage: "PPO clip: upper epsilon (default --eps-clip)"},
+		&cli.Float64Flag{Name: "eps-clip-c", Destination: &f.EpsClipC, Usage: "dual-clip constant (> 1; off by default)"},
+		&cli.StringFlag{Name: "correction", Value: "none", Destination: &f.Correction, Usage: "rollout-logprob correction: none, tis or mis"},
+		&cli.Float64Flag{Name: "correction-low", Value: 0, Destination: &f.CorrectionLow, Usage: "tis/mis lower bound"},
+		&cli.Float64Flag{Name: "correction-high", Value: 2, Destination: &f.CorrectionHigh, Usage: "tis/mis upper bound"},
+		&cli.StringFlag{Name: "reduction", Value: string(ReduceRollout), Destination: &f.Reduction, Usage: "rollout (per-rollout token mean, / G), token-mean or sequence-mean"},
+		&cli.Float64Flag{Name: "kl-coef", Destination: &f.KLCoef, Usage: "KL loss coefficient"},
+		&cli.Float64Flag{Name: "entropy-coef", Destination: &f.EntropyCoef, Usage: "entropy bonus coefficient"},
+		&cli.BoolFlag{Name: "score-centering", Destination: &f.ScoreCentering, Usage: "SC REINFORCE (needs recorded top-p nuclei or top-k heads)"},
+		&cli.Float64Flag{Name: "lr", Value: 1e-6, Destination: &f.LR, Usage: "AdamW learning rate"},
+		&cli.Float64Flag{Name: "weight-decay", Destination: &f.WeightDecay, Usage: "AdamW weight decay"},
+		&cli.Float64Flag{Name: "grad-clip", Value: 1, Destination: &f.GradClip, Usage: "gradient norm clip (0: off)"},
+		&cli.Float64Flag{Name: "temperature", Value: 1, Destination: &f.Temperature, Usage: "the sampling temperature: logprobs are of logits / T"},
+		&cli.Int64Flag{Name: "seed", Destination: &f.Seed, Usage: "the trainer's seed"},
+		&cli.BoolFlag{Name: "dry-run", Destination: &f.DryRun, Usage: "print plan.json and the trainer command, and stop (nothing is written)"},
+		stagecmd.PrintVersionFlag(&f.PrintVersion),
+	}
+}
+
+// Help is kiln-train's manual.
+const Help = `Trains a Hugging Face causal LM on trajectories and their advantages and commits
+what the trainer saved as a checkpoints version (docs/train-stage.md).
+
+The segments of --trajectories are joined to the rows of --advantages, which
+must have been computed from that trajectories version (its lineage is
+checked; segments the advantages left out, such as infrastructure failures,
+are not trained and are counted). Segments are grouped by rollout id in order
+of first appearance; each optimizer step takes exactly --global-batch-size
+rollouts with ALL their segments, so a rollout never spans steps; the
+rollouts left over are dropped and counted. Each step's segments are packed
+first fit into micro-batches of at most --max-tokens-per-microbatch tokens
+(a longer segment gets one of its own; one longer than the model's
+max_position_embeddings is an error naming it).
+
+The batches are written as safetensors files with a plan.json into a work
+directory, and the trainer runs on them:
+   python    PYTHON -m kiln_gpu.train --plan DIR/plan.json
+   torchrun  PYTHON -m torch.distributed.run --nproc-per-node N -m kiln_gpu.train ...
+   srun      srun --ntasks N PYTHON -m kiln_gpu.train ...
+with --gpu-dir on PYTHONPATH. Its progress is a bar on a terminal, log lines
+otherwise; its stderr is passed through prefixed "trainer:". When it exits 0
+having saved a complete checkpoint (weights in model-0000i-of-0000n.safetensors
+with their index, config.json, the base's tokenizer and chat template,
+metrics.jsonl, optimizer.pt, trainer_state.json), every file becomes an
+attachment of the new checkpoints version, listed in its rows (name, size,
+sha256), with the per-step metrics in the manifest. A trainer that fails or is
+killed commits nothing; rerunning the same command starts it again.
+
+--model and --resume-from take a directory or a checkpoints version, which is
+downloaded (and checked) into --cache-dir. With --resume-from the trainer
+loads its weights and optimizer state.
+
+Examples:
+   kiln-train --trajectories trajectories/step-3 --advantages advantages/step-3 \
+       --model /models/Qwen3-0.6B --out checkpoints/step-3 --global-batch-size 64
+   kiln-train --trajectories trajectories/step-4 --advantages advantages/step-4 \
+       --model checkpoints/step-3 --resume-from checkpoints/step-3 --out checkpoints/step-4
+   kiln-train ... --dry-run          # print plan.json and the command`
+
+// App is the kiln-train binary on env.
+func App(env *stagecmd.Env) *cli.App {
+	f := &Flags{}
+	return env.App(&cli.App{
+		Name:        "kiln-train",
+		Usage:       "train a Hugging Face model on rollout-atomic batches and commit a checkpoint",
+		Description: Help,
+		Flags:       f.Flags(),
+		Action:      func(c *cli.Context) error { return Action(c, env, f) },
+	})
+}
+
+// Options describe one kiln-train run.
+type Options struct {
+	Trajectories, Advantages, Model, ResumeFrom string
+	Batching
+	Loss      LossConfig
+	Optimizer OptimizerConfig
+	Seed      int64
+	Temp      float64
+	Launcher  Launcher
+	NProc     int
+	Python    string
+	GPUDir    string
+	CacheDir  string
+	WorkDir   string
+	KeepWork  bool
+	DryRun    bool
+}
+
+// Action runs kiln-train from parsed flags.
+func Action(c *cli.Context, env *stagecmd.Env, f *Flags) error {
+	if c.NArg() != 0 {
+		return stagecmd.Usagef("kiln-train takes no arguments, got %q; see --help", c.Args().First())
+	}
+	o, err := f.options(c)
+	if err != nil {
+		return err
+	}
+	st, err := stagecmd.OpenStore(c)
+	if err != nil {
+		return err
+	}
+	out := stagecmd.Output{Name: f.Out, PrintVersion: f.PrintVersion, Hook: env.Hook}
+	_, err = Run(c.Context, env, st, out, o)
+	return err
+}
+
+func (f *Flags) options(c *cli.Context) (Options, error) {
+	red, err := ParseReduction(f.Reduction)
+	if err != nil {
+		return Options{}, stagecmd.UsageError{Err: err}
+	}
+	l, err := ParseLauncher(f.Launcher)
+	if err != nil {
+		return Options{}, stagecmd.UsageError{Err: err}
+	}
+	switch f.Objective {
+	case "ppo", "gspo", "cispo", "reinforce":
+	default:
+		return Options{}, stagecmd.Usagef("--objective %q: want ppo, gspo, cispo or reinforce", f.Objective)
+	}
+	var corr *string
+	switch f.Correction {
+	case "none", "":
+	case "tis", "mis":
+		s := f.Correction
+		corr = &s
+	default:
+		return Options{}, stagecmd.Usagef("--correction %q: want none, tis or mis", f.Correction)
+	}
+	packing := Packing(f.Packing)
+	if packing != FirstFit && packing != FirstFitDecreasing {
+		return Options{}, stagecmd.Usagef("--packing %q: want first-fit-decreasing or first-fit", f.Packing)
+	}
+	opt := func(name string, v float64) *float64 {
+		if c.IsSet(name) {
+			return &v
+		}
+		return nil
+	}
+	if c.IsSet("eps-clip-c") && !(f.EpsClipC > 1) {
+		return Options{}, stagecmd.Usagef("--eps-clip-c %v: the dual-clip constant must be > 1", f.EpsClipC)
+	}
+	switch {
+	case f.GlobalBatchSize < 1:
+		return Options{}, stagecmd.Usagef("--global-batch-size %d: want at least 1 rollout per step", f.GlobalBatchSize)
+	case f.MaxTokens < 0:
+		return Options{}, stagecmd.Usagef("--max-tokens-per-microbatch %d: want a positive cap (or 0 for one micro-batch per step)", f.MaxTokens)
+	case f.NProc < 1:
+		return Options{}, stagecmd.Usagef("--nproc %d: want at least 1", f.NProc)
+	case !(f.Temperature > 0):
+		return Options{}, stagecmd.Usagef("--temperature %v: want > 0 (the sampler's temperature)", f.Temperature)
+	case !(f.LR > 0):
+		return Options{}, stagecmd.Usagef("--lr %v: want > 0", f.LR)
+	case f.Model == "":
+		return Options{}, stagecmd.Usagef("--model: want a checkpoint directory or a checkpoints version")
+	}
+	python := f.Python
+	if python == "" {
+		python = DefaultPython(os.Getenv)
+	}
+	gpu := f.GPUDir
+	if gpu == "" {
+		gpu = DefaultGPUDir(os.Getenv)
+	}
+	cache := f.CacheDir
+	if cache == "" {
+		if home, err := os.UserHomeDir(); err == nil {
+			cache = filepath.Join(home, ".cache", "kiln", "checkpoints")
+		}
+	}
+	return Options{
+		Trajectories: f.Trajectories, Advantages: f.Advantages, Model: f.Model, ResumeFrom: f.ResumeFrom,
+		Batching: Batching{GlobalBatchSize: f.GlobalBatchSize, MaxTokens: f.MaxTokens, Packing: packing, Reduction: red},
+		Loss: LossConfig{Objective: f.Objective, EpsClip: f.EpsClip, EpsClipHigh: opt("eps-clip-high", f.EpsClipHigh), EpsClipC: opt("eps-clip-c", f.EpsClipC),
+			Correction: corr, CorrectionLow: f.CorrectionLow, CorrectionHigh: f.CorrectionHigh, Reduction: string(red),
+			KLCoef: f.KLCoef, EntropyCoef: f.EntropyCoef, ScoreCentering: f.ScoreCentering},
+		Optimizer: OptimizerConfig{LR: f.LR, WeightDecay: f.WeightDecay, Betas: [2]float64{0.9, 0.999}, Eps: 1e-8, GradClip: f.GradClip},
+		Seed:      f.Seed, Temp: f.Temperature, Launcher: l, NProc: f.NProc,
+		Python: python, GPUDir: gpu, CacheDir: cache, WorkDir: f.WorkDir, KeepWork: f.KeepWork, DryRun: f.DryRun,
+	}, nil
+}
+
+// Run trains per o and commits the checkpoints version out names.
+func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Output, o Options) (dataset.Result, error) {
+	inputs, err := stagecmd.ResolveInputs(ctx, st, []string{o.Trajectories, o.Advantages}, out.Part)
+	if err != nil {
+		return dataset.Result{}, err
+	}
+	tv, err := openKind(ctx, st, inputs[0], records.TrajectoriesKind(), "--trajectories")
+	if err != nil {
+		return dataset.Result{}, err
+	}
+	av, err := openKind(ctx, st, inputs[1], records.AdvantagesKind(), "--advantages")
+	if err != nil {
+		return dataset.Result{}, err
+	}
+	if !slices.Contains(av.Inputs, tv.Ref()) {
+		names := make([]string, len(av.Inputs))
+		for i, in := range av.Inputs {
+			names[i] = in.String()
+		}
+		return dataset.Result{}, stagecmd.BadInputf("advantages %s were not computed from trajectories %s (their inputs: %s): pass the advantages of these trajectories (kiln-advantages --trajectories %s ...)",
+			av.Ref(), tv.Ref(), strings.Join(names, ", "), tv.Ref())
+	}
+	model, err := ResolveModel(ctx, st, o.Model, o.CacheDir, "--model")
+	if err != nil {
+		return dataset.Result{}, err
+	}
+	var resume *Model
+	if o.ResumeFrom != "" {
+		if resume, err = ResolveModel(ctx, st, o.ResumeFrom, o.CacheDir, "--resume-from"); err != nil {
+			return dataset.Result{}, err
+		}
+		if _, err := os.Stat(filepath.Join(resume.Dir, "optimizer.pt")); err != nil {
+			return dataset.Result{}, stagecmd.BadInputf("--resume-from %q has no optimizer.pt: resume from a checkpoint kiln-train committed, or train without --resume-from", o.ResumeFrom)
+		}
+	}
+	id := dataset.Identity{Stage: "train", CodeVersion: codeVersion, Inputs: inputs, Args: map[string]any{
+		"global_batch_size": o.GlobalBatchSize, "max_tokens_per_microbatch": o.MaxTokens, "packing": string(o.Packing),
+		"loss": o.Loss, "optimizer": o.Optimizer, "seed": o.Seed, "temperature": o.Temp,
+	}}
+	for _, m := range []struct {
+		m    *Model
+		role string
+	}{{model, "model"}, {resume, "resume_from"}} {
+		switch {
+		case m.m == nil:
+		case m.m.Ref.Version != "":
+			id.Inputs = append(id.Inputs, m.m.Ref)
+			id.Args[m.role] = m.m.Ref.String()
+		default:
+			ext, err := dirIdentity(m.role, m.m.Dir)
+			if err != nil {
+				return dataset.Result{}, err
+			}
+			id.External = append(id.External, ext)
+		}
+	}
+	out.Kind = records.CheckpointsKind()
+	out.Identity = id
+
+	t0 := time.Now()
+	segs, stats, err := ReadJoined(ctx, tv, av)
+	if err != nil {
+		return dataset.Result{}, err
+	}
+	b := o.Batching
+	b.MaxContext = model.MaxContext
+	layout, err := BuildLayout(segs, b)
+	if err != nil {
+		return dataset.Result{}, stagecmd.BadInputError{Err: fmt.Errorf("trajectories %s: %w", tv.Ref(), err)}
+	}
+	if len(layout.Steps) == 0 {
+		return dataset.Result{}, stagecmd.BadInputf("trajectories %s: %d rollouts fill no step of --global-batch-size %d: lower it or train on more rollouts",
+			tv.Ref(), layout.Dropped, o.GlobalBatchSize)
+	}
+	plan := &Plan{Format: PlanFormat, Model: model.Dir, Seed: o.Seed, Temperature: o.Temp,
+		GlobalBatchSize: o.GlobalBatchSize, Loss: o.Loss, Optimizer: o.Optimizer}
+	if resume != nil {
+		plan.ResumeFrom = &resume.Dir
+	}
+	plan.FillSteps(segs, layout, o.Reduction)
+	env.Log.Info("plan", "segments", len(segs), "segments_without_advantages", stats.WithoutAdvantages,
+		"steps", len(layout.Steps), "dropped_rollouts", layout.Dropped, "read_s", time.Since(t0).Seconds())
+
+	if o.DryRun {
+		ref, err := out.Identity.Version()
+		if err != nil {
+			return dataset.Result{}, err
+		}
+		plan.Out = filepath.Join("WORK", "out")
+		b, err := MarshalPlan(plan)
+		if err != nil {
+			return dataset.Result{}, err
+		}
+		env.Stdout.Write(b)
+		fmt.Fprintln(env.Stdout, strings.Join(Command(o.Launcher, o.Python, o.NProc, filepath.Join("WORK", "plan.json")), " "))
+		fmt.Fprintf(env.Stdout, "# would commit %s@%s\n", out.Name, ref)
+		return dataset.Result{}, nil
+	}
+	return stagecmd.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
+		if o.GPUDir == "" || !isDir(filepath.Join(o.GPUDir, "kiln_gpu")) {
+			return nil, stagecmd.Usagef("no kiln_gpu package at --gpu-dir %q: pass --gpu-dir REPO/gpu (or set KILN_GPU_DIR)", o.GPUDir)
+		}
+		gpuDir, _ := filepath.Abs(o.GPUDir)
+		work, err := os.MkdirTemp(o.WorkDir, "kiln-train-"+w.Ref().Version+"-")
+		if err != nil {
+			return nil, fmt.Errorf("work directory under %q: %w (set --work-dir)", o.WorkDir, err)
+		}
+		if work, err = filepath.Abs(work); err != nil {
+			return nil, err
+		}
+		if !o.KeepWork {
+			defer os.RemoveAll(work)
+		}
+		plan.Out = filepath.Join(work, "out")
+		if err := WriteBatches(work, plan, segs, layout, o.Reduction); err != nil {
+			return nil, fmt.Errorf("writing the batches: %w", err)
+		}
+		argv := Command(o.Launcher, o.Python, o.NProc, filepath.Join(work, "plan.json"))
+		env.Log.Info("trainer", "command", strings.Join(argv, " "), "work", work)
+		progress := stagecmd.NewProgress(env.Stderr, env.Log, "train", "steps", int64(len(plan.Steps)))
+		tr, err := RunTrainer(ctx, argv, work, gpuDir, env.Stderr, env.Log, progress)
+		progress.Done()
+		if err != nil {
+			return nil, err
+		}
+		if filepath.Clean(tr.Saved) != filepath.Clean(plan.Out) {
+			return nil, fmt.Errorf("the trainer saved to %q, not the plan's out %q: nothing was committed", tr.Saved, plan.Out)
+		}
+		if err := CheckOut(plan.Out, model); err != nil {
+			return nil, err
+		}
+		files, err := upload(ctx, st, w.Ref(), plan.Out, env.Log)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := w.WriteShard(ctx, int64(len(files)), nil, func(wr io.Writer) error {
+			enc, err := records.NewCheckpointEncoder(wr, records.ArrowOptions{})
+			if err != nil {
+				return err
+			}
+			if err := enc.Write(files...); err != nil {
+				return err
+			}
+			return enc.Close()
+		}); err != nil {
+			return nil, err
+		}
+		m := map[string]any{
+			"steps": len(plan.Steps), "dropped_rollouts": layout.Dropped, "segments": len(segs),
+			"segments_without_advantages": stats.WithoutAdvantages,
+			"rollouts_trained":            len(plan.Steps) * o.GlobalBatchSize,
+			"base_model":                  modelName(model), "step_metrics": stepColumns(tr.Steps),
+		}
+		var tokens, trained, mbs int64
+		for _, s := range plan.Steps {
+			tokens += s.Tokens
+			trained += s.TrainedTokens
+			mbs += int64(len(s.MicroBatches))
+		}
+		m["tokens"], m["trained_tokens"], m["micro_batches"] = tokens, trained, mbs
+		if resume != nil {
+			m["resume_from"] = modelName(resume)
+		}
+		return m, nil
+	})
+}
+
+func modelName(m *Model) string {
+	if m.Ref.Version != "" {
+		return m.Ref.String()
+	}
+	return m.Dir
+}
+
+// stepColumns is the per-step metrics as columns: each key of the step
+// events (but "event") an array with one value per step (null where a
+// step lacked it).
+func stepColumns(steps []map[string]any) map[string]any {
+	cols := map[string]any{}
+	keys := map[string]bool{}
+	for _, s := range steps {
+		for k := range s {
+			if k != "event" {
+				keys[k] = true
+			}
+		}
+	}
+	for k := range keys {
+		col := make([]any, len(steps))
+		for i, s := range steps {
+			col[i] = s[k]
+		}
+		cols[k] = col
+	}
+	return cols
+}
+
+// upload stores every regular file under dir as an attachment of ref and
+// returns their rows, sorted by name.
+func upload(ctx context.Context, st store.Store, ref dataset.Ref, dir string, log interface{ Info(string, ...any) }) ([]records.CheckpointFile, error) {
+	var files []records.CheckpointFile
+	t0 := time.Now()
+	var total int64
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		rel = filepath.ToSlash(rel)
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		fi, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		h := sha256.New()
+		if _, err := st.Put(ctx, dataset.AttachmentKey(ref, rel), io.TeeReader(f, h), fi.Size()); err != nil {
+			return fmt.Errorf("storing %q of the checkpoint in %s: %w", rel, st.URI(), err)
+		}
+		total += fi.Size()
+		files = append(files, records.CheckpointFile{Name: rel, Size: fi.Size(), SHA256: hex.EncodeToString(h.Sum(nil))})
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(files, func(i, j int) bool { return files[i].Name < files[j].Name })
+	log.Info("checkpoint stored", "files", len(files), "bytes", total, "seconds", time.Since(t0).Seconds())
+	return files, nil
+}
+
+func openKind(ctx context.Context, st store.Store, ref dataset.Ref, kind records.Kind, flag string) (*dataset.Version, error) {
+	v, err := dataset.Open(ctx, st, ref)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	if v.Kind().Name != kind.Name {
+		return nil, stagecmd.Usagef("%s %s holds %s records, not %s", flag, v.Ref(), v.Kind().Name, kind.Name)
+	}
+	return v, nil
+}

@@ -1,0 +1,222 @@
+package train
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/kilnrl/kiln/internal/stagecmd"
+)
+
+// Launcher is how the trainer is started (docs/train-stage.md §8).
+type Launcher string
+
+const (
+	LaunchPython   Launcher = "python"
+	LaunchTorchrun Launcher = "torchrun"
+	LaunchSrun     Launcher = "srun"
+)
+
+// ParseLauncher checks a --launcher value.
+func ParseLauncher(s string) (Launcher, error) {
+	switch l := Launcher(s); l {
+	case LaunchPython, LaunchTorchrun, LaunchSrun:
+		return l, nil
+	}
+	return "", fmt.Errorf("--launcher %q: want python, torchrun or srun", s)
+}
+
+// Command is the trainer's argv for plan (an absolute path): python runs
+// one process; torchrun runs python's torch.distributed.run (torchrun
+// itself) with nproc processes; srun starts nproc tasks of python.
+func Command(l Launcher, python string, nproc int, plan string) []string {
+	train := []string{"-m", "kiln_gpu.train", "--plan", plan}
+	switch l {
+	case LaunchTorchrun:
+		return append([]string{python, "-m", "torch.distributed.run", "--nproc-per-node", fmt.Sprint(nproc)}, train...)
+	case LaunchSrun:
+		return append([]string{"srun", "--ntasks", fmt.Sprint(nproc), python}, train...)
+	}
+	return append([]string{python}, train...)
+}
+
+// DefaultPython is the trainer's interpreter when --python is not given:
+// $KILN_PYTHON, else the gpu virtual environment that
+// scripts/install-gpu-deps.sh recorded, else python3 on PATH.
+func DefaultPython(getenv func(string) string) string {
+	if p := getenv("KILN_PYTHON"); p != "" {
+		return p
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		if b, err := os.ReadFile(filepath.Join(home, ".cache", "kiln", "gpu-venv-current")); err == nil {
+			p := filepath.Join(strings.TrimSpace(string(b)), "bin", "python")
+			if _, err := os.Stat(p); err == nil {
+				return p
+			}
+		}
+	}
+	return "python3"
+}
+
+// DefaultGPUDir finds the repository's gpu/ directory (the one holding
+// kiln_gpu/) when --gpu-dir is not given: $KILN_GPU_DIR, else the first
+// ancestor of the running binary, then of the working directory, with a
+// gpu/kiln_gpu/ inside. "" when there is none.
+func DefaultGPUDir(getenv func(string) string) string {
+	if d := getenv("KILN_GPU_DIR"); d != "" {
+		return d
+	}
+	var starts []string
+	if self, err := os.Executable(); err == nil {
+		starts = append(starts, filepath.Dir(self))
+	}
+	if wd, err := os.Getwd(); err == nil {
+		starts = append(starts, wd)
+	}
+	for _, s := range starts {
+		for d := s; ; d = filepath.Dir(d) {
+			if isDir(filepath.Join(d, "gpu", "kiln_gpu")) {
+				return filepath.Join(d, "gpu")
+			}
+			if filepath.Dir(d) == d {
+				break
+			}
+		}
+	}
+	return ""
+}
+
+// Event is one JSON line of the trainer's stdout (docs/train-stage.md §9).
+type Event struct {
+	Event string         `json:"event"`
+	Step  int            `json:"step"`
+	Steps int            `json:"steps"`
+	Dir   string         `json:"dir"`
+	Raw   map[string]any `json:"-"`
+}
+
+// TrainerRun is one trainer process group's outcome.
+type TrainerRun struct {
+	Steps []map[string]any // the step events, in order
+	Saved string           // the dir of the saved event
+}
+
+// RunTrainer runs argv in dir with gpuDir on PYTHONPATH, reporting each
+// step event to progress and passing stderr to log lines prefixed
+// "trainer: ". It fails unless the trainer exits 0 after a saved event.
+func RunTrainer(ctx context.Context, argv []string, dir, gpuDir string, stderr io.Writer, log *slog.Logger, progress *stagecmd.Progress) (*TrainerRun, error) {
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Dir = dir
+	env := os.Environ()
+	pp := gpuDir
+	if old := os.Getenv("PYTHONPATH"); old != "" {
+		pp += string(os.PathListSeparator) + old
+	}
+	cmd.Env = append(env, "PYTHONPATH="+pp, "PYTHONUNBUFFERED=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	errPipe, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting the trainer %q: %w (set --python or KILN_PYTHON; scripts/install-gpu-deps.sh builds the environment)", argv[0], err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		sc := bufio.NewScanner(errPipe)
+		sc.Buffer(make([]byte, 64<<10), 4<<20)
+		for sc.Scan() {
+			fmt.Fprintf(stderr, "trainer: %s\n", sc.Text())
+		}
+	}()
+	run := &TrainerRun{}
+	var badLine string
+	sc := bufio.NewScanner(out)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		var raw map[string]any
+		if json.Unmarshal(line, &raw) != nil {
+			fmt.Fprintf(stderr, "trainer: %s\n", line)
+			continue
+		}
+		switch raw["event"] {
+		case "start":
+			log.Debug("trainer started", "event", string(line))
+		case "step":
+			run.Steps = append(run.Steps, raw)
+			if progress != nil {
+				progress.Add(1)
+			}
+			log.Debug("trainer step", "event", string(line))
+		case "saved":
+			run.Saved, _ = raw["dir"].(string)
+		default:
+			if badLine == "" {
+				badLine = string(line)
+			}
+		}
+	}
+	io.Copy(io.Discard, out)
+	wg.Wait()
+	err = cmd.Wait()
+	if err != nil {
+		return nil, fmt.Errorf("the trainer failed after %d step(s) (%v); its stderr is above, prefixed \"trainer:\"; nothing was committed, and a rerun of the same command starts again: %w", len(run.Steps), strings.Join(argv, " "), err)
+	}
+	if badLine != "" {
+		log.Warn("trainer printed an unknown event", "line", badLine)
+	}
+	if run.Saved == "" {
+		return nil, fmt.Errorf("the trainer exited 0 without a saved event: nothing was committed")
+	}
+	return run, nil
+}
+
+// CheckOut checks what the trainer saved in out (docs/train-stage.md §6):
+// the index and every shard it names, config.json, the base's non-weight
+// files and the trainer's own files.
+func CheckOut(out string, base *Model) error {
+	has := func(f string) bool {
+		fi, err := os.Stat(filepath.Join(out, f))
+		return err == nil && fi.Mode().IsRegular()
+	}
+	var missing []string
+	need := append([]string{"model.safetensors.index.json", "config.json", "metrics.jsonl", "optimizer.pt", "trainer_state.json"}, base.BaseFiles...)
+	for _, f := range need {
+		if !has(f) {
+			missing = append(missing, f)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "model.safetensors.index.json")); err == nil {
+		var idx struct {
+			WeightMap map[string]string `json:"weight_map"`
+		}
+		if err := json.Unmarshal(b, &idx); err != nil || len(idx.WeightMap) == 0 {
+			return fmt.Errorf("trainer output %q: model.safetensors.index.json has no weight_map (%v)", out, err)
+		}
+		seen := map[string]bool{}
+		for _, shard := range idx.WeightMap {
+			if !seen[shard] && !has(shard) {
+				missing = append(missing, shard)
+			}
+			seen[shard] = true
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("the trainer exited 0 but %q lacks %s: nothing was committed (a trainer bug: see docs/train-stage.md §6)", out, strings.Join(missing, ", "))
+	}
+	return nil
+}
