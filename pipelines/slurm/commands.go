@@ -1,0 +1,409 @@
+package slurm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/kilnrl/kiln/internal/stagecmd"
+)
+
+// Target is what the commands need of one planned target (the pipelines
+// package's Target, adapted by PipelinePlanner).
+type Target struct {
+	Name    string
+	Deps    []string
+	Done    bool
+	Why     string
+	Service bool
+	Health  string
+
+	Shards, Throttle, CPUs, GPUs, Nodes int
+	Memory, Time, Partition             string
+}
+
+// Planner plans FILE for the goals with the variables, reading done-ness
+// from the store --store names; targets come in dependency order.
+type Planner func(ctx context.Context, c *cli.Context, file string, goals []string, vars map[string]string) ([]Target, error)
+
+// Options configure the commands.
+type Options struct {
+	// Plan plans a spec (PipelinePlanner in kiln).
+	Plan Planner
+	// RunLine is the script line that runs one target and records it in
+	// the store. Default: KILN --store STORE run FILE --only TARGET VAR=...,
+	// the pipelines package's contract for driverless executors.
+	RunLine func(file, store string, t Target, vars map[string]string) string
+	// Kiln is the kiln binary the jobs run (default: this executable).
+	Kiln string
+}
+
+// Commands returns "kiln slurm" and "kiln status".
+func Commands(env *stagecmd.Env, o Options) []*cli.Command {
+	return []*cli.Command{slurmCommand(env, o), statusCommand(env, o)}
+}
+
+type slurmFlags struct {
+	dryRun, dir string
+}
+
+func slurmCommand(env *stagecmd.Env, o Options) *cli.Command {
+	var f slurmFlags
+	return &cli.Command{
+		Name:      "slurm",
+		Usage:     "submit a pipeline's unfinished targets to Slurm as chained sbatch jobs, then exit",
+		ArgsUsage: "FILE [TARGET...] [VAR=value...]",
+		Description: `Plans FILE as "kiln plan" does and submits every target that is not done
+and not already queued or running in Slurm: one sbatch job per target (a
+job array of N tasks for a target with shards=N, throttled by throttle=T),
+chained with --dependency=afterok on sbatch --parsable IDs and
+--kill-on-invalid-dep=yes, so a failure cancels what depends on it. It
+exits as soon as everything is submitted; no process stays to drive the
+pipeline. Each job runs "kiln run FILE --only TARGET", which reads its
+inputs' versions from the store and records the target as done there only
+after its recipe succeeded.
+
+Run it again after a failure (fix the cause first): done targets are
+skipped, targets still queued or running are left alone (new jobs wait on
+them), and the failed or cancelled tail is resubmitted. "kiln status FILE"
+shows each target's state.
+
+Scripts, logs (DIR/logs) and the record of submitted job IDs live in the
+run directory, --dir (default .kiln-slurm/NAME beside FILE), which must be
+on a filesystem every node sees.
+
+Examples:
+  kiln slurm rl.kiln STEPS=10
+  kiln slurm rl.kiln train/3 --dry-run /tmp/jobs   # write the sbatch scripts, submit nothing
+  kiln status rl.kiln STEPS=10`,
+		Flags: []cli.Flag{
+			stagecmd.StoreFlag(),
+			&cli.StringFlag{Name: "dry-run", Usage: "write the sbatch scripts (and submit.order) into `DIR` instead of submitting", Destination: &f.dryRun},
+			&cli.StringFlag{Name: "dir", Usage: "run `DIR` on the shared filesystem (default .kiln-slurm/NAME beside FILE)", Destination: &f.dir},
+		},
+		Action: func(c *cli.Context) error {
+			file, goals, vars, err := parseArgs(c)
+			if err != nil {
+				return err
+			}
+			dir, err := runDir(file, f.dir)
+			if err != nil {
+				return err
+			}
+			targets, err := o.Plan(c.Context, c, file, goals, vars)
+			if err != nil {
+				return err
+			}
+			rec, err := readRecord(dir)
+			if err != nil {
+				return err
+			}
+			live, err := liveJobs(c.Context, targets, rec)
+			if err != nil {
+				return err
+			}
+			jobs, err := o.jobs(c, file, targets, vars, live)
+			if err != nil {
+				return err
+			}
+			if len(jobs) == 0 {
+				fmt.Fprintf(env.Stderr, "nothing to submit: every target is done or already in Slurm\n")
+				return nil
+			}
+			if f.dryRun != "" {
+				scripts, err := WriteScripts(f.dryRun, jobs, CompileOptions{Dir: dir})
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(env.Stderr, "wrote %d sbatch script(s) to %s (submit.order lists them in order)\n", len(scripts), f.dryRun)
+				return nil
+			}
+			ids, err := Submit(c.Context, jobs, SubmitOptions{CompileOptions: CompileOptions{Dir: dir}, Live: live})
+			for name, id := range ids {
+				rec[name] = id
+			}
+			if werr := writeRecord(dir, rec); werr != nil && err == nil {
+				err = werr
+			}
+			if err != nil {
+				return fmt.Errorf("%w (the jobs submitted so far are recorded in %s; kiln slurm again resubmits the rest)", err, dir)
+			}
+			for _, j := range jobs {
+				fmt.Fprintf(env.Stdout, "%s\t%s\n", j.Name, ids[j.Name])
+			}
+			fmt.Fprintf(env.Stderr, "submitted %d job(s); %d already in Slurm; kiln status %s shows progress\n", len(jobs), len(live), file)
+			return nil
+		},
+	}
+}
+
+func statusCommand(env *stagecmd.Env, o Options) *cli.Command {
+	var dirFlag string
+	return &cli.Command{
+		Name:      "status",
+		Usage:     "each target's state, from the store and from Slurm (squeue, sacct)",
+		ArgsUsage: "FILE [TARGET...] [VAR=value...]",
+		Description: `Prints one line per target: its name, its state, the Slurm job ID and a
+detail. The store decides first: a target whose output the store holds is
+"done", whatever Slurm says. Otherwise the job "kiln slurm" submitted for it
+is looked up (squeue --states=all, then sacct): pending, running, failed,
+cancelled (a dependency failed: DependencyNeverSatisfied), timeout, ...; a
+target never submitted, or whose job Slurm no longer knows, is "missing".
+"kiln slurm FILE" again resubmits the failed, cancelled and missing ones.
+
+Examples:
+  kiln status rl.kiln
+  kiln status rl.kiln STEPS=10 --dir /shared/runs/rl`,
+		Flags: []cli.Flag{
+			stagecmd.StoreFlag(),
+			&cli.StringFlag{Name: "dir", Usage: "the run `DIR` kiln slurm used", Destination: &dirFlag},
+		},
+		Action: func(c *cli.Context) error {
+			file, goals, vars, err := parseArgs(c)
+			if err != nil {
+				return err
+			}
+			dir, err := runDir(file, dirFlag)
+			if err != nil {
+				return err
+			}
+			targets, err := o.Plan(c.Context, c, file, goals, vars)
+			if err != nil {
+				return err
+			}
+			rec, err := readRecord(dir)
+			if err != nil {
+				return err
+			}
+			rows, err := Reconcile(c.Context, targets, rec, QueryOptions{})
+			if err != nil {
+				return err
+			}
+			return printStatus(env.Stdout, rows)
+		},
+	}
+}
+
+// Row is one target's reconciled state.
+type Row struct {
+	Target, State, Job, Detail string
+}
+
+// Reconcile says each target's state: "done" from the store, else the
+// lower-cased Slurm state of its recorded job, else "missing".
+func Reconcile(ctx context.Context, targets []Target, rec map[string]string, o QueryOptions) ([]Row, error) {
+	var ids []string
+	for _, t := range targets {
+		if id := rec[t.Name]; id != "" && !t.Done {
+			ids = append(ids, id)
+		}
+	}
+	st, err := Query(ctx, ids, o)
+	if err != nil {
+		return nil, err
+	}
+	var rows []Row
+	for _, t := range targets {
+		r := Row{Target: t.Name, Job: rec[t.Name]}
+		switch s, ok := st[r.Job]; {
+		case t.Done:
+			r.State, r.Detail = "done", t.Why
+		case r.Job == "" || !ok || s.State == "UNKNOWN":
+			r.State, r.Detail = "missing", t.Why
+		case s.State == "COMPLETED":
+			// Slurm says it ended well but the store lacks it.
+			r.State, r.Detail = "missing", "job completed but the store does not hold its output"
+			if t.Service {
+				r.State, r.Detail = "done", "service stopped after its users"
+			}
+		default:
+			r.State, r.Detail = strings.ToLower(s.State), s.Reason
+			if len(s.Tasks) > 0 {
+				r.Detail = strings.TrimSpace(r.Detail + " " + taskSummary(s.Tasks))
+			}
+		}
+		if r.Detail == "None" {
+			r.Detail = ""
+		}
+		rows = append(rows, r)
+	}
+	return rows, nil
+}
+
+func taskSummary(tasks map[int]string) string {
+	count := map[string]int{}
+	for _, s := range tasks {
+		count[strings.ToLower(s)]++
+	}
+	var parts []string
+	for _, k := range sortedKeys(count) {
+		parts = append(parts, fmt.Sprintf("%d %s", count[k], k))
+	}
+	return "(tasks: " + strings.Join(parts, ", ") + ")"
+}
+
+func printStatus(w io.Writer, rows []Row) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TARGET\tSTATE\tJOB\tDETAIL")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Target, r.State, r.Job, r.Detail)
+	}
+	return tw.Flush()
+}
+
+// liveJobs are the recorded jobs of not-done targets that Slurm may still
+// run: kiln slurm leaves them alone and chains new jobs after them.
+func liveJobs(ctx context.Context, targets []Target, rec map[string]string) (map[string]string, error) {
+	var ids []string
+	for _, t := range targets {
+		if id := rec[t.Name]; id != "" && !t.Done {
+			ids = append(ids, id)
+		}
+	}
+	st, err := Query(ctx, ids, QueryOptions{})
+	if err != nil {
+		return nil, err
+	}
+	live := map[string]string{}
+	for _, t := range targets {
+		if id := rec[t.Name]; id != "" && !t.Done && st[id].Active() {
+			live[t.Name] = id
+		}
+	}
+	return live, nil
+}
+
+// jobs are the targets to submit: not done, not live, and for a service,
+// used by a job submitted now.
+func (o Options) jobs(c *cli.Context, file string, targets []Target, vars map[string]string, live map[string]string) ([]Job, error) {
+	storeURI := c.String("store")
+	if !strings.Contains(storeURI, "://") {
+		abs, err := filepath.Abs(storeURI)
+		if err != nil {
+			return nil, err
+		}
+		storeURI = abs
+	}
+	absFile, err := filepath.Abs(file)
+	if err != nil {
+		return nil, err
+	}
+	runLine := o.RunLine
+	if runLine == nil {
+		kiln := o.Kiln
+		if kiln == "" {
+			if kiln, err = os.Executable(); err != nil {
+				return nil, fmt.Errorf("finding the kiln binary for the jobs: %w", err)
+			}
+		}
+		runLine = func(file, store string, t Target, vars map[string]string) string {
+			args := []string{shq(kiln), "--store", shq(store), "run", shq(file), "--only", shq(t.Name)}
+			for _, k := range sortedKeys(vars) {
+				args = append(args, shq(k+"="+vars[k]))
+			}
+			return strings.Join(args, " ")
+		}
+	}
+	byName := map[string]Target{}
+	for _, t := range targets {
+		byName[t.Name] = t
+	}
+	submit := map[string]bool{}
+	for _, t := range targets {
+		if !t.Done && live[t.Name] == "" && !t.Service {
+			submit[t.Name] = true
+		}
+	}
+	for _, t := range targets {
+		if !submit[t.Name] {
+			continue
+		}
+		for _, d := range t.Deps {
+			if s := byName[d]; s.Service && live[d] == "" {
+				submit[d] = true
+			}
+		}
+	}
+	var jobs []Job
+	for _, t := range targets {
+		if !submit[t.Name] {
+			continue
+		}
+		var after []string
+		for _, d := range t.Deps {
+			if submit[d] || live[d] != "" {
+				after = append(after, d)
+			}
+		}
+		jobs = append(jobs, Job{
+			Name: t.Name, Script: runLine(absFile, storeURI, t, vars) + "\n", After: after,
+			Shards: t.Shards, Throttle: t.Throttle, CPUs: t.CPUs, GPUs: t.GPUs, Nodes: t.Nodes,
+			Memory: t.Memory, Time: t.Time, Partition: t.Partition, Service: t.Service, Health: t.Health,
+		})
+	}
+	return jobs, nil
+}
+
+// parseArgs splits FILE [TARGET...] [VAR=value...].
+func parseArgs(c *cli.Context) (file string, goals []string, vars map[string]string, err error) {
+	args := c.Args().Slice()
+	if len(args) == 0 {
+		return "", nil, nil, stagecmd.Usagef("%s: give the pipeline FILE; see `kiln %s --help`", c.Command.Name, c.Command.Name)
+	}
+	vars = map[string]string{}
+	for _, a := range args[1:] {
+		if k, v, ok := strings.Cut(a, "="); ok && k != "" && !strings.Contains(k, "/") {
+			vars[k] = v
+		} else {
+			goals = append(goals, a)
+		}
+	}
+	return args[0], goals, vars, nil
+}
+
+func runDir(file, dir string) (string, error) {
+	if dir == "" {
+		base := strings.TrimSuffix(filepath.Base(file), ".kiln")
+		dir = filepath.Join(filepath.Dir(file), ".kiln-slurm", base)
+	}
+	return filepath.Abs(dir)
+}
+
+const recordFile = "jobs.json"
+
+// readRecord reads the run directory's target -> job ID record.
+func readRecord(dir string) (map[string]string, error) {
+	data, err := os.ReadFile(filepath.Join(dir, recordFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return map[string]string{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the job record: %w", err)
+	}
+	rec := map[string]string{}
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return nil, fmt.Errorf("the job record %q is damaged (%w): delete it, and kiln slurm resubmits what the store lacks", filepath.Join(dir, recordFile), err)
+	}
+	return rec, nil
+}
+
+// writeRecord replaces the record atomically (rename).
+func writeRecord(dir string, rec map[string]string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	data, _ := json.MarshalIndent(rec, "", "  ")
+	tmp := filepath.Join(dir, recordFile+".tmp")
+	if err := os.WriteFile(tmp, append(data, '\n'), 0o644); err != nil {
+		return fmt.Errorf("writing the job record: %w", err)
+	}
+	return os.Rename(tmp, filepath.Join(dir, recordFile))
+}
