@@ -1,0 +1,341 @@
+"""The trainer (docs/train.md §8–§11): gradients through its own micro-batch
+path, score centering, the objectives against a reference, output layout,
+bad plans, resume parity and torchrun parity."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from kiln_gpu import train
+from kiln_gpu.batches import load_micro_batch
+from kiln_gpu.loss import LossConfig
+from kiln_gpu.objectives import Objective, micro_batch_loss, score_centering_term
+from planio import segment, write_plan
+
+VOCAB = 1000  # ids drawn below this: fast, and inside the tiny model's vocabulary
+
+
+@pytest.fixture(scope="module")
+def model64(tiny_checkpoint):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float64)
+
+
+def step_grad(model, plan_path, obj):
+    """The step's gradient through the trainer's own micro-batch path."""
+    from kiln_gpu.batches import load_plan
+
+    plan = load_plan(plan_path)
+    model.zero_grad(set_to_none=True)
+    total = 0.0
+    for f in plan.steps[0].micro_batches:
+        m = train.micro_batch_step(model, None, load_micro_batch(f), obj, plan.steps[0].divisor, plan.temperature,
+                                   torch.device("cpu"), lambda: torch.autocast("cpu", enabled=False))
+        total += m["loss"]
+    return total, [p.grad.clone() for p in model.parameters()]
+
+
+def test_split_rollout_across_micro_batches_same_gradient(model64, tiny_checkpoint, tmp_path):
+    g = torch.Generator().manual_seed(1)
+    r0 = [segment(g, VOCAB, 5, 6, 0, 0.7), segment(g, VOCAB, 4, 5, 0, 0.7, mask=[1, 0, 1, 1, 1])]
+    r1 = [segment(g, VOCAB, 3, 7, 1, -1.2)]
+    obj = Objective(base=LossConfig(correction="tis"))
+    a = write_plan(tmp_path / "a", tiny_checkpoint, [[r0 + r1]], tmp_path / "oa", temperature=0.7)
+    b = write_plan(tmp_path / "b", tiny_checkpoint, [[[r0[0], r1[0]], [r0[1]]]], tmp_path / "ob", temperature=0.7)
+    la, ga = step_grad(model64, a, obj)
+    lb, gb = step_grad(model64, b, obj)
+    assert lb == pytest.approx(la, abs=1e-12)
+    diff = max(float((x - y).abs().max()) for x, y in zip(ga, gb))
+    scale = max(float(x.abs().max()) for x in ga)
+    assert scale > 1e-6 and diff <= 1e-6 and diff <= 1e-8 * scale, (diff, scale)
+
+
+def test_twenty_segments_weigh_as_one(model64, tiny_checkpoint, tmp_path):
+    """A rollout cut into 20 one-token segments (same prefix, the response
+    split) gets the same weight as the same tokens in one segment."""
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, VOCAB, (25,), generator=g).tolist()
+    roll = [-1.0] * 20
+    one = {"prompt": ids[:5], "response": ids[5:], "mask": [1] * 20, "roll": roll, "adv": [0.5] * 20,
+           "rollout": 0, "spans": None}
+    many = [{"prompt": ids[:5 + i], "response": [ids[5 + i]], "mask": [1], "roll": [-1.0], "adv": [0.5],
+             "rollout": 0, "spans": None} for i in range(20)]
+    other = segment(g, VOCAB, 4, 3, 1, -1.0)
+    obj = Objective()
+    for red, same in (("rollout", True), ("sequence-mean", False)):
+        a = write_plan(tmp_path / f"a{red}", tiny_checkpoint, [[[one, other]]], tmp_path / "o", loss={"reduction": red})
+        b = write_plan(tmp_path / f"b{red}", tiny_checkpoint, [[many[:7], many[7:] + [other]]], tmp_path / "o",
+                       loss={"reduction": red})
+        _, ga = step_grad(model64, a, obj)
+        _, gb = step_grad(model64, b, obj)
+        diff = max(float((x - y).abs().max()) for x, y in zip(ga, gb))
+        scale = max(float(x.abs().max()) for x in ga)
+        if same:
+            assert diff <= 1e-6 and diff <= 1e-8 * scale, (red, diff, scale)
+        else:
+            assert diff > 1e-3 * scale, (red, diff, scale)
+
+
+def _sc_setup(seed, V=12, R=5, path="top-p"):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(R, V, generator=g, dtype=torch.float64)
+    offs, ids, probs = [0], [], []
+    for i in range(R):
+        k = 4
+        s = torch.randperm(V, generator=g)[:k]
+        q = torch.rand(k, generator=g, dtype=torch.float64) + 0.1
+        q = q / q.sum() * (0.7 if path == "top-k" else 1.0)
+        ids += s.tolist()
+        probs += q.tolist()
+        offs.append(len(ids))
+    return logits, torch.tensor(offs), torch.tensor(ids), torch.tensor(probs, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("path", ["top-p", "top-k"])
+@pytest.mark.parametrize("corr", [None, "tis", "mis"])
+def test_score_centering_expected_gradient_is_zero(path, corr):
+    """Σ_a q_a ∇ℓ_a = 0 for a constant advantage (spec §4.4)."""
+    cfg = LossConfig(correction=corr, correction_low=0.5, correction_high=2.0)
+    logits, offs, ids, probs = _sc_setup(3, path=path)
+    R = logits.shape[0]
+    p_full = torch.softmax(logits, -1)
+    for i in range(R):
+        s_ids = ids[offs[i]:offs[i + 1]]
+        s_q = probs[offs[i]:offs[i + 1]]
+        # the sampler's distribution of token i: the span (normalised on it
+        # for top-p); for top-k the head plus the tail modelled as ρ·p (spec §4.4)
+        dist = {}
+        if path == "top-p":
+            dist = {a: qa / float(s_q.sum()) for a, qa in zip(s_ids.tolist(), s_q.tolist())}
+        else:
+            rho = (1 - float(s_q.sum())) / (1 - float(p_full[i, s_ids].sum()))
+            dist = {v: rho * float(p_full[i, v]) for v in range(logits.shape[1])}
+            dist.update({a: qa for a, qa in zip(s_ids.tolist(), s_q.tolist())})
+        assert sum(dist.values()) == pytest.approx(1.0, abs=1e-12)
+        total = torch.zeros_like(logits)
+        for a, qa in dist.items():
+            x = logits.clone().requires_grad_(True)
+            target = torch.zeros(R, dtype=torch.long)
+            target[i] = a
+            roll = torch.zeros(R, dtype=torch.float64)
+            roll[i] = torch.log(torch.tensor(qa, dtype=torch.float64))
+            _, score, _ = score_centering_term(x, target, roll, offs, ids, probs, cfg, path)
+            (-1.3 * score[i]).backward()
+            total += qa * x.grad
+        assert float(total.abs().max()) <= 1e-12, (path, corr, i)
+
+
+@pytest.mark.parametrize("path", ["top-p", "top-k"])
+@pytest.mark.parametrize("corr", [None, "tis"])
+def test_score_centering_matching_distributions_zero_correction(path, corr):
+    """q = the trainer's p on the span ⇒ C = 0 and the gradient is REINFORCE's."""
+    cfg = LossConfig(correction=corr)
+    logits, offs, ids, _ = _sc_setup(4, path=path)
+    R = logits.shape[0]
+    lens = offs[1:] - offs[:-1]
+    row = torch.repeat_interleave(torch.arange(R), lens)
+    if path == "top-p":
+        z = logits[row, ids]
+        q = torch.cat([torch.softmax(z[offs[i]:offs[i + 1]], 0) for i in range(R)])
+    else:
+        q = torch.softmax(logits, -1)[row, ids]
+    target = ids[offs[:-1]]
+    x = logits.clone().requires_grad_(True)
+    lp, score, m = score_centering_term(x, target, lp_roll := torch.log(q[offs[:-1]]), offs, ids, q, cfg, path)
+    assert float(m["sc_correction"].abs().max()) <= 1e-12
+    (-(score * 0.8)).sum().backward()
+    y = logits.clone().requires_grad_(True)
+    if path == "top-p":
+        ref = torch.stack([torch.log_softmax(y[i, ids[offs[i]:offs[i + 1]]], 0)[0] for i in range(R)])
+    else:
+        ref = torch.log_softmax(y, -1)[torch.arange(R), target]
+    (-(ref * 0.8)).sum().backward()
+    assert float((x.grad - y.grad).abs().max()) <= 1e-12
+    assert torch.allclose(lp.detach(), lp_roll)
+
+
+def _reference(obj, logits, target, roll, adv, mask, denom, divisor, seg):
+    """docs/train.md §3, §4, §8 per token, with hand-derived gradients with
+    respect to the logits: ∂lp_t/∂z_t = onehot(target_t) − softmax(z_t)."""
+    c = obj.base
+    p = torch.softmax(logits, -1)
+    lp = torch.log(p[torch.arange(len(target)), target])
+    onehot = torch.nn.functional.one_hot(target, logits.shape[-1]).to(logits.dtype)
+    dlp = onehot - p
+    rho = torch.exp(lp - roll)
+    if c.correction == "tis":
+        w = rho.clamp(c.correction_low, c.correction_high)
+    elif c.correction == "mis":
+        w = torch.where((rho >= c.correction_low) & (rho <= c.correction_high), rho, torch.zeros_like(rho))
+    else:
+        w = torch.ones_like(rho)
+    k = mask / denom.clamp(min=1) / divisor
+    # on-policy: r = 1, so every objective's value is −A·w and (inside the
+    # clip range, where 1 always is) its gradient −A·w·∂lp; CISPO and
+    # REINFORCE have no ratio: value −A·w·lp, same gradient; GSPO's ratio is
+    # the segment mean, so its gradient spreads over the segment's tokens
+    value = float((-adv * w * k * (lp if obj.objective in ("cispo", "reinforce") else 1.0)).sum())
+    if obj.objective == "gspo":
+        n = torch.zeros(int(seg.max()) + 1, dtype=logits.dtype).index_add(0, seg, mask)
+        coef = torch.zeros_like(n).index_add(0, seg, -adv * w * k)
+        gz = (coef[seg] * mask / n.clamp(min=1)[seg]).unsqueeze(-1) * dlp
+    else:
+        gz = (-adv * w * k).unsqueeze(-1) * dlp
+    return value, gz
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_differential_against_reference(seed):
+    g = torch.Generator().manual_seed(100 + seed)
+    objective = ["ppo", "gspo", "cispo", "reinforce"][seed % 4]
+    corr = [None, "tis", "mis"][seed % 3]
+    obj = Objective(objective=objective, base=LossConfig(eps_clip=0.2, eps_clip_high=0.28,
+                                                         eps_clip_c=3.0 if objective == "ppo" else None,
+                                                         correction=corr, correction_low=0.3, correction_high=2.0))
+    R, V, S = 17, 9, 4
+    logits = torch.randn(R, V, generator=g, dtype=torch.float64) * 2
+    target = torch.randint(0, V, (R,), generator=g)
+    seg = torch.sort(torch.randint(0, S, (R,), generator=g)).values
+    roll = torch.log(torch.softmax(logits, -1)[torch.arange(R), target]) + torch.randn(R, generator=g,
+                                                                                       dtype=torch.float64)
+    adv = torch.randn(R, generator=g, dtype=torch.float64)
+    mask = (torch.rand(R, generator=g) > 0.2).to(torch.float64)
+    denom = torch.rand(S, generator=g, dtype=torch.float64)[seg] * 10
+    x = logits.clone().requires_grad_(True)
+    out = micro_batch_loss(obj, x, target, roll, adv, mask, denom, 3.0, seg, S)
+    out.loss.backward()
+    want, gz = _reference(obj, logits, target, roll, adv, mask, denom, 3.0, seg)
+    assert out.metrics["loss"] == pytest.approx(want, abs=1e-12)
+    assert float((x.grad - gz).abs().max()) <= 1e-12
+
+
+def _run(plan):
+    return train.main(["--plan", str(plan)])
+
+
+def test_output_layout_loads_and_index_is_consistent(tiny_checkpoint, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    g = torch.Generator().manual_seed(7)
+    segs = [segment(g, VOCAB, 4, 5, r, a) for r, a in ((0, 1.0), (1, -1.0))]
+    out = tmp_path / "out"
+    p = write_plan(tmp_path / "b", tiny_checkpoint, [[segs]], out, max_shard_bytes=20_000_000)
+    assert _run(p) == 0
+    events = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [e["event"] for e in events] == ["start", "step", "saved"]
+    step = events[1]
+    for k in ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "train_rollout_logprob_abs_diff", "grad_norm", "kl_loss",
+              "entropy", "tokens", "tokens_per_s", "mfu", "time_s"):
+        assert k in step, k
+    assert step["mfu"] is None and step["tokens"] == 18
+    names = sorted(x.name for x in out.iterdir())
+    assert "model-00001-of-00002.safetensors" in names and "model-00002-of-00002.safetensors" in names
+    for f in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "metrics.jsonl",
+              "optimizer.pt", "trainer_state.json", "model.safetensors.index.json"):
+        assert f in names
+    idx = json.loads((out / "model.safetensors.index.json").read_text())
+    total = 0
+    seen = set()
+    for shard in sorted(set(idx["weight_map"].values())):
+        t = load_file(str(out / shard))
+        for k, v in t.items():
+            assert idx["weight_map"][k] == shard
+            total += v.numel() * v.element_size()
+            seen.add(k)
+    assert seen == set(idx["weight_map"]) and total == idx["metadata"]["total_size"]
+    m = AutoModelForCausalLM.from_pretrained(out)
+    assert AutoTokenizer.from_pretrained(out).apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    base = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+    moved = max(float((a - b).abs().max()) for a, b in zip(m.parameters(), base.parameters()))
+    assert moved > 0
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["loss"] == step["loss"]
+
+
+@pytest.mark.parametrize("damage, field", [
+    (lambda p: p.update(format="x"), "format"),
+    (lambda p: p["steps"][0].update(micro_batches=["nope.safetensors"]), "micro_batches[0]"),
+    (lambda p: p["loss"].update(objective="dpo"), "objective"),
+    (lambda p: p.update(temperature=0), "temperature"),
+    (lambda p: p["optimizer"].pop("lr"), "optimizer.lr"),
+])
+def test_bad_plan_exits_2_naming_the_field(tiny_checkpoint, tmp_path, caplog, damage, field):
+    g = torch.Generator().manual_seed(8)
+    p = write_plan(tmp_path / "b", tiny_checkpoint, [[[segment(g, VOCAB, 3, 3, 0, 1.0)]]], tmp_path / "out")
+    raw = json.loads(p.read_text())
+    damage(raw)
+    p.write_text(json.dumps(raw))
+    assert _run(p) == 2
+    assert field in caplog.text and str(p) in caplog.text
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_micro_batch_exits_2(tiny_checkpoint, tmp_path, caplog):
+    g = torch.Generator().manual_seed(8)
+    p = write_plan(tmp_path / "b", tiny_checkpoint, [[[segment(g, VOCAB, 3, 3, 0, 1.0)]]], tmp_path / "out")
+    f = tmp_path / "b" / "step-00000" / "mb-00000.safetensors"
+    t = load_file(str(f))
+    t["advantages"] = t["advantages"][:-1]
+    from safetensors.torch import save_file
+
+    save_file(t, str(f))
+    assert _run(p) == 2
+    assert "advantages" in caplog.text and "mb-00000" in caplog.text
+    assert not (tmp_path / "out").exists()
+
+
+def _params(d):
+    out = {}
+    for f in sorted(Path(d).glob("model-*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def _two_steps(tmp_path):
+    g = torch.Generator().manual_seed(9)
+    s0 = [segment(g, VOCAB, 4, 5, 0, 1.0), segment(g, VOCAB, 3, 4, 1, -1.0), segment(g, VOCAB, 5, 3, 1, -1.0)]
+    s1 = [segment(g, VOCAB, 4, 6, 0, -0.5), segment(g, VOCAB, 4, 4, 1, 0.5)]
+    return [[s0[:2], s0[2:]], [s1]]
+
+
+def test_resume_parity(tiny_checkpoint, tmp_path):
+    steps = _two_steps(tmp_path)
+    kw = dict(loss={"correction": "tis"}, optimizer={"lr": 1e-2, "weight_decay": 0.01})
+    assert _run(write_plan(tmp_path / "full", tiny_checkpoint, steps, tmp_path / "o-full", **kw)) == 0
+    assert _run(write_plan(tmp_path / "p0", tiny_checkpoint, steps[:1], tmp_path / "o-0", **kw)) == 0
+    assert _run(write_plan(tmp_path / "p1", tiny_checkpoint, steps[1:], tmp_path / "o-1", resume_from=tmp_path / "o-0",
+                           **kw)) == 0
+    a, b = _params(tmp_path / "o-full"), _params(tmp_path / "o-1")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    last = lambda d: json.loads((d / "metrics.jsonl").read_text().splitlines()[-1])  # noqa: E731
+    assert last(tmp_path / "o-full")["loss"] == last(tmp_path / "o-1")["loss"]
+    assert json.loads((tmp_path / "o-1" / "trainer_state.json").read_text())["global_step"] == 2
+    # and a run without the resumed optimizer state differs (the test can fail)
+    assert _run(write_plan(tmp_path / "p1b", tiny_checkpoint, steps[1:], tmp_path / "o-1b", **kw)) == 0
+    c = _params(tmp_path / "o-1b")
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
+def test_torchrun_two_processes_equal_one(tiny_checkpoint, tmp_path):
+    steps = _two_steps(tmp_path)[:1]
+    one = write_plan(tmp_path / "one", tiny_checkpoint, steps, tmp_path / "o-one")
+    two = write_plan(tmp_path / "two", tiny_checkpoint, steps, tmp_path / "o-two")
+    assert _run(one) == 0
+    torchrun = Path(sys.executable).parent / "torchrun"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), OMP_NUM_THREADS="1")
+    r = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", "29517", "-m", "kiln_gpu.train",
+                        "--plan", str(two)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.splitlines()[1])["event"] == "step"
+    a, b = _params(tmp_path / "o-one"), _params(tmp_path / "o-two")
+    base = _params(tiny_checkpoint) if list(Path(tiny_checkpoint).glob("model-*")) else load_file(
+        str(Path(tiny_checkpoint) / "model.safetensors"))
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-5
+    assert max(float((a[k] - base[k]).abs().max()) for k in a) > 1e-4
