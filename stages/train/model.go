@@ -259,6 +259,9 @@ func ResolveModel(ctx context.Context, st store.Store, arg, cache, flag string) 
 	}
 	r, err := dataset.ParseRef(arg)
 	if err != nil {
+		if _, serr := os.Stat(arg); errors.Is(serr, fs.ErrNotExist) {
+			return nil, fmt.Errorf("%s %q: no such directory, and not a dataset reference (%v): %w", flag, arg, err, fs.ErrNotExist)
+		}
 		return nil, stagecmd.Usagef("%s %q is neither a directory nor a dataset reference: %v", flag, arg, err)
 	}
 	if !r.Pinned() {

@@ -173,8 +173,13 @@ func RunTrainer(ctx context.Context, argv []string, dir, gpuDir string, stderr i
 	io.Copy(io.Discard, out)
 	wg.Wait()
 	err = cmd.Wait()
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
 	if err != nil {
-		return nil, fmt.Errorf("the trainer failed after %d step(s) (%v); its stderr is above, prefixed \"trainer:\"; nothing was committed, and a rerun of the same command starts again: %w", len(run.Steps), strings.Join(argv, " "), err)
+		// %v, not %w: the trainer's exit status is not kiln-train's
+		// (exec.ExitError carries an exit code stagecmd would adopt).
+		return nil, fmt.Errorf("the trainer failed after %d step(s) (%v); its stderr is above, prefixed \"trainer:\"; nothing was committed, and a rerun of the same command starts again: %v", len(run.Steps), strings.Join(argv, " "), err)
 	}
 	if badLine != "" {
 		log.Warn("trainer printed an unknown event", "line", badLine)

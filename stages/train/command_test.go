@@ -1,0 +1,284 @@
+package train
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/urfave/cli/v2"
+
+	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/formats/store"
+	"github.com/kilnrl/kiln/internal/stagecmd"
+)
+
+type world struct {
+	st           *store.Local
+	trajectories dataset.Ref
+	advantages   dataset.Ref
+	other        dataset.Ref // advantages of other trajectories
+	model        string
+	fakeGPU      string
+	cache, work  string
+}
+
+func put(t *testing.T, st store.Store, name string, kind records.Kind, inputs []dataset.Ref, rows int, encode func(io.Writer) error) dataset.Ref {
+	t.Helper()
+	ctx := context.Background()
+	w, err := dataset.NewWriter(ctx, st, dataset.Spec{Name: name, Kind: kind, Identity: dataset.Identity{Stage: "test", Inputs: inputs, Args: map[string]any{"t": t.Name(), "n": name}}})
+	require.NoError(t, err)
+	_, err = w.WriteShard(ctx, int64(rows), nil, encode)
+	require.NoError(t, err)
+	res, err := w.Commit(ctx, nil)
+	require.NoError(t, err)
+	return res.Ref
+}
+
+func putSegments(t *testing.T, st store.Store, name string, segs []Segment) dataset.Ref {
+	return put(t, st, name, records.TrajectoriesKind(), nil, len(segs), func(w io.Writer) error {
+		enc, err := records.NewTrajectoryEncoder(w, records.ArrowOptions{})
+		if err != nil {
+			return err
+		}
+		for _, s := range segs {
+			tr := records.Trajectory{RolloutID: s.RolloutID, Index: s.RolloutID, Segment: s.Segment, Tokens: s.Tokens, ResponseLength: s.ResponseLength,
+				LossMask: s.LossMask, RolloutLogProbs: s.RolloutLogProbs}
+			if err := enc.Write(tr); err != nil {
+				return err
+			}
+		}
+		return enc.Close()
+	})
+}
+
+func putAdvantages(t *testing.T, st store.Store, name string, traj dataset.Ref, segs []Segment) dataset.Ref {
+	return put(t, st, name, records.AdvantagesKind(), []dataset.Ref{traj}, len(segs), func(w io.Writer) error {
+		enc, err := records.NewAdvantageEncoder(w, records.ArrowOptions{})
+		if err != nil {
+			return err
+		}
+		for _, s := range segs {
+			if err := enc.Write(records.Advantage{RolloutID: s.RolloutID, Segment: s.Segment, Advantage: s.Advantage, RolloutTrainedTokens: s.RolloutTrainedTokens}); err != nil {
+				return err
+			}
+		}
+		return enc.Close()
+	})
+}
+
+// writeModel writes a model directory: config.json with the context, a
+// tokenizer unless noTokenizer, a chat template file and fake weights.
+func writeModel(t *testing.T, dir string, context int, noTokenizer bool) string {
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	files := map[string]string{
+		"config.json":            `{"model_type":"qwen3","max_position_embeddings":` + itoa(context) + `}`,
+		"generation_config.json": `{"temperature":0.6}`,
+		"model.safetensors":      "weights",
+		"chat_template.jinja":    "{{ messages }}",
+	}
+	if !noTokenizer {
+		files["tokenizer.json"] = `{"model":{}}`
+		files["tokenizer_config.json"] = `{"chat_template":"{{ messages }}"}`
+	}
+	for n, body := range files {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, n), []byte(body), 0o644))
+	}
+	return dir
+}
+
+func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+func newWorld(t *testing.T) *world {
+	root := t.TempDir()
+	st, err := store.NewLocal(filepath.Join(root, "store"))
+	require.NoError(t, err)
+	w := &world{st: st, cache: filepath.Join(root, "cache"), work: filepath.Join(root, "work")}
+	require.NoError(t, os.MkdirAll(w.work, 0o755))
+	segs := fixture()
+	for i := range segs {
+		segs[i].TopPOffsets, segs[i].TopPIDs, segs[i].TopPLogProbs = nil, nil, nil
+	}
+	// Rollout 15 was left out by kiln-advantages (an infrastructure failure).
+	all := append(append([]Segment{}, segs...), withD([]Segment{seg(15, 0, 4, 2, 1)})...)
+	w.trajectories = putSegments(t, st, "trajectories", all)
+	w.advantages = putAdvantages(t, st, "advantages", w.trajectories, segs)
+	otherTraj := putSegments(t, st, "trajectories-b", segs[:3])
+	w.other = putAdvantages(t, st, "advantages-b", otherTraj, segs[:3])
+	w.model = writeModel(t, filepath.Join(root, "base"), 4096, false)
+	w.fakeGPU, err = filepath.Abs(filepath.Join("testdata", "fakegpu"))
+	require.NoError(t, err)
+	return w
+}
+
+// run runs kiln-train as the binary does (stagecmd.Main), with the fake
+// trainer, returning stdout, stderr and the exit status.
+func (w *world) run(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	env := &stagecmd.Env{Stdout: &out, Stderr: &errb, Log: stagecmd.NewLogger(&errb, false)}
+	base := []string{"kiln-train", "--store", w.st.Root(), "--python", "python3", "--gpu-dir", w.fakeGPU,
+		"--cache-dir", w.cache, "--work-dir", w.work, "--global-batch-size", "2", "--max-tokens-per-microbatch", "10"}
+	code := stagecmd.Main(App(env), append(base, args...), &errb)
+	return out.String(), errb.String(), code
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return lines[len(lines)-1]
+}
+
+func TestRunCommitsCheckpoint(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	out, errs, code := w.run(t, "--trajectories", w.trajectories.String(), "--advantages", w.advantages.String(), "--model", w.model, "--out", "ckpt", "--seed", "7")
+	require.Equal(t, 0, code, errs)
+	ref := lastLine(out)
+	assert.True(t, strings.HasPrefix(ref, "ckpt@"), out)
+	assert.Contains(t, errs, "trainer: fake trainer: loading")
+	v, err := dataset.OpenString(ctx, w.st, ref)
+	require.NoError(t, err)
+	assert.Equal(t, "checkpoints", v.Kind().Name)
+	assert.Contains(t, v.Inputs, w.trajectories)
+	assert.Contains(t, v.Inputs, w.advantages)
+	require.Len(t, v.External, 1)
+	assert.Equal(t, "model", v.External[0].Role)
+	files, err := ReadCheckpointFiles(ctx, v)
+	require.NoError(t, err)
+	var names []string
+	for _, f := range files {
+		names = append(names, f.Name)
+	}
+	assert.Equal(t, []string{"chat_template.jinja", "config.json", "generation_config.json", "metrics.jsonl", "model-00001-of-00001.safetensors",
+		"model.safetensors.index.json", "optimizer.pt", "tokenizer.json", "tokenizer_config.json", "trainer_state.json"}, names)
+	assert.EqualValues(t, 2, v.Metrics["steps"])
+	assert.EqualValues(t, 1, v.Metrics["dropped_rollouts"])
+	assert.EqualValues(t, 1, v.Metrics["segments_without_advantages"])
+	sm := v.Metrics["step_metrics"].(map[string]any)
+	assert.Equal(t, []any{0.0, 1.0}, sm["step"])
+	// The work directory is removed after the commit.
+	ents, _ := os.ReadDir(w.work)
+	assert.Empty(t, ents)
+
+	// A rerun finds it committed; --print-version names it.
+	out2, errs, code := w.run(t, "--trajectories", w.trajectories.String(), "--advantages", w.advantages.String(), "--model", w.model, "--out", "ckpt", "--seed", "7")
+	require.Equal(t, 0, code, errs)
+	assert.Equal(t, ref, lastLine(out2))
+	assert.Contains(t, errs, "already committed")
+	pv, _, code := w.run(t, "--trajectories", w.trajectories.String(), "--advantages", w.advantages.String(), "--model", w.model, "--out", "ckpt", "--seed", "7", "--print-version")
+	require.Equal(t, 0, code)
+	assert.Equal(t, ref, lastLine(pv))
+
+	// The checkpoint as --model (materialized and checked) and as
+	// --resume-from: the trainer gets its directory and optimizer state.
+	out3, errs, code := w.run(t, "--trajectories", w.trajectories.String(), "--advantages", w.advantages.String(), "--model", ref, "--resume-from", ref, "--out", "ckpt2")
+	require.Equal(t, 0, code, errs)
+	v2, err := dataset.OpenString(ctx, w.st, lastLine(out3))
+	require.NoError(t, err)
+	assert.Contains(t, v2.Inputs, v.Ref())
+	assert.Empty(t, v2.External)
+	assert.Equal(t, ref, v2.Metrics["resume_from"])
+	rc, _, err := v2.OpenAttachment(ctx, "trainer_state.json")
+	require.NoError(t, err)
+	var state map[string]any
+	require.NoError(t, json.NewDecoder(rc).Decode(&state))
+	rc.Close()
+	assert.Equal(t, filepath.Join(w.cache, v.Dataset+"@"+v.Version), state["resume_from"])
+	assert.Equal(t, "fake optimizer state", state["resumed_optimizer"])
+}
+
+// A trainer that dies mid-run commits nothing (the version does not
+// exist, latest is not moved); the same command afterwards commits.
+func TestTrainerCrashCommitsNothing(t *testing.T) {
+	w := newWorld(t)
+	args := []string{"--trajectories", w.trajectories.String(), "--advantages", w.advantages.String(), "--model", w.model, "--out", "ckpt"}
+	t.Setenv("KILN_FAKE_CRASH_AT", "1")
+	out, errs, code := w.run(t, args...)
+	assert.Equal(t, stagecmd.ExitFailure, code, errs)
+	assert.Contains(t, errs, "the trainer failed after 1 step(s)")
+	assert.Contains(t, errs, "trainer: fake trainer: crashing in step 1")
+	assert.NotContains(t, out, "ckpt@")
+	_, err := dataset.Resolve(context.Background(), w.st, "ckpt")
+	assert.ErrorIs(t, err, dataset.ErrNotFound)
+	ents, _ := os.ReadDir(w.work)
+	assert.Empty(t, ents, "the work directory is removed")
+
+	os.Unsetenv("KILN_FAKE_CRASH_AT")
+	out, errs, code = w.run(t, args...)
+	require.Equal(t, 0, code, errs)
+	v, err := dataset.OpenString(context.Background(), w.st, lastLine(out))
+	require.NoError(t, err)
+	assert.EqualValues(t, 10, v.Rows)
+}
+
+func TestBadInputs(t *testing.T) {
+	w := newWorld(t)
+	root := t.TempDir()
+	noTok := writeModel(t, filepath.Join(root, "notok"), 4096, true)
+	short := writeModel(t, filepath.Join(root, "short"), 8, false)
+	cases := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"mismatched advantages", []string{"--advantages", w.other.String()}, stagecmd.ExitBadInput, "were not computed from trajectories " + w.trajectories.String()},
+		{"missing advantages", []string{"--advantages", "advantages@00000000000000000000"}, stagecmd.ExitNotFound, "--advantages: dataset advantages@00000000000000000000: not found"},
+		{"advantages of another kind", []string{"--advantages", w.trajectories.String()}, stagecmd.ExitUsage, "holds trajectories records, not advantages"},
+		{"model without tokenizer", []string{"--model", noTok}, stagecmd.ExitBadInput, "has no tokenizer"},
+		{"segment over the context", []string{"--model", short}, stagecmd.ExitBadInput, "rollout 12 segment 0 has 12 tokens, more than the model's context of 8"},
+		{"no model", []string{"--model", filepath.Join(root, "nope")}, stagecmd.ExitNotFound, "no such directory"},
+		{"too few rollouts", []string{"--global-batch-size", "9"}, stagecmd.ExitBadInput, "fill no step of --global-batch-size 9"},
+		{"bad reduction", []string{"--reduction", "mean"}, stagecmd.ExitUsage, "--reduction"},
+		{"bad launcher", []string{"--launcher", "mpirun"}, stagecmd.ExitUsage, "--launcher"},
+		{"bad dual clip", []string{"--eps-clip-c", "0.5"}, stagecmd.ExitUsage, "must be > 1"},
+		{"resume without optimizer", []string{"--resume-from", w.model}, stagecmd.ExitBadInput, "has no optimizer.pt"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			args := []string{"--trajectories", w.trajectories.String(), "--advantages", w.advantages.String(), "--model", w.model, "--out", "ckpt"}
+			args = append(args, c.args...)
+			if c.name == "segment over the context" {
+				args = append(args, "--max-tokens-per-microbatch", "100")
+			}
+			out, errs, code := w.run(t, args...)
+			assert.Equal(t, c.code, code, "stderr: %s", errs)
+			assert.Contains(t, errs, c.want)
+			assert.NotContains(t, out, "ckpt@")
+			_, err := dataset.Resolve(context.Background(), w.st, "ckpt")
+			assert.ErrorIs(t, err, dataset.ErrNotFound)
+		})
+	}
+}
+
+// --dry-run prints plan.json and the command for each launcher, and
+// writes nothing.
+func TestDryRun(t *testing.T) {
+	w := newWorld(t)
+	for _, c := range []struct{ launcher, want string }{
+		{"python", "python3 -m kiln_gpu.train --plan WORK/plan.json"},
+		{"torchrun", "python3 -m torch.distributed.run --nproc-per-node 2 -m kiln_gpu.train --plan WORK/plan.json"},
+		{"srun", "srun --ntasks 2 python3 -m kiln_gpu.train --plan WORK/plan.json"},
+	} {
+		out, errs, code := w.run(t, "--trajectories", w.trajectories.String(), "--advantages", w.advantages.String(), "--model", w.model,
+			"--out", "ckpt", "--dry-run", "--launcher", c.launcher, "--nproc", "2")
+		require.Equal(t, 0, code, errs)
+		assert.Contains(t, out, `"format": "kiln-train-plan/1"`)
+		assert.Contains(t, out, `"dropped_rollouts": 1`)
+		assert.Contains(t, out, c.want+"\n")
+		assert.Contains(t, out, "# would commit ckpt@")
+	}
+	_, err := dataset.Resolve(context.Background(), w.st, "ckpt")
+	assert.ErrorIs(t, err, dataset.ErrNotFound)
+	ents, _ := os.ReadDir(w.work)
+	assert.Empty(t, ents)
+}
+
+var _ = cli.App{}
