@@ -53,7 +53,7 @@ func (f *Flags) Flags() []cli.Flag {
 		&cli.StringFlag{Name: "resume-from", Destination: &f.ResumeFrom, Usage: "a checkpoints version (or directory) with optimizer.pt: the trainer loads its weights and optimizer state"},
 		&cli.IntFlag{Name: "global-batch-size", Value: 8, Destination: &f.GlobalBatchSize, Usage: "rollouts per optimizer step (G); trailing rollouts that fill no step are dropped and counted"},
 		&cli.IntFlag{Name: "max-tokens-per-microbatch", Value: 16384, Destination: &f.MaxTokens, Usage: "token cap of a micro-batch (first-fit packing; a longer segment gets its own); 0: one micro-batch per step"},
-		&cli.StringFlag{Name: "packing", Value: string(FirstFitDecreasing), Destination: &f.Packing, Usage: "first-fit-decreasing or first-fit (segment order within a step does not change the loss)"},
+		&cli.StringFlag{Name: "packing", Value: string(FirstFit), Destination: &f.Packing, Usage: "first-fit (segments in input order) or first-fit-decreasing (longest first: fewer micro-batches; the order within a step does not change the loss)"},
 		&cli.StringFlag{Name: "launcher", Value: string(LaunchPython), Destination: &f.Launcher, Usage: "python (one process), torchrun (--nproc processes, FSDP) or srun (Slurm tasks)"},
 		&cli.IntFlag{Name: "nproc", Value: 1, Destination: &f.NProc, Usage: "processes for torchrun, tasks for srun"},
 		&cli.StringFlag{Name: "python", Destination: &f.Python, Usage: "the trainer's interpreter (default $KILN_PYTHON, else the venv in ~/.cache/kiln/gpu-venv-current, else python3)"},
@@ -195,7 +195,7 @@ func (f *Flags) options(c *cli.Context) (Options, error) {
 	}
 	packing := Packing(f.Packing)
 	if packing != FirstFit && packing != FirstFitDecreasing {
-		return Options{}, stagecmd.Usagef("--packing %q: want first-fit-decreasing or first-fit", f.Packing)
+		return Options{}, stagecmd.Usagef("--packing %q: want first-fit or first-fit-decreasing", f.Packing)
 	}
 	opt := func(name string, v float64) *float64 {
 		if c.IsSet(name) {
