@@ -240,8 +240,9 @@ def run(plan: Plan, dist: Dist) -> dict:
         torch.set_rng_state(st["rng"]["cpu"])
     n_params = sum(p.numel() for p in model.parameters())
     peak = peak_flops(torch.cuda.get_device_name(device)) if cuda else None
-    emit({"event": "start", "plan": str(plan.path), "model": str(src), "steps": len(plan.steps),
-          "world_size": dist.world, "device": str(device), "params": n_params, "resumed_at": done_steps})
+    if dist.rank == 0:
+        emit({"event": "start", "plan": str(plan.path), "model": str(src), "steps": len(plan.steps),
+                  "world_size": dist.world, "device": str(device), "params": n_params, "resumed_at": done_steps})
     lines = []
     for si, step in enumerate(plan.steps):
         t0 = time.perf_counter()
