@@ -1,15 +1,31 @@
 package main
 
 import (
+	"archive/tar"
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/klauspost/compress/zstd"
 	"github.com/rogpeppe/go-internal/testscript"
 
 	"github.com/kilnrl/kiln/fixtures"
@@ -94,12 +110,15 @@ func scriptParams(t *testing.T, dir string, setup func(*testscript.Env) error) t
 				}
 			}
 			e.Vars = vars
+			procs := &bgProcs{m: map[string]*bgProc{}}
+			e.Values[bgProcsKey{}] = procs
+			e.Defer(procs.killAll)
 			if setup != nil {
 				return setup(e)
 			}
 			return nil
 		},
-		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){"status": cmdStatus},
+		Cmds: scriptCmds(),
 	}
 }
 
@@ -125,5 +144,568 @@ func cmdStatus(ts *testscript.TestScript, neg bool, args []string) {
 	}
 	if got != want {
 		ts.Fatalf("%s exited %d, want %d", args[1], got, want)
+	}
+}
+
+// scriptCmds are the commands the scripts have beyond testscript's own.
+func scriptCmds() map[string]func(ts *testscript.TestScript, neg bool, args []string) {
+	return map[string]func(ts *testscript.TestScript, neg bool, args []string){
+		"status":       cmdStatus,
+		"help-example": cmdHelpExample,
+		"envout":       cmdEnvOut,
+		"gen":          cmdGen,
+		"start":        cmdStart,
+		"midrun":       cmdMidrun,
+		"signal":       cmdSignal,
+		"exited":       cmdExited,
+		"read-at-most": cmdReadAtMost,
+	}
+}
+
+// --- help examples -----------------------------------------------------------
+
+// exampleStandIns replace, in the examples of the --help texts, what a test
+// cannot use: a bucket, system paths, the version id of the example's
+// grades. A replacement's $VARs are the script's.
+var exampleStandIns = []struct{ in, out, why string }{
+	{"s3://bucket/kiln", "data", "no network in tests: the local default store stands for the bucket"},
+	{"5f2c0e9a1b7d3c4e8f60", "$GRADES_V", "the version the script's grades/step-3 got"},
+	{"/var/lib/kiln/images", "$WORK/bundles", "bundles under the script's directory"},
+	{"/data/mimo", "$WORK/mimo", "the MiMo files gen mimo wrote"},
+	{"/data/layout", "$WORK/layout", "the OCI layout gen layout wrote"},
+}
+
+// skippedExamples are the examples of the --help texts that no script
+// runs, each with the reason; every other example runs in
+// testdata/script/help_examples*.txtar (TestHelpExamplesCovered).
+var skippedExamples = []struct{ example, reason string }{
+	{"kiln-grade --tasks tasks --images images --bundles /var/lib/kiln/bundles  --rollouts rollouts/step-3 --out grades/step-3",
+		"grading runs sandboxes: needs root, bubblewrap and the fixtures' bundles (testdata/pipeline runs kiln-grade on them, TestScriptPipeline)"},
+	{"kiln-grade --bundles /var/lib/kiln/bundles --patches preds.jsonl --out grades/preds",
+		"grading runs sandboxes (testdata/pipeline runs kiln-grade --patches)"},
+	{"kiln-grade --bundles /var/lib/kiln/bundles --baseline --out grades/baseline",
+		"grading runs sandboxes (testdata/pipeline runs kiln-grade --baseline)"},
+	{"kiln-rollout adapter --engine http://127.0.0.1:8000 --listen 127.0.0.1:8001  --tokenizer-dir /models/qwen3 --out recordings/claude-1",
+		"needs an inference engine and a model's tokenizer"},
+	{"kiln-rollout run --tasks tasks@V --images images@V --bundles /var/lib/kiln/bundles  --engine http://gpu1:8000,http://gpu2:8000 --tokenizer-dir /models/qwen3  --samples 8 --weights-version step-3 --out rollout/step-3",
+		"needs inference engines, a tokenizer and sandboxes"},
+	{"kiln-rollout check --tasks tasks@V --images images@V --bundles /var/lib/kiln/bundles  --engine http://gpu1:8000 --tokenizer-dir /models/qwen3 --samples 4 --out check/qwen3",
+		"needs an inference engine, a tokenizer and sandboxes"},
+	{"kiln-advantages select --grades grades/probe --tasks tasks --min-samples 8 --out tasks/learnable",
+		"needs grades kiln-grade wrote against --tasks (select checks that lineage); grading runs sandboxes"},
+	{`duckdb -c "SELECT count(*) FROM read_parquet([$(kiln ls --shards grades/step-3 | sed "s/.*/'&'/" | paste -sd,)])"`,
+		"needs the duckdb CLI (datasets.txtar checks kiln ls --shards)"},
+}
+
+// helpExamples returns the commands under the "Example:" or "Examples:"
+// headings of a help text, continuation lines joined, pipelines included.
+func helpExamples(help string) []string {
+	var out []string
+	in := false
+	lines := strings.Split(help, "\n")
+	for i := 0; i < len(lines); i++ {
+		l := strings.TrimSpace(lines[i])
+		switch {
+		case l == "Example:" || l == "Examples:":
+			in = true
+			continue
+		case l == "":
+			in = false
+		}
+		if !in {
+			continue
+		}
+		for strings.HasSuffix(l, `\`) && i+1 < len(lines) {
+			i++
+			l = strings.TrimSuffix(l, `\`) + " " + strings.TrimSpace(lines[i])
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// skipReason is why example is not run, or "".
+func skipReason(example string) string {
+	for _, s := range skippedExamples {
+		if s.example == example {
+			return s.reason
+		}
+	}
+	return ""
+}
+
+// isPipeline reports whether a command line needs a shell: a pipe or a
+// command substitution outside quotes.
+func isPipeline(line string) bool {
+	return len(pipelineTools(line)) > 1 || strings.Contains(line, "$(")
+}
+
+// pipelineTools returns the first word of each command of a pipeline.
+func pipelineTools(line string) []string {
+	var tools []string
+	quote, start := rune(0), true
+	for i, r := range line {
+		switch {
+		case quote != 0:
+			if r == quote {
+				quote = 0
+			}
+		case r == '\'' || r == '"':
+			quote = r
+		case r == '|':
+			start = true
+		case start && r != ' ':
+			start = false
+			tools = append(tools, strings.Fields(line[i:])[0])
+		}
+	}
+	return tools
+}
+
+// cmdHelpExample is "help-example BINARY [COMMAND...] N": run the Nth
+// example (from 1) of `BINARY COMMAND... --help` as the help prints it,
+// with exampleStandIns applied; a pipeline runs in sh, and fails when one
+// of its tools is missing (guard the line with [exec:TOOL]). The example's
+// output is stdout and stderr for the next commands.
+func cmdHelpExample(ts *testscript.TestScript, neg bool, args []string) {
+	if len(args) < 2 {
+		ts.Fatalf("usage: help-example BINARY [COMMAND...] N")
+	}
+	n, err := strconv.Atoi(args[len(args)-1])
+	if err != nil {
+		ts.Fatalf("help-example: %q is not an example number", args[len(args)-1])
+	}
+	path := args[:len(args)-1]
+	if err := ts.Exec(path[0], append(path[1:], "--help")...); err != nil {
+		ts.Fatalf("%s --help: %v", strings.Join(path, " "), err)
+	}
+	exs := helpExamples(ts.ReadFile("stdout"))
+	if n < 1 || n > len(exs) {
+		ts.Fatalf("`%s --help` has %d example(s), not a number %d", strings.Join(path, " "), len(exs), n)
+	}
+	ex := exs[n-1]
+	if why := skipReason(ex); why != "" {
+		ts.Fatalf("%q is in skippedExamples (%s): run it or take it out of the table", ex, why)
+	}
+	line := ex
+	for _, s := range exampleStandIns {
+		line = strings.ReplaceAll(line, s.in, os.Expand(s.out, ts.Getenv))
+	}
+	ts.Logf("example %d of `%s --help`: %s", n, strings.Join(path, " "), ex)
+	if isPipeline(line) {
+		err = ts.Exec("sh", "-c", line)
+	} else {
+		words := shellWords(line)
+		err = ts.Exec(words[0], words[1:]...)
+	}
+	if err != nil && !neg {
+		ts.Fatalf("%s: %v", line, err)
+	}
+	if err == nil && neg {
+		ts.Fatalf("%s: unexpected success", line)
+	}
+}
+
+// cmdEnvOut is "envout NAME REGEXP": set $NAME to the first submatch of
+// REGEXP (multi-line) in stdout.
+func cmdEnvOut(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 2 {
+		ts.Fatalf("usage: envout NAME REGEXP")
+	}
+	re, err := regexp.Compile("(?m)" + args[1])
+	ts.Check(err)
+	m := re.FindStringSubmatch(ts.ReadFile("stdout"))
+	if len(m) < 2 {
+		ts.Fatalf("envout: no match of %q (with a group) in stdout", args[1])
+	}
+	ts.Setenv(args[0], m[1])
+}
+
+// --- generated inputs -------------------------------------------------------
+
+// cmdGen writes inputs too big or too binary for a txtar archive:
+//
+//	gen tasks N FILE          N reference task rows
+//	gen turns N FILE          N two-turn agent sessions (rollout i in group i/2); FILE.zst compressed
+//	gen mimo N IMAGE DIR      a MiMo code.parquet of N rows and its image-mapping.jsonl, every task on IMAGE
+//	gen layout TAG DIR        an OCI layout with one small image, ref.name TAG
+func cmdGen(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) < 3 {
+		ts.Fatalf("usage: gen tasks|turns N FILE, gen mimo N IMAGE DIR, gen layout TAG DIR")
+	}
+	kind := args[0]
+	switch kind {
+	case "tasks", "turns":
+		n, err := strconv.Atoi(args[1])
+		ts.Check(err)
+		ts.Check(writeGenerated(ts.MkAbs(args[2]), func(w io.Writer) error {
+			if kind == "tasks" {
+				return genTasks(w, n)
+			}
+			return genTurns(w, n)
+		}))
+	case "mimo":
+		if len(args) != 4 {
+			ts.Fatalf("usage: gen mimo N IMAGE DIR")
+		}
+		n, err := strconv.Atoi(args[1])
+		ts.Check(err)
+		dir := ts.MkAbs(args[3])
+		ts.Check(os.MkdirAll(dir, 0o755))
+		var pq, mapping bytes.Buffer
+		ts.Check(fixtures.WriteMiMoParquet(&pq, &mapping, fixtures.BigOptions{Rows: n, Seed: 1,
+			ProblemStatementBytes: 200, TestPatchBytes: 400, IDPrefix: "mimo-task-", Images: []string{args[2]}}))
+		ts.Check(os.WriteFile(filepath.Join(dir, "code.parquet"), pq.Bytes(), 0o644))
+		ts.Check(os.WriteFile(filepath.Join(dir, "image-mapping.jsonl"), mapping.Bytes(), 0o644))
+	case "layout":
+		ts.Check(genLayout(ts.MkAbs(args[2]), args[1]))
+	default:
+		ts.Fatalf("gen: unknown kind %q", kind)
+	}
+}
+
+// writeGenerated writes path from gen, zstd-compressed for a .zst name.
+func writeGenerated(path string, gen func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	bw := bufio.NewWriterSize(f, 1<<20)
+	var w io.Writer = bw
+	var zw *zstd.Encoder
+	if strings.HasSuffix(path, ".zst") {
+		if zw, err = zstd.NewWriter(bw, zstd.WithEncoderLevel(zstd.SpeedFastest)); err != nil {
+			return err
+		}
+		w = zw
+	}
+	err = gen(w)
+	if zw != nil {
+		err = errors.Join(err, zw.Close())
+	}
+	return errors.Join(err, bw.Flush(), f.Close())
+}
+
+// genTasks writes n reference task rows (no image: for kiln import only).
+func genTasks(w io.Writer, n int) error {
+	for i := range n {
+		if _, err := fmt.Fprintf(w, `{"prompt": [{"role": "user", "content": "Fix bug %d in the parser."}], "label": "gen-task-%07d", "metadata": {"instance_id": "gen-task-%07d", "workdir": "/testbed"}}`+"\n", i, i, i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// genTurns writes n clean two-turn tool sessions as kiln-rollout assemble
+// and kiln import turns read them: the second prompt extends the first
+// prompt and output (docs/assembly.md §6's shape). Session i is rollout i,
+// index i, group i/2.
+func genTurns(w io.Writer, n int) error {
+	const (
+		sys  = `{"role":"system","content":"S"}`
+		call = `{"role":"assistant","content":"call","tool_calls":[{"id":"c1","type":"function","function":{"name":"bash","arguments":"{}"}}]}`
+		tool = `{"role":"tool","content":"t"}`
+	)
+	for i := range n {
+		user := fmt.Sprintf(`{"role":"user","content":"task %d"}`, i)
+		ids := fmt.Sprintf(`"rollout_id":%d,"index":%d,"group_index":%d,"session":"s%07d","max_context_tokens":1000`, i, i, i/2, i)
+		p0 := fmt.Sprintf("100,101,109,200,%d,209,900", 1000+i)
+		if _, err := fmt.Fprintf(w, `{%s,"turn":0,"prompt_ids":[%s],"output_ids":[911,909],"output_log_probs":[-0.5,-0.5],"finish_reason":"tool_calls","prompt_messages":[%s,%s],"response_message":%s}`+"\n",
+			ids, p0, sys, user, call); err != nil {
+			return err
+		}
+		if _, err := fmt.Fprintf(w, `{%s,"turn":1,"prompt_ids":[%s,911,909,300,311,309,900],"output_ids":[912,909],"output_log_probs":[-0.4,-0.4],"finish_reason":"stop","prompt_messages":[%s,%s,%s,%s],"response_message":{"role":"assistant","content":"done"}}`+"\n",
+			ids, p0, sys, user, call, tool); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// genLayout writes an OCI layout at dir holding one image tagged tag: one
+// layer with /testbed/marker, workdir /testbed.
+func genLayout(dir, tag string) error {
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	mt := time.Unix(1700000000, 0)
+	for _, h := range []*tar.Header{
+		{Name: "testbed/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: mt},
+		{Name: "testbed/marker", Typeflag: tar.TypeReg, Mode: 0o644, Size: 7, ModTime: mt},
+	} {
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+	}
+	if _, err := tw.Write([]byte("marker\n")); err != nil {
+		return err
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	data := b.Bytes()
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil },
+		tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		return err
+	}
+	img, err := mutate.AppendLayers(mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON), layer)
+	if err != nil {
+		return err
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return err
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	cf.Config.Env, cf.Config.WorkingDir = []string{"PATH=/usr/bin:/bin"}, "/testbed"
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		return err
+	}
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		return err
+	}
+	return p.AppendImage(img, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": tag}))
+}
+
+// --- processes in the background, and signals ---------------------------------
+
+type bgProcsKey struct{}
+
+// bgProcs are the processes a script started with start, by name.
+type bgProcs struct {
+	mu sync.Mutex
+	m  map[string]*bgProc
+}
+
+// bgProc is one started process. While it runs, maxRead follows the bytes
+// it has read (rchar of /proc/PID/io).
+type bgProc struct {
+	cmd            *exec.Cmd
+	stdout, stderr bytes.Buffer
+	done           chan struct{}
+	maxRead        atomic.Int64
+	exitCode       int
+}
+
+func (p *bgProcs) killAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, bp := range p.m {
+		select {
+		case <-bp.done:
+		default:
+			_ = bp.cmd.Process.Kill()
+			<-bp.done
+		}
+	}
+}
+
+func procOf(ts *testscript.TestScript, name string) *bgProc {
+	procs := ts.Value(bgProcsKey{}).(*bgProcs)
+	procs.mu.Lock()
+	defer procs.mu.Unlock()
+	bp := procs.m[name]
+	if bp == nil {
+		ts.Fatalf("no process %q was started", name)
+	}
+	return bp
+}
+
+// lookPath finds prog on the script's PATH.
+func lookPath(ts *testscript.TestScript, prog string) string {
+	for _, dir := range filepath.SplitList(ts.Getenv("PATH")) {
+		p := filepath.Join(dir, prog)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p
+		}
+	}
+	ts.Fatalf("%s is not on the script's PATH", prog)
+	return ""
+}
+
+// cmdStart is "start NAME PROGRAM [ARGS...]": start the program in the
+// background, in the script's directory and environment.
+func cmdStart(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) < 2 {
+		ts.Fatalf("usage: start NAME PROGRAM [ARGS...]")
+	}
+	procs := ts.Value(bgProcsKey{}).(*bgProcs)
+	bp := &bgProc{done: make(chan struct{})}
+	bp.cmd = exec.Command(lookPath(ts, args[1]), args[2:]...)
+	bp.cmd.Args[0] = args[1]
+	bp.cmd.Dir = ts.MkAbs(".")
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "KILN_") {
+			env = append(env, kv)
+		}
+	}
+	for _, k := range []string{"PATH", "HOME", "TMPDIR", "WORK", "KILN_STORE", "KILN_LOG_FORMAT"} {
+		if v := ts.Getenv(k); v != "" {
+			env = append(env, k+"="+v)
+		}
+	}
+	bp.cmd.Env = env
+	bp.cmd.Stdout, bp.cmd.Stderr = &bp.stdout, &bp.stderr
+	ts.Check(bp.cmd.Start())
+	procs.mu.Lock()
+	if procs.m[args[0]] != nil {
+		procs.mu.Unlock()
+		_ = bp.cmd.Process.Kill()
+		ts.Fatalf("a process %q was started already", args[0])
+	}
+	procs.m[args[0]] = bp
+	procs.mu.Unlock()
+	ioFile := fmt.Sprintf("/proc/%d/io", bp.cmd.Process.Pid)
+	go func() {
+		for {
+			select {
+			case <-bp.done:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			if n := readChars(ioFile); n > bp.maxRead.Load() {
+				bp.maxRead.Store(n)
+			}
+		}
+	}()
+	go func() {
+		err := bp.cmd.Wait()
+		var ee *exec.ExitError
+		switch {
+		case errors.As(err, &ee):
+			bp.exitCode = ee.ExitCode()
+		case err != nil:
+			bp.exitCode = -1
+		}
+		close(bp.done)
+	}()
+}
+
+// readChars is rchar of a /proc/PID/io file (the bytes the process has
+// read), or 0 when it cannot be read.
+func readChars(ioFile string) int64 {
+	b, err := os.ReadFile(ioFile)
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "rchar: "); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// processWait bounds every wait on a started process.
+const processWait = 2 * time.Minute
+
+// cmdMidrun waits until the process NAME is mid-way through its work, and
+// fails if it finishes first (its input is then too small):
+//
+//	midrun NAME GLOB [COUNT]          at least COUNT (1) paths match GLOB
+//	midrun NAME -read FILE FACTOR     it has read FACTOR times FILE's size (rchar)
+func cmdMidrun(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) < 2 {
+		ts.Fatalf("usage: midrun NAME GLOB [COUNT] | midrun NAME -read FILE FACTOR")
+	}
+	bp := procOf(ts, args[0])
+	var ready func() bool
+	var what string
+	if args[1] == "-read" {
+		if len(args) != 4 {
+			ts.Fatalf("usage: midrun NAME -read FILE FACTOR")
+		}
+		if readChars(fmt.Sprintf("/proc/%d/io", os.Getpid())) == 0 {
+			ts.Fatalf("midrun -read: /proc/PID/io is not readable here")
+		}
+		limit := readLimit(ts, args[2], args[3])
+		what = fmt.Sprintf("read %d bytes", limit)
+		ready = func() bool { return bp.maxRead.Load() >= limit }
+	} else {
+		count := 1
+		if len(args) > 2 {
+			var err error
+			count, err = strconv.Atoi(args[2])
+			ts.Check(err)
+		}
+		pattern := ts.MkAbs(args[1])
+		what = fmt.Sprintf("made %d path(s) matching %s", count, args[1])
+		ready = func() bool {
+			m, _ := filepath.Glob(pattern)
+			return len(m) >= count
+		}
+	}
+	deadline := time.Now().Add(processWait)
+	for !ready() {
+		select {
+		case <-bp.done:
+			ts.Fatalf("%s finished (exit %d) before it %s: make its input bigger\nstderr:\n%s", args[0], bp.exitCode, what, bp.stderr.String())
+		case <-time.After(2 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			ts.Fatalf("%s has not %s after %v", args[0], what, processWait)
+		}
+	}
+	ts.Logf("%s has %s", args[0], what)
+}
+
+// readLimit is FACTOR times the size of FILE.
+func readLimit(ts *testscript.TestScript, file, factor string) int64 {
+	f, err := strconv.ParseFloat(factor, 64)
+	ts.Check(err)
+	fi, err := os.Stat(ts.MkAbs(file))
+	ts.Check(err)
+	return int64(f * float64(fi.Size()))
+}
+
+// cmdSignal is "signal NAME INT|TERM": send the signal to the process.
+func cmdSignal(ts *testscript.TestScript, neg bool, args []string) {
+	sigs := map[string]syscall.Signal{"INT": syscall.SIGINT, "TERM": syscall.SIGTERM}
+	if neg || len(args) != 2 || sigs[args[1]] == 0 {
+		ts.Fatalf("usage: signal NAME INT|TERM")
+	}
+	ts.Check(procOf(ts, args[0]).cmd.Process.Signal(sigs[args[1]]))
+}
+
+// cmdExited is "exited NAME CODE": wait for the process to end and check
+// its exit status; its output is then in NAME.stdout and NAME.stderr.
+func cmdExited(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 2 {
+		ts.Fatalf("usage: exited NAME CODE")
+	}
+	want, err := strconv.Atoi(args[1])
+	ts.Check(err)
+	bp := procOf(ts, args[0])
+	select {
+	case <-bp.done:
+	case <-time.After(processWait):
+		_ = bp.cmd.Process.Kill()
+		<-bp.done
+		ts.Fatalf("%s still ran after %v: killed", args[0], processWait)
+	}
+	ts.Check(os.WriteFile(ts.MkAbs(args[0]+".stdout"), bp.stdout.Bytes(), 0o644))
+	ts.Check(os.WriteFile(ts.MkAbs(args[0]+".stderr"), bp.stderr.Bytes(), 0o644))
+	ts.Logf("%s exited %d\n[stdout]\n%s[stderr]\n%s", args[0], bp.exitCode, bp.stdout.String(), bp.stderr.String())
+	if bp.exitCode != want {
+		ts.Fatalf("%s exited %d, want %d", args[0], bp.exitCode, want)
+	}
+}
+
+// cmdReadAtMost is "read-at-most NAME FILE FACTOR": the ended process read
+// at most FACTOR times FILE's size: after a signal it stopped reading
+// instead of working through the rest of its input.
+func cmdReadAtMost(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 3 {
+		ts.Fatalf("usage: read-at-most NAME FILE FACTOR")
+	}
+	bp := procOf(ts, args[0])
+	<-bp.done
+	limit := readLimit(ts, args[1], args[2])
+	if got := bp.maxRead.Load(); got > limit {
+		ts.Fatalf("%s read %d bytes, more than %s times the size of %s (%d): it did not stop when signalled", args[0], got, args[2], args[1], limit)
 	}
 }

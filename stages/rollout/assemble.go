@@ -190,6 +190,9 @@ func (a *assembler) count(key string, n int) {
 }
 
 func (a *assembler) session(ctx context.Context, s *session) error {
+	if err := ctx.Err(); err != nil {
+		return err // a signal: stop reading here, not at the end of the input
+	}
 	if !ownsSession(a.part, s.id) || a.w.Done(s.id) {
 		return nil
 	}
