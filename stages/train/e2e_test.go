@@ -1,0 +1,75 @@
+package train
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/internal/testenv"
+)
+
+// The stage with the real trainer (gpu/kiln_gpu/train.py) on the tiny
+// Qwen3 checkpoint, on CPU: two steps commit a checkpoint of §6.1 with a
+// metric per step; that checkpoint as --model and --resume-from trains
+// again from its weights and optimizer state. Needs the gpu venv and the
+// Qwen3 tokenizer (scripts/install-gpu-deps.sh): skips without, fails
+// under CI=true.
+func TestRealTrainerTiny(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains a model on CPU")
+	}
+	py := gpuPython(t)
+	home, _ := os.UserHomeDir()
+	if os.Getenv("KILN_QWEN3_TOKENIZER") == "" {
+		if _, err := os.Stat(filepath.Join(home, ".cache", "kiln", "qwen3-tokenizer-current")); err != nil {
+			testenv.SkipOrFail(t, "no Qwen3 tokenizer in the cache: run scripts/install-gpu-deps.sh")
+		}
+	}
+	gpu, err := filepath.Abs(filepath.Join("..", "..", "gpu"))
+	require.NoError(t, err)
+	w := newWorld(t)
+	tiny := filepath.Join(t.TempDir(), "tiny")
+	cmd := exec.Command(py, "-m", "kiln_gpu.tiny", "--out", tiny)
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+gpu)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	ctx := context.Background()
+	args := func(extra ...string) []string {
+		return append([]string{"--python", py, "--gpu-dir", gpu, "--trajectories", w.trajectories.String(), "--advantages", w.advantages.String(),
+			"--lr", "1e-4", "--seed", "3"}, extra...)
+	}
+	stdout, stderr, code := w.run(t, args("--model", tiny, "--out", "tiny-ckpt")...)
+	require.Equal(t, 0, code, "stderr:\n%s", stderr)
+	ref := lastLine(stdout)
+	v, err := dataset.OpenString(ctx, w.st, ref)
+	require.NoError(t, err)
+	files, err := ReadCheckpointFiles(ctx, v)
+	require.NoError(t, err)
+	names := map[string]bool{}
+	for _, f := range files {
+		names[f.Name] = true
+	}
+	for _, want := range []string{"config.json", "model.safetensors.index.json", "model-00001-of-00001.safetensors", "tokenizer.json",
+		"tokenizer_config.json", "generation_config.json", "metrics.jsonl", "optimizer.pt", "trainer_state.json"} {
+		assert.True(t, names[want], "checkpoint lacks %s: %v", want, names)
+	}
+	sm := v.Metrics["step_metrics"].(map[string]any)
+	require.Len(t, sm["loss"], 2)
+	require.Len(t, sm["grad_norm"], 2)
+	// On-policy first step: the trainer's logprobs are the old ones.
+	assert.InDelta(t, 0, sm["ppo_kl"].([]any)[0], 1e-6)
+
+	stdout, stderr, code = w.run(t, args("--model", ref, "--resume-from", ref, "--out", "tiny-ckpt-2")...)
+	require.Equal(t, 0, code, "stderr:\n%s", stderr)
+	v2, err := dataset.OpenString(ctx, w.st, lastLine(stdout))
+	require.NoError(t, err)
+	assert.Contains(t, v2.Inputs, v.Ref())
+	assert.Equal(t, ref, v2.Metrics["resume_from"])
+}
