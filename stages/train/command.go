@@ -101,7 +101,7 @@ The batches are written as safetensors files with a plan.json into a work
 directory, and the trainer runs on them:
    python    PYTHON -m kiln_gpu.train --plan DIR/plan.json
    torchrun  PYTHON -m torch.distributed.run --nproc-per-node N -m kiln_gpu.train ...
-   srun      srun --ntasks N PYTHON -m kiln_gpu.train ...
+   srun      srun --ntasks N ... sh -c 'RANK=$SLURM_PROCID ...' PYTHON -m kiln_gpu.train ...
 with --gpu-dir on PYTHONPATH. Its progress is a bar on a terminal, log lines
 otherwise; its stderr is passed through prefixed "trainer:". When it exits 0
 having saved a complete checkpoint (weights in model-0000i-of-0000n.safetensors
@@ -366,7 +366,7 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 		argv := Command(o.Launcher, o.Python, o.NProc, filepath.Join(work, "plan.json"))
 		env.Log.Info("trainer", "command", strings.Join(argv, " "), "work", work)
 		progress := stagecmd.NewProgress(env.Stderr, env.Log, "train", "steps", int64(len(plan.Steps)))
-		tr, err := RunTrainer(ctx, argv, work, gpuDir, env.Stderr, env.Log, progress)
+		tr, err := RunTrainer(ctx, argv, launchEnv(o.Launcher, os.Getenv), work, gpuDir, env.Stderr, env.Log, progress)
 		progress.Done()
 		if err != nil {
 			return nil, err

@@ -265,7 +265,7 @@ func TestDryRun(t *testing.T) {
 	for _, c := range []struct{ launcher, want string }{
 		{"python", "python3 -m kiln_gpu.train --plan WORK/plan.json"},
 		{"torchrun", "python3 -m torch.distributed.run --nproc-per-node 2 -m kiln_gpu.train --plan WORK/plan.json"},
-		{"srun", "srun --ntasks 2 python3 -m kiln_gpu.train --plan WORK/plan.json"},
+		{"srun", "srun --ntasks 2 --kill-on-bad-exit=1 sh -c " + srunShim + " python3 -m kiln_gpu.train --plan WORK/plan.json"},
 	} {
 		out, errs, code := w.run(t, "--trajectories", w.trajectories.String(), "--advantages", w.advantages.String(), "--model", w.model,
 			"--out", "ckpt", "--dry-run", "--launcher", c.launcher, "--nproc", "2")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,9 +44,41 @@ func Command(l Launcher, python string, nproc int, plan string) []string {
 	case LaunchTorchrun:
 		return append([]string{python, "-m", "torch.distributed.run", "--nproc-per-node", fmt.Sprint(nproc)}, train...)
 	case LaunchSrun:
-		return append([]string{"srun", "--ntasks", fmt.Sprint(nproc), python}, train...)
+		// Each task maps Slurm's rank variables onto torch.distributed's
+		// before exec'ing the trainer (docs/train-stage.md §8).
+		return append([]string{"srun", "--ntasks", fmt.Sprint(nproc), "--kill-on-bad-exit=1", "sh", "-c", srunShim, python}, train...)
 	}
 	return append([]string{python}, train...)
+}
+
+// srunShim is the per-task wrapper of the srun launcher: the trainer reads
+// RANK, WORLD_SIZE and LOCAL_RANK (as under torchrun); Slurm sets
+// SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID.
+const srunShim = `RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID exec "$0" "$@"`
+
+// launchEnv is what a launcher adds to the trainer's environment: for
+// srun, the rendezvous (MASTER_ADDR, MASTER_PORT) of torch.distributed's
+// env:// initialisation, this host and a free port unless already set,
+// which srun passes on to every task.
+func launchEnv(l Launcher, getenv func(string) string) []string {
+	if l != LaunchSrun {
+		return nil
+	}
+	var env []string
+	if getenv("MASTER_ADDR") == "" {
+		if h, err := os.Hostname(); err == nil {
+			env = append(env, "MASTER_ADDR="+h)
+		}
+	}
+	if getenv("MASTER_PORT") == "" {
+		port := 29500
+		if ln, err := net.Listen("tcp", ":0"); err == nil {
+			port = ln.Addr().(*net.TCPAddr).Port
+			ln.Close()
+		}
+		env = append(env, fmt.Sprintf("MASTER_PORT=%d", port))
+	}
+	return env
 }
 
 // DefaultPython is the trainer's interpreter when --python is not given:
@@ -112,7 +145,7 @@ type TrainerRun struct {
 // RunTrainer runs argv in dir with gpuDir on PYTHONPATH, reporting each
 // step event to progress and passing stderr to log lines prefixed
 // "trainer: ". It fails unless the trainer exits 0 after a saved event.
-func RunTrainer(ctx context.Context, argv []string, dir, gpuDir string, stderr io.Writer, log *slog.Logger, progress *stagecmd.Progress) (*TrainerRun, error) {
+func RunTrainer(ctx context.Context, argv, extraEnv []string, dir, gpuDir string, stderr io.Writer, log *slog.Logger, progress *stagecmd.Progress) (*TrainerRun, error) {
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Dir = dir
 	env := os.Environ()
@@ -120,7 +153,7 @@ func RunTrainer(ctx context.Context, argv []string, dir, gpuDir string, stderr i
 	if old := os.Getenv("PYTHONPATH"); old != "" {
 		pp += string(os.PathListSeparator) + old
 	}
-	cmd.Env = append(env, "PYTHONPATH="+pp, "PYTHONUNBUFFERED=1")
+	cmd.Env = append(append(env, "PYTHONPATH="+pp, "PYTHONUNBUFFERED=1"), extraEnv...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
