@@ -27,6 +27,10 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/klauspost/compress/zstd"
 	"github.com/rogpeppe/go-internal/testscript"
+	"github.com/rogpeppe/go-internal/txtar"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/urfave/cli/v2"
 
 	"github.com/kilnrl/kiln/fixtures"
 	"github.com/kilnrl/kiln/internal/sandbox/sandboxtest"
@@ -276,10 +280,13 @@ func cmdHelpExample(ts *testscript.TestScript, neg bool, args []string) {
 		ts.Fatalf("help-example: %q is not an example number", args[len(args)-1])
 	}
 	path := args[:len(args)-1]
-	if err := ts.Exec(path[0], append(path[1:], "--help")...); err != nil {
+	help := exec.Command(lookPath(ts, path[0]), append(path[1:], "--help")...)
+	help.Args[0], help.Dir, help.Env = path[0], ts.MkAbs("."), scriptEnv(ts)
+	out, err := help.Output() // not logged: the example's output is what matters
+	if err != nil {
 		ts.Fatalf("%s --help: %v", strings.Join(path, " "), err)
 	}
-	exs := helpExamples(ts.ReadFile("stdout"))
+	exs := helpExamples(string(out))
 	if n < 1 || n > len(exs) {
 		ts.Fatalf("`%s --help` has %d example(s), not a number %d", strings.Join(path, " "), len(exs), n)
 	}
@@ -513,6 +520,24 @@ func procOf(ts *testscript.TestScript, name string) *bgProc {
 	return bp
 }
 
+// scriptEnv is the environment of a process a script command starts itself:
+// the test's, without KILN_ variables, with the script's PATH, HOME, TMPDIR,
+// WORK and KILN_ variables the scripts set.
+func scriptEnv(ts *testscript.TestScript) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "KILN_") {
+			env = append(env, kv)
+		}
+	}
+	for _, k := range []string{"PATH", "HOME", "TMPDIR", "WORK", "KILN_STORE", "KILN_LOG_FORMAT"} {
+		if v := ts.Getenv(k); v != "" {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
+}
+
 // lookPath finds prog on the script's PATH.
 func lookPath(ts *testscript.TestScript, prog string) string {
 	for _, dir := range filepath.SplitList(ts.Getenv("PATH")) {
@@ -535,19 +560,7 @@ func cmdStart(ts *testscript.TestScript, neg bool, args []string) {
 	bp := &bgProc{done: make(chan struct{})}
 	bp.cmd = exec.Command(lookPath(ts, args[1]), args[2:]...)
 	bp.cmd.Args[0] = args[1]
-	bp.cmd.Dir = ts.MkAbs(".")
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "KILN_") {
-			env = append(env, kv)
-		}
-	}
-	for _, k := range []string{"PATH", "HOME", "TMPDIR", "WORK", "KILN_STORE", "KILN_LOG_FORMAT"} {
-		if v := ts.Getenv(k); v != "" {
-			env = append(env, k+"="+v)
-		}
-	}
-	bp.cmd.Env = env
+	bp.cmd.Dir, bp.cmd.Env = ts.MkAbs("."), scriptEnv(ts)
 	bp.cmd.Stdout, bp.cmd.Stderr = &bp.stdout, &bp.stderr
 	ts.Check(bp.cmd.Start())
 	procs.mu.Lock()
@@ -708,4 +721,82 @@ func cmdReadAtMost(ts *testscript.TestScript, neg bool, args []string) {
 	if got := bp.maxRead.Load(); got > limit {
 		ts.Fatalf("%s read %d bytes, more than %s times the size of %s (%d): it did not stop when signalled", args[0], got, args[2], args[1], limit)
 	}
+}
+
+// TestHelpExamplesCovered checks that every example of every binary's
+// --help (every command's) is run by a help-example line of
+// testdata/script/help_examples*.txtar, or is in skippedExamples with the
+// reason; that every help-example line names an example that exists; and
+// that no skippedExamples entry or exampleStandIns replacement is stale.
+func TestHelpExamplesCovered(t *testing.T) {
+	type example struct{ at, text string } // at: "BINARY [COMMAND...] N"
+	var all []example
+	for _, binary := range sortedKeys(binaries) {
+		var walk func(path []string, cmds []*cli.Command)
+		walk = func(path []string, cmds []*cli.Command) {
+			var out, errb bytes.Buffer
+			env := &stagecmd.Env{Stdout: &out, Stderr: &errb, Log: stagecmd.NewLogger(&errb, false)}
+			code := stagecmd.Main(binaries[binary](env), append(append([]string{binary}, path...), "--help"), &errb)
+			require.Equal(t, 0, code, "%s %v --help: %s", binary, path, errb.String())
+			for i, ex := range helpExamples(out.String()) {
+				all = append(all, example{strings.Join(append(append([]string{binary}, path...), strconv.Itoa(i+1)), " "), ex})
+			}
+			for _, c := range cmds {
+				if c.Name != "help" && !c.SkipFlagParsing {
+					walk(append(append([]string{}, path...), c.Name), c.Subcommands)
+				}
+			}
+		}
+		var out bytes.Buffer
+		app := binaries[binary](&stagecmd.Env{Stdout: &out, Stderr: &out, Log: stagecmd.NewLogger(&out, false)})
+		walk(nil, app.Commands)
+	}
+
+	run := map[string]string{} // "BINARY [COMMAND...] N" -> where
+	scripts, err := filepath.Glob("testdata/script/help_examples*.txtar")
+	require.NoError(t, err)
+	require.NotEmpty(t, scripts)
+	cond := regexp.MustCompile(`^(\[[^]]*\]\s*)*`)
+	for _, path := range scripts {
+		a, err := txtar.ParseFile(path)
+		require.NoError(t, err)
+		for i, l := range strings.Split(string(a.Comment), "\n") {
+			words := strings.Fields(cond.ReplaceAllString(strings.TrimSpace(l), ""))
+			if len(words) > 0 && words[0] == "help-example" {
+				run[strings.Join(words[1:], " ")] = fmt.Sprintf("%s:%d", path, i+1)
+			}
+		}
+	}
+
+	exists, skipped := map[string]bool{}, 0
+	for _, ex := range all {
+		exists[ex.at] = true
+		reason := skipReason(ex.text)
+		_, ran := run[ex.at]
+		switch {
+		case ran && reason != "":
+			t.Errorf("%s (%s) is run by %s and skipped (%s): take it out of skippedExamples", ex.at, ex.text, run[ex.at], reason)
+		case !ran && reason == "":
+			t.Errorf("example %s is neither run nor skipped: add `help-example %s` and its checks to testdata/script/help_examples.txtar, or a skippedExamples entry saying why it cannot run there:\n%s", ex.at, ex.at, ex.text)
+		case reason != "":
+			skipped++
+		}
+	}
+	for at, where := range run {
+		assert.True(t, exists[at], "%s: help-example %s: no such example", where, at)
+	}
+	texts := map[string]bool{}
+	joined := ""
+	for _, ex := range all {
+		texts[ex.text] = true
+		joined += ex.text + "\n"
+	}
+	for _, s := range skippedExamples {
+		assert.True(t, texts[s.example], "skippedExamples: no --help has the example %q any more", s.example)
+	}
+	for _, s := range exampleStandIns {
+		assert.Contains(t, joined, s.in, "exampleStandIns: no example has %q any more", s.in)
+	}
+	assert.Greater(t, len(run), 20, "examples run")
+	t.Logf("%d examples: %d run by the scripts, %d skipped (skippedExamples)", len(all), len(run), skipped)
 }
