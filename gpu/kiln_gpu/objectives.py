@@ -223,10 +223,9 @@ def micro_batch_loss(
             "train_rollout_logprob_abs_diff": r_((old - roll).abs()),
             "kl_loss": r_(kl.detach()) if kl is not None else 0.0,
         }
-        if ent is None:
-            lq = logp.detach() if logp is not None else torch.log_softmax(logits.detach(), dim=-1)
-            ent = -(torch.exp(lq) * lq).sum(-1)
-        metrics["entropy"] = r_(ent.detach())
+        # the entropy is a metric only when it is in the loss: on its own it
+        # costs two more passes over the R × V logits (docs/train.md §8.4)
+        metrics["entropy"] = r_(ent.detach()) if ent is not None else None
         if cfg.correction is not None:
             metrics["tis"] = r_(w)
             metrics["tis_clipfrac"] = r_(changed)

@@ -262,18 +262,20 @@ def run(plan: Plan, dist: Dist) -> dict:
                 m = micro_batch_step(model, ref_model, mb, obj, step.divisor, plan.temperature, device,
                                      autocast, scale=0.0, direct=False)
             for k, v in m.items():
-                sums[k] = sums.get(k, 0.0) + v
+                if v is not None:
+                    sums[k] = sums.get(k, 0.0) + v
         if dist.on and not fsdp:
             for p in model.parameters():
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
                 dist.all_reduce_(p.grad)
         keys = sorted(set(sums) | {"loss", "pg_loss", "pg_clipfrac", "ppo_kl", "train_rollout_logprob_abs_diff",
-                                   "kl_loss", "entropy"})
+                                   "kl_loss"})
         vec = torch.tensor([sums.get(k, 0.0) for k in keys] + [float(tokens)], dtype=torch.float64)
         if dist.on:
             vec = dist.all_reduce_(vec.to(device)).cpu()
         metrics = dict(zip(keys, vec[:-1].tolist()))
+        metrics.setdefault("entropy", None)
         tokens = int(vec[-1])
         gn = grad_norm_and_clip(model, float(plan.optimizer.get("grad_clip", 1.0)))
         opt.step()
