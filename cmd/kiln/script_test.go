@@ -57,8 +57,10 @@ func TestMain(m *testing.M) {
 }
 
 // TestScript runs testdata/script/*.txtar: the dataset commands, the
-// README's examples, help and every class of usage error. Each script
-// starts in an empty $WORK, with $REPO the repository root.
+// README's examples, every --help example (help_examples), help, every
+// class of usage error, and SIGINT/SIGTERM to running writers (signals).
+// Each script starts in an empty $WORK, with $REPO the repository root;
+// scriptCmds lists the commands they have beyond testscript's.
 func TestScript(t *testing.T) {
 	testscript.Run(t, scriptParams(t, "testdata/script", nil))
 }
