@@ -17,7 +17,8 @@ import (
 // The stage with the real trainer (gpu/kiln_gpu/train.py) on the tiny
 // Qwen3 checkpoint, on CPU: two steps commit a checkpoint of §6.1 with a
 // metric per step; that checkpoint as --model and --resume-from trains
-// again from its weights and optimizer state. Needs the gpu venv and the
+// again from its weights and optimizer state; torchrun with two processes
+// commits too. Needs the gpu venv and the
 // Qwen3 tokenizer (scripts/install-gpu-deps.sh): skips without, fails
 // under CI=true.
 func TestRealTrainerTiny(t *testing.T) {
@@ -72,4 +73,15 @@ func TestRealTrainerTiny(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, v2.Inputs, v.Ref())
 	assert.Equal(t, ref, v2.Metrics["resume_from"])
+
+	// Two processes under torchrun (gloo on CPU) train the same plan.
+	stdout, stderr, code = w.run(t, args("--model", tiny, "--out", "tiny-ckpt-torchrun", "--launcher", "torchrun", "--nproc", "2")...)
+	require.Equal(t, 0, code, "stderr:\n%s", stderr)
+	v3, err := dataset.OpenString(ctx, w.st, lastLine(stdout))
+	require.NoError(t, err)
+	loss3 := v3.Metrics["step_metrics"].(map[string]any)["loss"].([]any)
+	require.Len(t, loss3, 2)
+	for i, l := range sm["loss"].([]any) {
+		assert.InDelta(t, l, loss3[i], 1e-4, "step %d loss, one process vs two", i)
+	}
 }
