@@ -160,7 +160,7 @@ class MicroBatch:
     advantages: torch.Tensor
     denominators: torch.Tensor
     rollout_index: torch.Tensor
-    spans: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    spans: Optional[tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]
 
     @property
     def n_segments(self) -> int:
@@ -200,13 +200,13 @@ def load_micro_batch(path: Path) -> MicroBatch:
         if not bool(torch.isfinite(t[name]).all()):
             raise PlanError(f"{path}: column {name} has a non-finite value")
     spans = None
-    have = [n for n in ("top_p_offsets", "top_p_ids", "top_p_probs") if n in t]
-    if have:
-        if len(have) != 3:
-            raise PlanError(f"{path}: top_p_offsets, top_p_ids and top_p_probs come together (have {have})")
-        po, pi, pp = t["top_p_offsets"], t["top_p_ids"], t["top_p_probs"]
-        if po.numel() != R + 1 or int(po[0]) != 0 or int(po[-1]) != pi.numel() or pi.numel() != pp.numel() \
-                or bool((po[1:] < po[:-1]).any()):
+    if "top_p_offsets" in t or "top_p_ids" in t or "top_p_probs" in t:
+        # the probabilities are absent when the trajectories recorded ids only
+        if "top_p_offsets" not in t or "top_p_ids" not in t:
+            raise PlanError(f"{path}: top_p_offsets and top_p_ids come together")
+        po, pi, pp = t["top_p_offsets"], t["top_p_ids"], t.get("top_p_probs")
+        if po.numel() != R + 1 or int(po[0]) != 0 or int(po[-1]) != pi.numel() \
+                or (pp is not None and pi.numel() != pp.numel()) or bool((po[1:] < po[:-1]).any()):
             raise PlanError(f"{path}: top_p_offsets must be [R+1] from 0 to len(top_p_ids) = len(top_p_probs)")
         spans = (po, pi, pp)
     return MicroBatch(path=path, tokens=t["tokens"], seq_offsets=off, response_lengths=t["response_lengths"],

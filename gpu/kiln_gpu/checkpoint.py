@@ -61,14 +61,12 @@ def save_weights(state: dict[str, torch.Tensor], out: Path, dtype: torch.dtype, 
 
 
 def copy_base_files(base: Path, out: Path) -> None:
-    """Every non-weight file of the base (config, tokenizer, chat template,
-    generation config), and non-weight subdirectories."""
+    """Every top-level non-weight file of the base (config, tokenizer, chat
+    template, generation config), docs/train-stage.md §6.1."""
     for p in sorted(base.iterdir()):
-        if p.name in ("optimizer.pt", "trainer_state.json", "metrics.jsonl"):
+        if p.name in ("optimizer.pt", "trainer_state.json", "metrics.jsonl") or not p.is_file():
             continue
-        if p.is_dir():
-            shutil.copytree(p, out / p.name)
-        elif not is_weight_file(p.name):
+        if not is_weight_file(p.name):
             shutil.copyfile(p, out / p.name)
 
 

@@ -161,8 +161,9 @@ def micro_batch_loss(
     sc_metrics: dict[str, torch.Tensor] = {}
     logp = None
     if obj.score_centering:
-        if spans is None:
-            raise ValueError("score centering needs the recorded spans (top_p_offsets, top_p_ids, top_p_probs)")
+        if spans is None or spans[2] is None:
+            raise ValueError("score centering needs the recorded spans with probabilities "
+                             "(top_p_offsets, top_p_ids, top_p_probs)")
         lp, score, sc_metrics = score_centering_term(logits, target, roll, *spans, cfg, obj.sc_path)
     elif spans is not None and obj.sc_path == "top-p":
         # top-p replay (spec §4.4, last item): lp on the logits masked to the
@@ -210,7 +211,9 @@ def micro_batch_loss(
     if obj.kl_coef != 0.0:
         if ref_lp is None:
             raise ValueError("kl_coef needs the reference model's logprobs")
-        d = lp - ref_lp.to(dt)
+        # full-vocabulary logprobs on both sides, whatever lp is renormalised on
+        lq = logp if logp is not None else torch.log_softmax(logits, dim=-1)
+        d = lq.gather(-1, target.long().unsqueeze(-1)).squeeze(-1) - ref_lp.to(dt)
         kl = torch.exp(-d) - 1 + d  # k3 (spec §4.1)
         loss = loss + obj.kl_coef * reduce(kl, mask, denom, divisor)
     with torch.no_grad():

@@ -73,6 +73,8 @@ def objective_from_plan(plan: Plan) -> Objective:
         )
         if base.eps_clip_c is not None and base.eps_clip_c <= 1:
             raise ValueError(f"eps_clip_c must be > 1, got {base.eps_clip_c}")
+        if L.get("score_centering") and plan.temperature <= 0:
+            raise ValueError("score centering needs temperature > 0")
         return Objective(
             objective=L.get("objective", "ppo"),
             base=base,
@@ -163,7 +165,7 @@ def micro_batch_step(model, ref_model, mb: MicroBatch, obj: Objective, divisor: 
         with torch.no_grad():
             rlog, _ = response_logits(ref_model, mb, temperature, device, autocast, direct)
             ref_lp = torch.log_softmax(rlog, -1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
-    spans = None if mb.spans is None else tuple(x.to(device) for x in mb.spans)
+    spans = None if mb.spans is None else tuple(None if x is None else x.to(device) for x in mb.spans)
     out = micro_batch_loss(
         obj, logits, target, mb.rollout_logprobs.to(device), mb.advantages.to(device),
         mb.loss_mask.to(device), denom, divisor, seg, mb.n_segments, ref_lp=ref_lp, spans=spans,

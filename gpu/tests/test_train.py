@@ -3,6 +3,7 @@ path, score centering, the objectives against a reference, output layout,
 bad plans, resume parity and torchrun parity."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -341,3 +342,23 @@ def test_torchrun_two_processes_equal_one(tiny_checkpoint, tmp_path):
         str(Path(tiny_checkpoint) / "model.safetensors"))
     assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-5
     assert max(float((a[k] - base[k]).abs().max()) for k in a) > 1e-4
+
+
+def test_score_centering_kl_entropy_plan_trains(tiny_checkpoint, tmp_path, capsys):
+    """A plan with recorded nuclei, SC REINFORCE with TIS, a KL term (the
+    reference model is loaded) and an entropy term runs end to end."""
+    g = torch.Generator().manual_seed(11)
+    segs = []
+    for r in range(2):
+        s = segment(g, VOCAB, 4, 3, r, 1.0 if r else -1.0)
+        s["spans"] = [([tok, tok + 1, tok + 2], [0.6, 0.3, 0.1]) for tok in s["response"]]
+        s["roll"] = [float(torch.log(torch.tensor(0.6)))] * 3
+        segs.append(s)
+    p = write_plan(tmp_path / "b", tiny_checkpoint, [[segs]], tmp_path / "out",
+                   loss={"objective": "reinforce", "score_centering": True, "correction": "tis",
+                         "kl_coef": 0.1, "entropy_coef": 0.01})
+    assert _run(p) == 0
+    step = [json.loads(x) for x in capsys.readouterr().out.splitlines()][1]
+    assert step["kl_loss"] == pytest.approx(0.0, abs=1e-6)  # the policy is the reference at step 0
+    assert step["entropy"] > 0 and "sc_correction" in step and step["sc_sampler_head_mass"] == pytest.approx(1.0)
+    assert math.isfinite(step["grad_norm"]) and step["grad_norm"] > 0
