@@ -1,0 +1,674 @@
+"""kiln's small policy server: the engine API kiln's client speaks (docs/serve.md).
+
+    python -m kiln_gpu.serve --model DIR [--host 127.0.0.1] [--port N|0]
+        [--port-file F] [--seed S] [--max-batch N] [--served-model-name NAME]
+
+Routes (docs/serve.md §2): GET /health, /version, /v1/models, /is_paused;
+POST /tokenize, /detokenize, /inference/v1/generate, /v1/completions,
+/pause, /resume, /collective_rpc (method reload_weights). JSON shapes and
+error statuses follow vLLM's for every field kiln's engine client reads
+(docs/engine-wire.md §3, §5, §6).
+
+Logprobs are processed logprobs: log_softmax(logits / T) of the model's
+float32 logits (T = 1 for greedy), the quantity the trainer recomputes
+(docs/serve.md §4). One worker thread runs the model; HTTP threads queue
+requests to it (docs/serve.md §5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import threading
+import time
+import uuid
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Optional
+from urllib.parse import parse_qs, urlparse
+
+import torch
+
+VERSION = "kiln-serve 0.1"
+GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below is greedy
+
+
+class APIError(Exception):
+    """A request error answered as vLLM's error envelope (docs/serve.md §2.8)."""
+
+    def __init__(self, status: int, message: str, typ: str = "BadRequestError"):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.typ = typ
+
+
+def bad(msg: str) -> APIError:
+    return APIError(400, msg)
+
+
+# ---------------------------------------------------------------- sampling
+
+
+class Sampling:
+    """The sampling_params kiln_gpu.serve honours, validated (docs/serve.md §3)."""
+
+    def __init__(self, d: dict, max_model_len: int, prompt_len: int):
+        if not isinstance(d, dict):
+            raise bad("sampling_params must be an object")
+
+        def num(key, default, lo=None, hi=None, kind=float):
+            v = d.get(key)
+            if v is None:
+                return default
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
+                raise bad(f"{key} must be a{'n integer' if kind is int else ' number'}, got {v!r}")
+            if (lo is not None and v < lo) or (hi is not None and v > hi):
+                raise bad(f"{key} must be in [{lo}, {hi}], got {v}")
+            return kind(v)
+
+        self.max_tokens = num("max_tokens", 16, 1, None, int)
+        self.temperature = num("temperature", 1.0, 0.0, 2.0)
+        self.top_p = num("top_p", 1.0, 0.0, 1.0)
+        if self.top_p <= 0:
+            raise bad(f"top_p must be in (0, 1], got {self.top_p}")
+        self.top_k = num("top_k", 0, -1, None, int)
+        self.min_p = num("min_p", 0.0, 0.0, 1.0)
+        self.seed = d.get("seed")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise bad(f"seed must be an integer, got {self.seed!r}")
+        self.min_tokens = num("min_tokens", 0, 0, None, int)
+        if self.min_tokens > self.max_tokens:
+            raise bad(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}")
+        self.logprobs = num("logprobs", 0, -1, None, int)
+        if self.logprobs == -1:
+            raise bad("logprobs=-1 (the full vocabulary) is not supported by kiln_gpu.serve")
+        ids = d.get("stop_token_ids") or []
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            raise bad("stop_token_ids must be a list of non-negative integers")
+        self.stop_token_ids = list(ids)
+        stop = d.get("stop") or []
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise bad("stop must be a string or a list of strings")
+        self.stop = [s for s in stop if s]
+        self.include_stop_str_in_output = bool(d.get("include_stop_str_in_output", False))
+        self.ignore_eos = bool(d.get("ignore_eos", False))
+        for key, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+            v = d.get(key)
+            if v is not None and v != neutral:
+                raise bad(f"{key}={v} is not supported by kiln_gpu.serve (only {neutral}); see docs/serve.md §3")
+        if d.get("logit_bias"):
+            raise bad("logit_bias is not supported by kiln_gpu.serve; see docs/serve.md §3")
+        self.return_sampling_mask = bool(d.get("return_sampling_mask", False))
+        self.return_sampling_mask_logprobs = bool(d.get("return_sampling_mask_logprobs", False))
+        if prompt_len + self.max_tokens > max_model_len:
+            raise bad(
+                f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+                f"{prompt_len + self.max_tokens} tokens ({prompt_len} in the messages, {self.max_tokens} in the "
+                f"completion). Please reduce the length of the messages or completion."
+            )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_EPS
+
+
+def processed_logprobs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
+    """log_softmax(logits / T) in float32; T = 1 when greedy (docs/serve.md §4)."""
+    t = 1.0 if s.greedy else s.temperature
+    return torch.log_softmax(logits.float() / t, dim=-1)
+
+
+def nucleus(logp: torch.Tensor, s: Sampling) -> torch.Tensor:
+    """The ids the sampler may draw from, by descending probability: top-k,
+    then min-p, then top-p over the processed distribution (docs/serve.md §3).
+    Top-p keeps the smallest prefix whose mass reaches top_p (the token that
+    crosses it included), as vLLM's sampler does."""
+    sorted_lp, order = torch.sort(logp, descending=True, stable=True)
+    n = sorted_lp.numel()
+    if s.top_k > 0:
+        n = min(n, s.top_k)
+    probs = sorted_lp[:n].exp()
+    if s.min_p > 0:
+        keep = probs >= s.min_p * probs[0]
+        n = int(keep.sum().item())
+        probs = probs[:n]
+    if s.top_p < 1:
+        cum = torch.cumsum(probs / probs.sum(), dim=0)
+        # tokens whose preceding mass is below top_p
+        before = cum - probs / probs.sum()
+        n = max(1, int((before < s.top_p).sum().item()))
+    return order[:n]
+
+
+class Stepper:
+    """One request's token choice: processed logprobs, nucleus, a seeded draw."""
+
+    def __init__(self, s: Sampling, seed: int):
+        self.s = s
+        self.gen = torch.Generator(device="cpu")
+        self.gen.manual_seed(seed & 0xFFFFFFFFFFFFFFFF)
+
+    def choose(self, logits: torch.Tensor, banned: list[int]) -> tuple[int, torch.Tensor, Optional[torch.Tensor]]:
+        """Returns (token id, the processed logprobs row, the nucleus ids or
+        None when greedy). banned ids (min_tokens) are removed from the draw,
+        never from the reported logprobs."""
+        logp = processed_logprobs(logits, self.s)
+        draw = logp
+        if banned:
+            draw = logp.clone()
+            draw[banned] = float("-inf")
+        if self.s.greedy:
+            return int(torch.argmax(draw).item()), logp, None
+        ids = nucleus(draw, self.s)
+        p = draw[ids].exp()
+        j = int(torch.multinomial(p / p.sum(), 1, generator=self.gen).item())
+        return int(ids[j].item()), logp, ids
+
+
+# ------------------------------------------------------------------ engine
+
+
+class Job:
+    def __init__(self, prompt: list[int], s: Sampling, seed: int):
+        self.prompt = prompt
+        self.s = s
+        self.seed = seed
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: Optional[BaseException] = None
+
+
+class Engine:
+    """The model, its tokenizer and the worker that runs requests one at a
+    time, each with its own KV cache (docs/serve.md §5)."""
+
+    def __init__(self, model_dir: str, served_name: Optional[str] = None, seed: int = 0, max_batch: int = 1):
+        from transformers import AutoTokenizer
+
+        self.model_dir = str(model_dir)
+        self.served_name = served_name or self.model_dir
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.model = self._load(self.model_dir)
+        cfg = self.model.config
+        self.max_model_len = int(getattr(cfg, "max_position_embeddings", 4096))
+        self.eos_ids = self._eos_ids(self.model_dir)
+        self.weight_version = 0
+        self.weights_path = self.model_dir
+        self.max_batch = max(1, max_batch)
+        self._seeds = torch.Generator().manual_seed(seed)
+        self._seed_lock = threading.Lock()
+        self.model_lock = threading.Lock()  # one forward or one reload at a time
+        self.pause_cv = threading.Condition()
+        self.paused = False
+        self.pause_mode = "abort"
+        self.running = 0  # jobs the worker has started and not finished
+        self.queue: "queue.Queue[Optional[Job]]" = queue.Queue()
+        self.worker = threading.Thread(target=self._work, name="kiln-serve-worker", daemon=True)
+        self.worker.start()
+
+    # -- loading
+
+    @staticmethod
+    def _load(path: str):
+        from transformers import AutoModelForCausalLM
+
+        m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        m.eval()
+        return m
+
+    def _eos_ids(self, path: str) -> list[int]:
+        ids = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        gc = Path(path) / "generation_config.json"
+        if gc.is_file():
+            e = json.loads(gc.read_text()).get("eos_token_id")
+            for i in e if isinstance(e, list) else [e]:
+                if isinstance(i, int):
+                    ids.add(i)
+        return sorted(ids)
+
+    def reload(self, path: str, version: Optional[int] = None) -> int:
+        """Loads a new checkpoint directory (HF layout) in place of the served
+        weights; the next version unless given (docs/serve.md §6)."""
+        p = Path(path)
+        if not p.is_dir():
+            raise bad(f"reload_weights: weights_path {path!r} is not a directory")
+        new = self._load(str(p))
+        with self.model_lock:
+            self.model = new
+            self.weights_path = str(p)
+            self.weight_version = int(version) if version is not None else self.weight_version + 1
+            return self.weight_version
+
+    def next_seed(self) -> int:
+        with self._seed_lock:
+            return int(torch.randint(0, 2**62, (1,), generator=self._seeds).item())
+
+    # -- pause / resume (docs/serve.md §6)
+
+    def pause(self, mode: str) -> None:
+        with self.pause_cv:
+            self.paused = True
+            self.pause_mode = mode
+            self.pause_cv.notify_all()
+            if mode == "wait":
+                while self.running:
+                    self.pause_cv.wait()
+
+    def resume(self) -> None:
+        with self.pause_cv:
+            self.paused = False
+            self.pause_cv.notify_all()
+
+    # -- the worker
+
+    def submit(self, job: Job) -> dict:
+        self.queue.put(job)
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def _work(self) -> None:
+        while True:
+            job = self.queue.get()
+            if job is None:
+                return
+            with self.pause_cv:
+                while self.paused:  # new requests wait for resume (all modes)
+                    self.pause_cv.wait()
+                self.running += 1
+            try:
+                job.result = self._generate(job)
+            except BaseException as e:  # answered to the request's thread
+                job.error = e
+            finally:
+                with self.pause_cv:
+                    self.running -= 1
+                    self.pause_cv.notify_all()
+                job.done.set()
+
+    def _abort_or_hold(self) -> bool:
+        """At a step boundary: True to abort (pause mode abort); blocks while
+        paused in mode keep; continues in mode wait."""
+        with self.pause_cv:
+            if not self.paused:
+                return False
+            if self.pause_mode == "abort":
+                return True
+            if self.pause_mode == "keep":
+                while self.paused:
+                    self.pause_cv.wait()
+            return False
+
+    @torch.no_grad()
+    def _generate(self, job: Job) -> dict:
+        s = job.s
+        step = Stepper(s, job.seed)
+        stops = set(s.stop_token_ids)
+        eos = set() if s.ignore_eos else set(self.eos_ids)
+        out: list[int] = []
+        lps: list[float] = []
+        tops: list[list[tuple[int, float]]] = []
+        masks: list[list[int]] = []
+        mask_lps: list[list[float]] = []
+        finish, stop_reason = "length", None
+        past = None
+        ids = torch.tensor([job.prompt], dtype=torch.long)
+        text = ""
+        version = self.weight_version
+        for i in range(s.max_tokens):
+            if i > 0 and self._abort_or_hold():
+                finish = "abort"
+                break
+            with self.model_lock:
+                version = self.weight_version
+                o = self.model(input_ids=ids, past_key_values=past, use_cache=True)
+            past = o.past_key_values
+            logits = o.logits[0, -1]
+            banned = sorted(eos | stops) if i < s.min_tokens else []
+            tok, logp, nuc = step.choose(logits, banned)
+            out.append(tok)
+            lps.append(float(logp[tok].item()))
+            if s.logprobs > 0:
+                k = min(s.logprobs, logp.numel())
+                top = torch.topk(logp, k)
+                row = [(tok, float(logp[tok].item()))]
+                row += [(int(t), float(v)) for v, t in zip(top.values.tolist(), top.indices.tolist()) if int(t) != tok]
+                tops.append(row)  # k entries when tok is among the top k, else k+1
+            if s.return_sampling_mask:
+                m = nuc if nuc is not None else torch.tensor([tok])
+                masks.append([int(x) for x in m.tolist()])
+                if s.return_sampling_mask_logprobs:
+                    mask_lps.append([float(x) for x in logp[m].tolist()])
+            ids = torch.tensor([[tok]], dtype=torch.long)
+            if i + 1 >= s.min_tokens:
+                if tok in stops:
+                    finish, stop_reason = "stop", tok
+                    break
+                if tok in eos:
+                    finish = "stop"
+                    break
+                if s.stop:
+                    text = self.tokenizer.decode(out)
+                    hit = next((st for st in s.stop if st in text), None)
+                    if hit is not None:
+                        finish, stop_reason = "stop", hit
+                        break
+        return dict(
+            out=out, lps=lps, tops=tops, masks=masks, mask_lps=mask_lps,
+            finish=finish, stop_reason=stop_reason, version=version,
+        )
+
+
+# ------------------------------------------------------------------ server
+
+
+def _ids(v: Any, what: str) -> list[int]:
+    if not isinstance(v, list) or not v and what != "tokens":
+        raise bad(f"{what} must be a non-empty list of token ids")
+    for i, t in enumerate(v):
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise bad(f"{what}[{i}] = {t!r} is not a non-negative token id")
+    return v
+
+
+def _messages_for_template(msgs: Any) -> list:
+    """vLLM parses assistant tool_calls' JSON-string arguments into objects
+    before rendering (docs/serve.md §7); the same here."""
+    if not isinstance(msgs, list) or not msgs:
+        raise bad("messages must be a non-empty list")
+    out = []
+    for m in msgs:
+        if not isinstance(m, dict):
+            raise bad("each message must be an object")
+        m = dict(m)
+        if isinstance(m.get("tool_calls"), list):
+            calls = []
+            for c in m["tool_calls"]:
+                c = dict(c)
+                if isinstance(c.get("function"), dict):
+                    f = dict(c["function"])
+                    if isinstance(f.get("arguments"), str):
+                        try:
+                            f["arguments"] = json.loads(f["arguments"])
+                        except ValueError:
+                            pass
+                    c["function"] = f
+                calls.append(c)
+            m["tool_calls"] = calls
+        out.append(m)
+    return out
+
+
+class Server:
+    """The routes over an Engine (docs/serve.md §2)."""
+
+    def __init__(self, engine: Engine):
+        self.e = engine
+
+    def check_model(self, body: dict) -> None:
+        m = body.get("model")
+        if m not in (None, "") and m != self.e.served_name:
+            raise APIError(404, f"The model `{m}` does not exist.", "NotFoundError")
+
+    def models(self) -> dict:
+        e = self.e
+        return {
+            "object": "list",
+            "data": [{
+                "id": e.served_name, "object": "model", "created": int(time.time()), "owned_by": "kiln",
+                "root": e.model_dir, "parent": None, "max_model_len": e.max_model_len,
+                "weight_version": e.weight_version, "weights_path": e.weights_path,
+            }],
+        }
+
+    def tokenize(self, body: dict) -> dict:
+        self.check_model(body)
+        tok = self.e.tokenizer
+        if "messages" in body:
+            kw = body.get("chat_template_kwargs") or {}
+            if not isinstance(kw, dict):
+                raise bad("chat_template_kwargs must be an object")
+            tools = body.get("tools")
+            if tools is not None and not isinstance(tools, list):
+                raise bad("tools must be a list")
+            args = dict(kw)
+            if body.get("chat_template"):
+                args["chat_template"] = body["chat_template"]
+            try:
+                text = tok.apply_chat_template(
+                    _messages_for_template(body["messages"]), tools=tools, tokenize=False,
+                    add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+                    continue_final_message=bool(body.get("continue_final_message", False)), **args,
+                )
+            except APIError:
+                raise
+            except Exception as ex:  # a template error is the request's fault
+                raise bad(f"chat template: {ex}")
+            add_special = bool(body.get("add_special_tokens", False))
+        elif "prompt" in body:
+            text = body["prompt"]
+            if not isinstance(text, str):
+                raise bad("prompt must be a string")
+            add_special = bool(body.get("add_special_tokens", True))
+        else:
+            raise bad("either prompt or messages is required")
+        ids = tok.encode(text, add_special_tokens=add_special)
+        return {"count": len(ids), "max_model_len": self.e.max_model_len, "tokens": ids, "token_strs": None}
+
+    def detokenize(self, body: dict) -> dict:
+        self.check_model(body)
+        ids = _ids(body.get("tokens"), "tokens")
+        vocab = len(self.e.tokenizer)
+        for i, t in enumerate(ids):
+            if t >= max(vocab, self.e.model.config.vocab_size):
+                raise bad(f"tokens[{i}] = {t} is out of vocabulary")
+        return {"prompt": self.e.tokenizer.decode(ids, skip_special_tokens=False)}
+
+    def _run(self, body: dict, prompt: list[int], sp: dict) -> tuple[Sampling, dict]:
+        vocab = self.e.model.config.vocab_size
+        for i, t in enumerate(prompt):
+            if t >= vocab:
+                raise bad(f"Token id {t} is out of vocabulary (prompt[{i}])")
+        s = Sampling(sp, self.e.max_model_len, len(prompt))
+        seed = s.seed if s.seed is not None else self.e.next_seed()
+        return s, self.e.submit(Job(prompt, s, seed))
+
+    def generate(self, body: dict) -> tuple[dict, int]:
+        self.check_model(body)
+        prompt = _ids(body.get("token_ids"), "token_ids")
+        s, r = self._run(body, prompt, body.get("sampling_params") or {})
+        content = []
+        for i, (t, lp) in enumerate(zip(r["out"], r["lps"])):
+            ent = {"token_id": t, "token": f"token_id:{t}", "logprob": lp}
+            if s.logprobs > 0:
+                ent["top_logprobs"] = [{"token_id": a, "token": f"token_id:{a}", "logprob": b} for a, b in r["tops"][i]]
+            content.append(ent)
+        choice = {
+            "index": 0, "token_ids": r["out"], "logprobs": {"content": content},
+            "finish_reason": r["finish"], "stop_reason": r["stop_reason"],
+            "sampling_mask": r["masks"] if s.return_sampling_mask else None,
+            "weight_versions": [r["version"]] * len(r["out"]),
+        }
+        if s.return_sampling_mask_logprobs:
+            choice["sampling_mask_logprobs"] = r["mask_lps"]
+        rid = body.get("request_id") or uuid.uuid4().hex
+        return {
+            "request_id": f"generate-tokens-{rid}", "model": self.e.served_name, "created": int(time.time()),
+            "output_mode": "token_ids", "prompt_token_ids": prompt, "choices": [choice],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(r["out"]),
+                      "total_tokens": len(prompt) + len(r["out"]), "prompt_tokens_details": None},
+            "weight_version": r["version"],
+        }, r["version"]
+
+    def completions(self, body: dict) -> tuple[dict, int]:
+        self.check_model(body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+            prompt = prompt[0]
+        if not isinstance(prompt, list):
+            raise bad("kiln_gpu.serve's /v1/completions takes a token-id prompt (a list of ids)")
+        prompt = _ids(prompt, "prompt")
+        sp = dict(body)
+        if "logprobs" not in sp or sp["logprobs"] is None:
+            sp["logprobs"] = 0
+        s, r = self._run(body, prompt, sp)
+        label = (lambda t: f"token_id:{t}") if body.get("return_tokens_as_token_ids") else self.e.tokenizer.convert_ids_to_tokens
+        choice = {
+            "index": 0, "text": self.e.tokenizer.decode(r["out"]),
+            "logprobs": {
+                "tokens": [label(t) for t in r["out"]], "token_logprobs": r["lps"],
+                "top_logprobs": [{label(a): b for a, b in row} for row in r["tops"]] if s.logprobs > 0 else None,
+                "text_offset": [],
+            },
+            "finish_reason": r["finish"], "stop_reason": r["stop_reason"],
+        }
+        if body.get("return_token_ids"):
+            choice["token_ids"] = r["out"]
+            choice["prompt_token_ids"] = prompt
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": self.e.served_name, "choices": [choice],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(r["out"]),
+                      "total_tokens": len(prompt) + len(r["out"])},
+        }, r["version"]
+
+    def collective_rpc(self, body: dict) -> dict:
+        method = body.get("method")
+        kw = body.get("kwargs") or {}
+        if method != "reload_weights":
+            raise bad(f"collective_rpc: method {method!r} is not supported by kiln_gpu.serve (only reload_weights)")
+        if not isinstance(kw, dict) or not isinstance(kw.get("weights_path"), str):
+            raise bad("collective_rpc reload_weights needs kwargs.weights_path (a checkpoint directory)")
+        v = kw.get("weight_version", kw.get("target_version"))
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise bad("kwargs.weight_version must be an integer")
+        try:
+            ver = self.e.reload(kw["weights_path"], v)
+        except APIError:
+            raise
+        except Exception as ex:
+            raise APIError(500, f"reload_weights from {kw['weights_path']!r} failed: {ex}", "InternalServerError")
+        return {"results": [None], "weight_version": ver}
+
+
+def make_handler(srv: Server):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt, *args):  # quiet: kiln reads stdout/stderr
+            pass
+
+        def _send(self, status: int, obj: Any, version: Optional[int] = None) -> None:
+            data = b"" if obj is None else json.dumps(obj).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("x-kiln-weight-version", str(srv.e.weight_version if version is None else version))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _error(self, e: APIError) -> None:
+            self._send(e.status, {"error": {"message": e.message, "type": e.typ, "param": None, "code": e.status}})
+
+        def _body(self) -> dict:
+            n = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(n) if n else b""
+            try:
+                body = json.loads(raw or b"{}")
+            except ValueError as ex:
+                raise bad(f"request body is not JSON: {ex}")
+            if not isinstance(body, dict):
+                raise bad("request body must be a JSON object")
+            return body
+
+        def do_GET(self):
+            path = urlparse(self.path).path
+            if path == "/health":
+                return self._send(200, None)
+            if path == "/version":
+                return self._send(200, {"version": VERSION})
+            if path == "/v1/models":
+                return self._send(200, srv.models())
+            if path == "/is_paused":
+                return self._send(200, {"is_paused": srv.e.paused})
+            self._send(404, {"detail": "Not Found"})
+
+        def do_POST(self):
+            u = urlparse(self.path)
+            try:
+                body = self._body()
+                if u.path == "/tokenize":
+                    return self._send(200, srv.tokenize(body))
+                if u.path == "/detokenize":
+                    return self._send(200, srv.detokenize(body))
+                if u.path == "/inference/v1/generate":
+                    r, v = srv.generate(body)
+                    return self._send(200, r, v)
+                if u.path == "/v1/completions":
+                    r, v = srv.completions(body)
+                    return self._send(200, r, v)
+                if u.path == "/pause":
+                    mode = (parse_qs(u.query).get("mode") or [body.get("mode") or "abort"])[0]
+                    if mode not in ("abort", "wait", "keep"):
+                        raise bad(f"pause mode {mode!r}: want abort, wait or keep")
+                    srv.e.pause(mode)
+                    return self._send(200, {})
+                if u.path == "/resume":
+                    srv.e.resume()
+                    return self._send(200, {})
+                if u.path == "/collective_rpc":
+                    return self._send(200, srv.collective_rpc(body))
+                self._send(404, {"detail": "Not Found"})
+            except APIError as e:
+                self._error(e)
+            except Exception as ex:  # never a traceback on the wire
+                self._error(APIError(500, f"{type(ex).__name__}: {ex}", "InternalServerError"))
+
+    return Handler
+
+
+def serve(engine: Engine, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """A started-not-serving HTTP server over engine (call serve_forever)."""
+    httpd = ThreadingHTTPServer((host, port), make_handler(Server(engine)))
+    httpd.daemon_threads = True
+    return httpd
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kiln_gpu.serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port-file)")
+    p.add_argument("--port-file", help="write the bound port here (tmp + rename) once serving")
+    p.add_argument("--seed", type=int, default=0, help="seeds the per-request seeds of requests without one")
+    p.add_argument("--max-batch", type=int, default=1, help="accepted for interface stability; requests run one at a time")
+    p.add_argument("--served-model-name", help="the model name /v1/models reports (default: --model)")
+    a = p.parse_args(argv)
+    torch.manual_seed(a.seed)
+    eng = Engine(a.model, a.served_model_name, a.seed, a.max_batch)
+    httpd = serve(eng, a.host, a.port)
+    port = httpd.server_address[1]
+    if a.port_file:
+        tmp = a.port_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{port}\n")
+        os.replace(tmp, a.port_file)
+    print(f"kiln_gpu.serve: serving {eng.served_name} on http://{a.host}:{port}", flush=True)
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
