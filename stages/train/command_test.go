@@ -194,28 +194,40 @@ func TestRunCommitsCheckpoint(t *testing.T) {
 	assert.Equal(t, "fake optimizer state", state["resumed_optimizer"])
 }
 
-// A trainer that dies mid-run commits nothing (the version does not
-// exist, latest is not moved); the same command afterwards commits.
-func TestTrainerCrashCommitsNothing(t *testing.T) {
-	w := newWorld(t)
-	args := []string{"--trajectories", w.trajectories.String(), "--advantages", w.advantages.String(), "--model", w.model, "--out", "ckpt"}
-	t.Setenv("KILN_FAKE_CRASH_AT", "1")
-	out, errs, code := w.run(t, args...)
-	assert.Equal(t, stagecmd.ExitFailure, code, errs)
-	assert.Contains(t, errs, "the trainer failed after 1 step(s)")
-	assert.Contains(t, errs, "trainer: fake trainer: crashing in step 1")
-	assert.NotContains(t, out, "ckpt@")
-	_, err := dataset.Resolve(context.Background(), w.st, "ckpt")
-	assert.ErrorIs(t, err, dataset.ErrNotFound)
-	ents, _ := os.ReadDir(w.work)
-	assert.Empty(t, ents, "the work directory is removed")
+// A trainer that fails (exits non-zero, is killed, or saves an incomplete
+// checkpoint) commits nothing: the version does not exist and latest is not
+// moved; the same command afterwards commits.
+func TestTrainerFailureCommitsNothing(t *testing.T) {
+	cases := []struct{ env, value, want string }{
+		{"KILN_FAKE_CRASH_AT", "1", "the trainer failed after 1 step(s)"},
+		{"KILN_FAKE_KILL_AT", "0", "the trainer failed after 0 step(s)"},
+		{"KILN_FAKE_NO_OPTIMIZER", "1", "lacks optimizer.pt"},
+	}
+	for _, c := range cases {
+		t.Run(c.env, func(t *testing.T) {
+			w := newWorld(t)
+			args := []string{"--trajectories", w.trajectories.String(), "--advantages", w.advantages.String(), "--model", w.model, "--out", "ckpt"}
+			t.Setenv(c.env, c.value)
+			out, errs, code := w.run(t, args...)
+			assert.Equal(t, stagecmd.ExitFailure, code, errs)
+			assert.Contains(t, errs, c.want)
+			if c.env == "KILN_FAKE_CRASH_AT" {
+				assert.Contains(t, errs, "trainer: fake trainer: crashing in step 1")
+			}
+			assert.NotContains(t, out, "ckpt@")
+			_, err := dataset.Resolve(context.Background(), w.st, "ckpt")
+			assert.ErrorIs(t, err, dataset.ErrNotFound)
+			ents, _ := os.ReadDir(w.work)
+			assert.Empty(t, ents, "the work directory is removed")
 
-	os.Unsetenv("KILN_FAKE_CRASH_AT")
-	out, errs, code = w.run(t, args...)
-	require.Equal(t, 0, code, errs)
-	v, err := dataset.OpenString(context.Background(), w.st, lastLine(out))
-	require.NoError(t, err)
-	assert.EqualValues(t, 10, v.Rows)
+			os.Unsetenv(c.env)
+			out, errs, code = w.run(t, args...)
+			require.Equal(t, 0, code, errs)
+			v, err := dataset.OpenString(context.Background(), w.st, lastLine(out))
+			require.NoError(t, err)
+			assert.EqualValues(t, 10, v.Rows)
+		})
+	}
 }
 
 func TestBadInputs(t *testing.T) {

@@ -2,7 +2,9 @@
 plan.json, checks every micro-batch file's safetensors header against the
 plan (plain Python, no torch), prints the event stream of
 docs/train-stage.md §9 and saves a checkpoint directory of the right
-shape (§6). KILN_FAKE_CRASH_AT=i exits 3 during step i."""
+shape (§6). KILN_FAKE_CRASH_AT=i exits 3 during step i;
+KILN_FAKE_KILL_AT=i kills itself (SIGKILL) there; KILN_FAKE_NO_OPTIMIZER=1
+saves without optimizer.pt."""
 
 import argparse
 import json
@@ -39,6 +41,8 @@ def main():
     os.makedirs(out, exist_ok=True)
     metrics = []
     for s in plan["steps"]:
+        if os.environ.get("KILN_FAKE_KILL_AT") == str(s["index"]):
+            os.kill(os.getpid(), 9)
         if crash is not None and int(crash) == s["index"]:
             print(f"fake trainer: crashing in step {s['index']}", file=sys.stderr, flush=True)
             sys.exit(3)
@@ -66,7 +70,8 @@ def main():
     with open(os.path.join(out, "metrics.jsonl"), "w") as f:
         for m in metrics:
             f.write(json.dumps(m) + "\n")
-    open(os.path.join(out, "optimizer.pt"), "wb").write(b"fake optimizer state")
+    if not os.environ.get("KILN_FAKE_NO_OPTIMIZER"):
+        open(os.path.join(out, "optimizer.pt"), "wb").write(b"fake optimizer state")
     state = {"steps": len(plan["steps"]), "resume_from": plan["resume_from"], "seed": plan["seed"]}
     if plan["resume_from"]:
         state["resumed_optimizer"] = open(os.path.join(plan["resume_from"], "optimizer.pt"), "rb").read().decode()
