@@ -229,7 +229,7 @@ def run(plan: Plan, dist: Dist) -> dict:
         for layer in model.model.layers:
             fully_shard(layer)
         fully_shard(model)
-        # the step's gradient is the SUM of the ranks' micro-batches (docs/train.md §10)
+        # the step's gradient is the SUM of the ranks' micro-batches (docs/train.md §11)
         model.set_reduce_scatter_divide_factor(1.0)
     opt = build_optimizer(model, plan.optimizer)
     done_steps = 0
