@@ -7,8 +7,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -294,3 +297,44 @@ func TestDryRun(t *testing.T) {
 }
 
 var _ = cli.App{}
+
+// Cancelling kiln-train (a signal) stops the trainer's whole process
+// group, its children included, and commits nothing.
+func TestCancelStopsTrainerGroup(t *testing.T) {
+	w := newWorld(t)
+	pidfile := filepath.Join(t.TempDir(), "child.pid")
+	t.Setenv("KILN_FAKE_HANG_AT", "1")
+	t.Setenv("KILN_FAKE_PIDFILE", pidfile)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		for {
+			if _, err := os.Stat(pidfile); err == nil {
+				time.Sleep(100 * time.Millisecond)
+				cancel()
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	var out, errb bytes.Buffer
+	env := &stagecmd.Env{Stdout: &out, Stderr: &errb, Log: stagecmd.NewLogger(&errb, false)}
+	o := Options{Trajectories: w.trajectories.String(), Advantages: w.advantages.String(), Model: w.model,
+		Batching: Batching{GlobalBatchSize: 2, MaxTokens: 10, Packing: FirstFit, Reduction: ReduceRollout},
+		Loss:     LossConfig{Objective: "ppo", Reduction: "rollout"}, Optimizer: OptimizerConfig{LR: 1e-6},
+		Temp: 1, Launcher: LaunchPython, NProc: 1, Python: "python3", GPUDir: w.fakeGPU, CacheDir: w.cache, WorkDir: w.work}
+	t0 := time.Now()
+	_, err := Run(ctx, env, w.st, stagecmd.Output{Name: "ckpt"}, o)
+	require.ErrorIs(t, err, context.Canceled, errb.String())
+	assert.Less(t, time.Since(t0), 60*time.Second)
+	b, rerr := os.ReadFile(pidfile)
+	require.NoError(t, rerr)
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	require.Positive(t, pid)
+	deadline := time.Now().Add(5 * time.Second)
+	for syscall.Kill(pid, 0) == nil && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	assert.Error(t, syscall.Kill(pid, 0), "the trainer's child %d still runs", pid)
+	_, err = dataset.Resolve(context.Background(), w.st, "ckpt")
+	assert.ErrorIs(t, err, dataset.ErrNotFound)
+}

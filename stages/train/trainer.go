@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/kilnrl/kiln/internal/stagecmd"
 )
@@ -148,6 +150,12 @@ type TrainerRun struct {
 func RunTrainer(ctx context.Context, argv, extraEnv []string, dir, gpuDir string, stderr io.Writer, log *slog.Logger, progress *stagecmd.Progress) (*TrainerRun, error) {
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Dir = dir
+	// The trainer runs in its own process group, and cancelling (a signal
+	// to kiln-train) stops the whole group: torchrun's and srun's workers
+	// too, not only the launcher. SIGTERM first, SIGKILL 10 s later.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
 	env := os.Environ()
 	pp := gpuDir
 	if old := os.Getenv("PYTHONPATH"); old != "" {

@@ -3,7 +3,8 @@ plan.json, checks every micro-batch file's safetensors header against the
 plan (plain Python, no torch), prints the event stream of
 docs/train-stage.md §9 and saves a checkpoint directory of the right
 shape (§6). KILN_FAKE_CRASH_AT=i exits 3 during step i;
-KILN_FAKE_KILL_AT=i kills itself (SIGKILL) there; KILN_FAKE_NO_OPTIMIZER=1
+KILN_FAKE_KILL_AT=i kills itself (SIGKILL) there; KILN_FAKE_HANG_AT=i
+starts a child (its pid in $KILN_FAKE_PIDFILE) and hangs; KILN_FAKE_NO_OPTIMIZER=1
 saves without optimizer.pt."""
 
 import argparse
@@ -41,6 +42,11 @@ def main():
     os.makedirs(out, exist_ok=True)
     metrics = []
     for s in plan["steps"]:
+        if os.environ.get("KILN_FAKE_HANG_AT") == str(s["index"]):
+            import subprocess, time
+            child = subprocess.Popen(["sleep", "300"])
+            open(os.environ["KILN_FAKE_PIDFILE"], "w").write(str(child.pid))
+            time.sleep(300)
         if os.environ.get("KILN_FAKE_KILL_AT") == str(s["index"]):
             os.kill(os.getpid(), 9)
         if crash is not None and int(crash) == s["index"]:
