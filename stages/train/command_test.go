@@ -53,7 +53,8 @@ func putSegments(t *testing.T, st store.Store, name string, segs []Segment) data
 		}
 		for _, s := range segs {
 			tr := records.Trajectory{RolloutID: s.RolloutID, Index: s.RolloutID, Segment: s.Segment, Tokens: s.Tokens, ResponseLength: s.ResponseLength,
-				LossMask: s.LossMask, RolloutLogProbs: s.RolloutLogProbs}
+				LossMask: s.LossMask, RolloutLogProbs: s.RolloutLogProbs,
+				Replay: records.Replay{TopPTokenOffsets: s.TopPOffsets, TopPTokenIDs: s.TopPIDs, TopPLogProbs: s.TopPLogProbs}}
 			if err := enc.Write(tr); err != nil {
 				return err
 			}

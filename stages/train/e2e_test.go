@@ -85,3 +85,43 @@ func TestRealTrainerTiny(t *testing.T) {
 		assert.InDelta(t, l, loss3[i], 1e-4, "step %d loss, one process vs two", i)
 	}
 }
+
+// Top-p replay through the stage into the real trainer: every response
+// position records a nucleus of its sampled token and the next id, and
+// the trainer runs score-centered REINFORCE over it (docs/train-stage.md
+// §5).
+func TestRealTrainerTopP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains a model on CPU")
+	}
+	py := gpuPython(t)
+	gpu, err := filepath.Abs(filepath.Join("..", "..", "gpu"))
+	require.NoError(t, err)
+	w := newWorld(t)
+	segs := fixture()
+	for i := range segs {
+		s := &segs[i]
+		s.TopPOffsets, s.TopPIDs, s.TopPLogProbs = make([]int32, 1, s.ResponseLength+1), nil, nil
+		resp := s.Tokens[len(s.Tokens)-int(s.ResponseLength):]
+		for _, tok := range resp {
+			s.TopPIDs = append(s.TopPIDs, tok, tok+1)
+			s.TopPLogProbs = append(s.TopPLogProbs, -0.1053605, -2.3025851) // 0.9, 0.1
+			s.TopPOffsets = append(s.TopPOffsets, int32(len(s.TopPIDs)))
+		}
+	}
+	traj := putSegments(t, w.st, "trajectories-topp", segs)
+	adv := putAdvantages(t, w.st, "advantages-topp", traj, segs)
+	tiny := filepath.Join(t.TempDir(), "tiny")
+	cmd := exec.Command(py, "-m", "kiln_gpu.tiny", "--out", tiny)
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+gpu)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		testenv.SkipOrFail(t, "building the tiny checkpoint (needs the Qwen3 tokenizer: scripts/install-gpu-deps.sh): %v: %s", err, out)
+	}
+	stdout, stderr, code := w.run(t, "--python", py, "--gpu-dir", gpu, "--trajectories", traj.String(), "--advantages", adv.String(),
+		"--model", tiny, "--out", "tiny-topp", "--objective", "reinforce", "--score-centering", "--lr", "1e-4")
+	require.Equal(t, 0, code, "stderr:\n%s", stderr)
+	v, err := dataset.OpenString(context.Background(), w.st, lastLine(stdout))
+	require.NoError(t, err)
+	assert.Len(t, v.Metrics["step_metrics"].(map[string]any)["loss"], 2)
+}
