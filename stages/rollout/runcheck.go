@@ -34,21 +34,28 @@ Example:
        --engine http://gpu1:8000 --tokenizer-dir /models/qwen3 --samples 4 --out check/qwen3`
 
 func checkCommand(env *stagecmd.Env) *cli.Command {
+	f := &checkFlagValues{}
 	return &cli.Command{
 		Name:        "check",
 		Usage:       "roll out and grade a few tasks; fail unless some sample earns reward 1",
 		Description: checkHelp,
-		Flags: append(runFlags(),
-			&cli.DurationFlag{Name: "grade-timeout", Value: grade.DefaultTimeout, Usage: "limit of each grading command"}),
-		Action: func(c *cli.Context) error { return checkAction(c, env) },
+		Flags: append(runFlags(&f.run),
+			&cli.DurationFlag{Name: "grade-timeout", Value: grade.DefaultTimeout, Destination: &f.gradeTimeout, Usage: "limit of each grading command"}),
+		Action: func(c *cli.Context) error { return checkAction(c, env, f) },
 	}
 }
 
-func checkAction(c *cli.Context, env *stagecmd.Env) error {
+// checkFlagValues are what check's flags set: run's, and the grade timeout.
+type checkFlagValues struct {
+	run          runFlagValues
+	gradeTimeout time.Duration
+}
+
+func checkAction(c *cli.Context, env *stagecmd.Env, f *checkFlagValues) error {
 	if c.NArg() != 0 {
 		return stagecmd.Usagef("check: takes no arguments")
 	}
-	o, err := runOptionsFrom(c)
+	o, err := f.run.options()
 	if err != nil {
 		return err
 	}
@@ -56,7 +63,7 @@ func checkAction(c *cli.Context, env *stagecmd.Env) error {
 	if err != nil {
 		return err
 	}
-	return Check(c.Context, env, st, c.String("out"), o, c.Duration("grade-timeout"))
+	return Check(c.Context, env, st, f.run.out, o, f.gradeTimeout)
 }
 
 // ErrNoReward is Check's error when no sample earned reward 1.

@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -65,57 +66,71 @@ Example:
        --samples 8 --weights-version step-3 --out rollout/step-3`
 
 func runCommand(env *stagecmd.Env) *cli.Command {
+	f := &runFlagValues{}
 	return &cli.Command{
 		Name:        "run",
 		Usage:       "run coding agents in sandboxes against the policy and record rollouts, turns and trajectories",
 		Description: runHelp,
-		Flags:       runFlags(),
-		Action:      func(c *cli.Context) error { return runAction(c, env) },
+		Flags:       runFlags(f),
+		Action:      func(c *cli.Context) error { return runAction(c, env, f) },
 	}
 }
 
-// runFlags are the run command's flags (check shares them).
-func runFlags() []cli.Flag {
+// runFlagValues are what the run flags set (check shares them): every flag
+// is bound to a field, so a misspelt name is a compile error, not "".
+type runFlagValues struct {
+	tasks, images, bundles, engine, engineAPIKey, mode, tokenizerDir string
+	out, agent, agentBinary, weightsVersion, split                   string
+	stopTokenIDs, chatTemplateKwargs, reasoningParser, toolParser    string
+	samples, jobs, bootConcurrency, maxTurns, topK                   int
+	maxTokens, maxContextTokens                                      int
+	budget, setupTimeout, margin                                     time.Duration
+	temperature, topP                                                float64
+	printVersion                                                     bool
+}
+
+// runFlags are the run command's flags, bound to f.
+func runFlags(f *runFlagValues) []cli.Flag {
 	return []cli.Flag{
 		stagecmd.StoreFlag(),
-		&cli.StringFlag{Name: "tasks", Value: "tasks", Usage: "tasks dataset (name or name@version)"},
-		&cli.StringFlag{Name: "images", Value: "images", Usage: "images dataset of the tasks' images (kiln-images)"},
-		&cli.StringFlag{Name: "bundles", Usage: "bundle root on this node: the directory kiln-images unpacked the images into (required)"},
-		&cli.StringFlag{Name: "engine", Usage: "engine base URL(s), comma separated (required)"},
-		&cli.StringFlag{Name: "engine-api-key", EnvVars: []string{"KILN_ENGINE_API_KEY"}, Usage: "bearer token for engines started with --api-key"},
-		&cli.StringFlag{Name: "mode", Value: "auto", Usage: "engine route: auto, generate, or completions (fallback)"},
-		&cli.StringFlag{Name: "tokenizer-dir", Usage: "served checkpoint directory with tokenizer JSON files"},
-		&cli.IntFlag{Name: "samples", Value: 1, Usage: "runs per task"},
-		&cli.StringFlag{Name: "out", Required: true, Usage: "dataset name prefix: OUT/rollouts, OUT/turns, OUT/trajectories"},
-		&cli.StringFlag{Name: "agent", Value: harness.ShellName, EnvVars: []string{"KILN_AGENT"}, Usage: "default harness: shell, claude-code or codex"},
-		&cli.StringFlag{Name: "agent-binary", Usage: "the shell agent's binary (default: kiln-agent beside this binary, then PATH)"},
-		&cli.StringFlag{Name: "weights-version", Usage: "the policy weights the engines serve (recorded in every row)"},
-		&cli.StringFlag{Name: "split", Usage: "run only tasks of this split"},
-		&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Usage: "runs at once"},
-		&cli.IntFlag{Name: "boot-concurrency", Usage: "sandboxes booting at once (default: --jobs)"},
-		&cli.DurationFlag{Name: "budget", Value: DefaultBudget, Usage: "the agent's time budget"},
-		&cli.DurationFlag{Name: "setup-timeout", Value: DefaultSetupTimeout, Usage: "allowance for boot, workspace preparation and patch capture"},
-		&cli.DurationFlag{Name: "deadline-margin", Value: DefaultMargin, Usage: "added to budget and setup for the whole-run deadline"},
-		&cli.IntFlag{Name: "max-turns", Usage: "model calls per agent run (0: the agent's default)"},
-		&cli.Float64Flag{Name: "temperature", Value: 1.0, Usage: "sampling temperature, [0, 2]"},
-		&cli.Float64Flag{Name: "top-p", Value: 1.0, Usage: "nucleus top_p, (0, 1]"},
-		&cli.IntFlag{Name: "top-k", Value: -1, Usage: "top_k, -1 for off"},
-		&cli.IntFlag{Name: "max-tokens", Usage: "max response tokens per turn (a client's own limit can only lower it)", DefaultText: "4096"},
-		&cli.IntFlag{Name: "max-context-tokens", Usage: "prompt + response limit per turn (0: the engine's context length)"},
-		&cli.StringFlag{Name: "stop-token-ids", Usage: "extra stop token ids, comma separated"},
-		&cli.StringFlag{Name: "chat-template-kwargs", Usage: `JSON object passed to the chat template, e.g. '{"reasoning_effort":"medium"}'`},
-		&cli.StringFlag{Name: "reasoning-parser", Value: "qwen3", Usage: `"qwen3" or "" (none)`},
-		&cli.StringFlag{Name: "tool-parser", Value: "qwen3_coder", Usage: `"qwen3_coder", "hermes" or "" (XML fallback only)`},
+		&cli.StringFlag{Name: "tasks", Value: "tasks", Destination: &f.tasks, Usage: "tasks dataset (name or name@version)"},
+		&cli.StringFlag{Name: "images", Value: "images", Destination: &f.images, Usage: "images dataset of the tasks' images (kiln-images)"},
+		&cli.StringFlag{Name: "bundles", Destination: &f.bundles, Usage: "bundle root on this node: the directory kiln-images unpacked the images into (required)"},
+		&cli.StringFlag{Name: "engine", Destination: &f.engine, Usage: "engine base URL(s), comma separated (required)"},
+		&cli.StringFlag{Name: "engine-api-key", EnvVars: []string{"KILN_ENGINE_API_KEY"}, Destination: &f.engineAPIKey, Usage: "bearer token for engines started with --api-key"},
+		&cli.StringFlag{Name: "mode", Value: "auto", Destination: &f.mode, Usage: "engine route: auto, generate, or completions (fallback)"},
+		&cli.StringFlag{Name: "tokenizer-dir", Destination: &f.tokenizerDir, Usage: "served checkpoint directory with tokenizer JSON files"},
+		&cli.IntFlag{Name: "samples", Value: 1, Destination: &f.samples, Usage: "runs per task"},
+		&cli.StringFlag{Name: "out", Required: true, Destination: &f.out, Usage: "dataset name prefix: OUT/rollouts, OUT/turns, OUT/trajectories"},
+		&cli.StringFlag{Name: "agent", Value: harness.ShellName, EnvVars: []string{"KILN_AGENT"}, Destination: &f.agent, Usage: "default harness: shell, claude-code or codex"},
+		&cli.StringFlag{Name: "agent-binary", Destination: &f.agentBinary, Usage: "the shell agent's binary (default: kiln-agent beside this binary, then PATH)"},
+		&cli.StringFlag{Name: "weights-version", Destination: &f.weightsVersion, Usage: "the policy weights the engines serve (recorded in every row)"},
+		&cli.StringFlag{Name: "split", Destination: &f.split, Usage: "run only tasks of this split"},
+		&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Destination: &f.jobs, Usage: "runs at once"},
+		&cli.IntFlag{Name: "boot-concurrency", Destination: &f.bootConcurrency, Usage: "sandboxes booting at once (default: --jobs)"},
+		&cli.DurationFlag{Name: "budget", Value: DefaultBudget, Destination: &f.budget, Usage: "the agent's time budget"},
+		&cli.DurationFlag{Name: "setup-timeout", Value: DefaultSetupTimeout, Destination: &f.setupTimeout, Usage: "allowance for boot, workspace preparation and patch capture"},
+		&cli.DurationFlag{Name: "deadline-margin", Value: DefaultMargin, Destination: &f.margin, Usage: "added to budget and setup for the whole-run deadline"},
+		&cli.IntFlag{Name: "max-turns", Destination: &f.maxTurns, Usage: "model calls per agent run (0: the agent's default)"},
+		&cli.Float64Flag{Name: "temperature", Value: 1.0, Destination: &f.temperature, Usage: "sampling temperature, [0, 2]"},
+		&cli.Float64Flag{Name: "top-p", Value: 1.0, Destination: &f.topP, Usage: "nucleus top_p, (0, 1]"},
+		&cli.IntFlag{Name: "top-k", Value: -1, Destination: &f.topK, Usage: "top_k, -1 for off"},
+		&cli.IntFlag{Name: "max-tokens", Destination: &f.maxTokens, Usage: "max response tokens per turn (a client's own limit can only lower it)", DefaultText: "4096"},
+		&cli.IntFlag{Name: "max-context-tokens", Destination: &f.maxContextTokens, Usage: "prompt + response limit per turn (0: the engine's context length)"},
+		&cli.StringFlag{Name: "stop-token-ids", Destination: &f.stopTokenIDs, Usage: "extra stop token ids, comma separated"},
+		&cli.StringFlag{Name: "chat-template-kwargs", Destination: &f.chatTemplateKwargs, Usage: `JSON object passed to the chat template, e.g. '{"reasoning_effort":"medium"}'`},
+		&cli.StringFlag{Name: "reasoning-parser", Value: "qwen3", Destination: &f.reasoningParser, Usage: `"qwen3" or "" (none)`},
+		&cli.StringFlag{Name: "tool-parser", Value: "qwen3_coder", Destination: &f.toolParser, Usage: `"qwen3_coder", "hermes" or "" (XML fallback only)`},
 		stagecmd.ShardFlag(),
-		stagecmd.PrintVersionFlag(),
+		stagecmd.PrintVersionFlag(&f.printVersion),
 	}
 }
 
-func runAction(c *cli.Context, env *stagecmd.Env) error {
+func runAction(c *cli.Context, env *stagecmd.Env, f *runFlagValues) error {
 	if c.NArg() != 0 {
 		return stagecmd.Usagef("run: takes no arguments")
 	}
-	o, err := runOptionsFrom(c)
+	o, err := f.options()
 	if err != nil {
 		return err
 	}
@@ -127,43 +142,43 @@ func runAction(c *cli.Context, env *stagecmd.Env) error {
 	if err != nil {
 		return err
 	}
-	_, err = Run(c.Context, env, st, RunOutput{Name: c.String("out"), Part: part, PrintVersion: c.Bool("print-version"), Hook: env.Hook}, o)
+	_, err = Run(c.Context, env, st, RunOutput{Name: f.out, Part: part, PrintVersion: f.printVersion, Hook: env.Hook}, o)
 	return err
 }
 
-// runOptionsFrom reads the run flags.
-func runOptionsFrom(c *cli.Context) (RunOptions, error) {
-	mode, err := engine.ParseMode(c.String("mode"))
+// options turns the run flags into RunOptions.
+func (f *runFlagValues) options() (RunOptions, error) {
+	mode, err := engine.ParseMode(f.mode)
 	if err != nil {
 		return RunOptions{}, stagecmd.UsageError{Err: err}
 	}
 	var engines []string
-	for _, u := range strings.Split(c.String("engine"), ",") {
+	for _, u := range strings.Split(f.engine, ",") {
 		if u = strings.TrimSpace(u); u != "" {
 			engines = append(engines, u)
 		}
 	}
 	var stops []int32
-	for _, s := range strings.Split(c.String("stop-token-ids"), ",") {
+	for _, s := range strings.Split(f.stopTokenIDs, ",") {
 		if s = strings.TrimSpace(s); s == "" {
 			continue
 		}
 		n, err := strconv.ParseInt(s, 10, 32)
 		if err != nil || n < 0 {
-			return RunOptions{}, stagecmd.Usagef("--stop-token-ids %q: want non-negative integers separated by commas", c.String("stop-token-ids"))
+			return RunOptions{}, stagecmd.Usagef("--stop-token-ids %q: want non-negative integers separated by commas", f.stopTokenIDs)
 		}
 		stops = append(stops, int32(n))
 	}
 	o := RunOptions{
-		Tasks: c.String("tasks"), Images: c.String("images"), Bundles: c.String("bundles"),
-		Engines: engines, EngineAPIKey: c.String("engine-api-key"), Mode: mode, TokenizerDir: c.String("tokenizer-dir"),
-		Samples: c.Int("samples"), Agent: c.String("agent"), WeightsVersion: c.String("weights-version"), Split: c.String("split"),
-		Jobs: c.Int("jobs"), BootConcurrency: c.Int("boot-concurrency"),
-		Budget: c.Duration("budget"), SetupTimeout: c.Duration("setup-timeout"), Margin: c.Duration("deadline-margin"),
-		MaxTurns: c.Int("max-turns"), Temperature: c.Float64("temperature"), TopP: c.Float64("top-p"), TopK: c.Int("top-k"),
-		MaxTokens: c.Int("max-tokens"), MaxContextTokens: c.Int("max-context-tokens"), StopTokenIDs: stops,
-		ChatTemplateKwargs: c.String("chat-template-kwargs"), ReasoningParser: c.String("reasoning-parser"), ToolParser: c.String("tool-parser"),
-		Harness: harness.Options{ShellAgent: c.String("agent-binary")},
+		Tasks: f.tasks, Images: f.images, Bundles: f.bundles,
+		Engines: engines, EngineAPIKey: f.engineAPIKey, Mode: mode, TokenizerDir: f.tokenizerDir,
+		Samples: f.samples, Agent: f.agent, WeightsVersion: f.weightsVersion, Split: f.split,
+		Jobs: f.jobs, BootConcurrency: f.bootConcurrency,
+		Budget: f.budget, SetupTimeout: f.setupTimeout, Margin: f.margin,
+		MaxTurns: f.maxTurns, Temperature: f.temperature, TopP: f.topP, TopK: f.topK,
+		MaxTokens: f.maxTokens, MaxContextTokens: f.maxContextTokens, StopTokenIDs: stops,
+		ChatTemplateKwargs: f.chatTemplateKwargs, ReasoningParser: f.reasoningParser, ToolParser: f.toolParser,
+		Harness: harness.Options{ShellAgent: f.agentBinary},
 	}
 	return o, nil
 }
