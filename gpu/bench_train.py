@@ -6,7 +6,7 @@ LM head on the response rows, −A·lp reduced per rollout, backward, gradient
 clipping, AdamW. The trainer's time is its own step event's time_s; the
 baseline is timed the same way. Prints both and the ratio (goal ≤ 1.15).
 
-    cd gpu && python bench_train.py [--steps 4]
+    cd gpu && python bench_train.py [--steps 3]
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def bare_step(model, opt, files, divisor):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=3)
     a = ap.parse_args(argv)
     from transformers import AutoModelForCausalLM
 

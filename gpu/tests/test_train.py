@@ -362,3 +362,14 @@ def test_score_centering_kl_entropy_plan_trains(tiny_checkpoint, tmp_path, capsy
     assert step["kl_loss"] == pytest.approx(0.0, abs=1e-6)  # the policy is the reference at step 0
     assert step["entropy"] > 0 and "sc_correction" in step and step["sc_sampler_head_mass"] == pytest.approx(1.0)
     assert math.isfinite(step["grad_norm"]) and step["grad_norm"] > 0
+
+
+def test_failure_mid_step_exits_1_and_leaves_no_out(tiny_checkpoint, tmp_path):
+    """A token id beyond the embedding fails the forward pass: exit 1, and
+    neither out nor a finished temporary directory is left as out."""
+    g = torch.Generator().manual_seed(12)
+    s = segment(g, VOCAB, 3, 3, 0, 1.0)
+    s["response"][1] = 10_000_000
+    p = write_plan(tmp_path / "b", tiny_checkpoint, [[[s]]], tmp_path / "out")
+    assert _run(p) == 1
+    assert not (tmp_path / "out").exists()
