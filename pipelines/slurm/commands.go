@@ -40,7 +40,9 @@ type Options struct {
 	Plan Planner
 	// RunLine is the script line that runs one target and records it in
 	// the store. Default: KILN --store STORE run FILE --only TARGET VAR=...,
-	// the pipelines package's contract for driverless executors.
+	// the pipelines package's contract for driverless executors; an array
+	// task adds --shard "$KILN_SHARD" (run that shard only; the target is
+	// done once every shard has committed its part of the one version).
 	RunLine func(file, store string, t Target, vars map[string]string) string
 	// Kiln is the kiln binary the jobs run (default: this executable).
 	Kiln string
@@ -306,6 +308,10 @@ func (o Options) jobs(c *cli.Context, file string, targets []Target, vars map[st
 		}
 		runLine = func(file, store string, t Target, vars map[string]string) string {
 			args := []string{shq(kiln), "--store", shq(store), "run", shq(file), "--only", shq(t.Name)}
+			if t.Shards > 0 {
+				// Each array task runs its own shard (the task ID).
+				args = append(args, "--shard", `"$KILN_SHARD"`)
+			}
 			for _, k := range sortedKeys(vars) {
 				args = append(args, shq(k+"="+vars[k]))
 			}
