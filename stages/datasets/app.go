@@ -2,8 +2,11 @@ package datasets
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/kilnrl/kiln/pipelines"
 )
 
 // Stage is a binary kiln runs git-style: "kiln NAME ..." is "kiln-NAME ...".
@@ -35,6 +38,12 @@ Flags and arguments go in any order; the global options may come before or
 after the command.`,
 		Commands: Commands(env),
 	}
+	app.Commands = append(app.Commands, pipelines.Commands(env)...)
+	for _, c := range app.Commands {
+		if c.Name == "verify" {
+			pipelineVerify(env, c)
+		}
+	}
 	for _, s := range Stages() {
 		app.Commands = append(app.Commands, stageCommand(s))
 	}
@@ -51,5 +60,26 @@ func stageCommand(s Stage) *cli.Command {
 		Action: func(c *cli.Context) error {
 			return fmt.Errorf("%s: no kiln-%s binary beside kiln or on PATH: build it (make build puts every binary in bin/) or add its directory to PATH", s.Name, s.Name)
 		},
+	}
+}
+
+// pipelineVerify makes "kiln verify" a pipeline verify when its first
+// argument is a *.kiln file or --pipeline FILE is given (pipelines.Verify),
+// and the dataset verify otherwise.
+func pipelineVerify(env *Env, c *cli.Command) {
+	var file string
+	c.Flags = append(c.Flags, &cli.StringFlag{Name: "pipeline", Destination: &file, Usage: "verify a pipeline target: --pipeline FILE.kiln TARGET"})
+	c.ArgsUsage += " | FILE.kiln TARGET [VAR=value...]"
+	c.Description += "\n\n" + pipelines.VerifyHelp
+	action := c.Action
+	c.Action = func(ctx *cli.Context) error {
+		f := file
+		if f == "" && ctx.NArg() > 0 && strings.HasSuffix(ctx.Args().First(), ".kiln") {
+			f = ctx.Args().First()
+		}
+		if f != "" {
+			return pipelines.Verify(ctx, env, f)
+		}
+		return action(ctx)
 	}
 }

@@ -1,0 +1,293 @@
+package pipelines
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/internal/stagecmd"
+)
+
+// splitArgs separates FILE, TARGETs and VAR=value arguments.
+func splitArgs(c *cli.Context) (file string, targets []string, vars map[string]string, err error) {
+	args := c.Args().Slice()
+	if len(args) == 0 {
+		return "", nil, nil, stagecmd.Usagef("%s: want a pipeline FILE (*.kiln); see --help", c.Command.Name)
+	}
+	file = args[0]
+	vars = map[string]string{}
+	for _, a := range args[1:] {
+		if k, v, ok := strings.Cut(a, "="); ok && varName.MatchString(k) {
+			vars[k] = v
+		} else {
+			targets = append(targets, a)
+		}
+	}
+	return file, targets, vars, nil
+}
+
+func loadPlan(c *cli.Context, env *stagecmd.Env, force map[string]bool) (*Plan, []string, error) {
+	file, targets, vars, err := splitArgs(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	spec, err := Load(file, vars, os.Environ())
+	if err != nil {
+		if _, ok := err.(*Error); ok {
+			return nil, nil, stagecmd.UsageError{Err: err}
+		}
+		return nil, nil, err
+	}
+	st, err := stagecmd.OpenStore(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	plan, err := NewPlan(c.Context, spec, PlanOptions{Store: st, Targets: targets, Log: env.Log, Force: force})
+	if err != nil {
+		if _, ok := err.(*Error); ok {
+			return nil, nil, stagecmd.UsageError{Err: err}
+		}
+		return nil, nil, err
+	}
+	return plan, targets, nil
+}
+
+const specHelp = `The spec language is pipelines/README.md: variables (NAME = value,
+NAME ?= default; VAR=value arguments win, then the environment for ?=),
+targets "name: [attrs] prerequisites" with tab-indented recipe lines, step
+targets ("rollout/$(step): train/$(step-1)") expanded for step 1..$(STEPS),
+$(ref TARGET) for a prerequisite's committed ref.`
+
+// Commands are kiln's pipeline commands: run, plan, why.
+func Commands(env *stagecmd.Env) []*cli.Command {
+	var ro struct {
+		jobs      int
+		keepGoing bool
+		stale     time.Duration
+	}
+	return []*cli.Command{
+		{
+			Name: "run", Usage: "run a pipeline's targets that are not done (local execution, -j N)",
+			Category:  "pipelines",
+			ArgsUsage: "FILE.kiln [TARGET...] [VAR=value...]",
+			Description: `Plans like kiln plan, then runs every target that is not done, in
+dependency order, up to -j at a time. Each recipe runs as one "sh -e"
+script in the spec's directory with KILN_STORE, KILN_TARGET, KILN_STEP,
+KILN_SHARD/KILN_SHARDS and KILN_TMPDIR (a fresh directory) set. Output lines
+go to stderr prefixed "[target] " and are kept in the store under
+_pipelines/NAME/logs/. A target whose recipe fails is retried (retries=N);
+otherwise the run stops starting targets and exits 1 (--keep-going runs
+the independent ones). A run holds the pipeline's lock in the store; a
+second run fails with a message naming the holder. After a crash or
+Ctrl-C, run again: done targets are recorded and are not rerun.
+
+` + specHelp + `
+
+Examples:
+   kiln run rl.kiln -j 2 STEPS=10
+   kiln run rl.kiln train/3 STALENESS=0
+
+The last stdout line is the ref of the last target (its dataset ref, or
+key:KEY for a target without an output dataset).`,
+			Flags: []cli.Flag{
+				stagecmd.StoreFlag(),
+				&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: 1, Destination: &ro.jobs, Usage: "targets to run at the same time"},
+				&cli.BoolFlag{Name: "keep-going", Aliases: []string{"k"}, Destination: &ro.keepGoing, Usage: "after a failure, still run targets that do not depend on it"},
+				&cli.DurationFlag{Name: "lock-stale", Value: 2 * time.Minute, Destination: &ro.stale, Usage: "take over a lock not refreshed for this long"},
+			},
+			Action: func(c *cli.Context) error {
+				plan, _, err := loadPlan(c, env, nil)
+				if err != nil {
+					return err
+				}
+				todo := 0
+				for _, t := range plan.Targets {
+					if !t.Done && !t.Service {
+						todo++
+					}
+				}
+				prog := stagecmd.NewProgress(env.Stderr, env.Log, "pipeline "+plan.Spec.Name, "targets", int64(todo))
+				res, err := plan.Run(c.Context, RunOptions{Jobs: ro.jobs, KeepGoing: ro.keepGoing, Output: env.Stderr, LockStale: ro.stale,
+					OnEvent: func(t *Target, ev string) {
+						switch ev {
+						case "start":
+							env.Log.Info("start", "target", t.Name)
+						case "done", "failed", "skipped":
+							env.Log.Info(ev, "target", t.Name, "ref", t.Ref)
+							prog.Add(1)
+						}
+					}})
+				if res != nil {
+					env.Log.Info("pipeline", "ran", len(res.Ran), "failed", len(res.Failed), "skipped", len(res.Skipped))
+				}
+				if err != nil {
+					return err
+				}
+				if res.Final != "" {
+					fmt.Fprintln(env.Stdout, res.Final)
+				}
+				return nil
+			},
+		},
+		{
+			Name: "plan", Usage: "print what kiln run would run, and why",
+			Category:  "pipelines",
+			ArgsUsage: "FILE.kiln [TARGET...] [VAR=value...]",
+			Description: `Prints one line per target in dependency order: "run" or "done", the
+target, and why: the first difference from its last recorded build (a
+variable, an input's version, a recipe line, an attribute), "never built",
+or the prerequisite it waits for; done targets say what proves it. It is
+the planning code of kiln run, without running anything.
+
+` + specHelp + `
+
+Examples:
+   kiln plan rl.kiln
+   kiln plan rl.kiln STALENESS=0 train/2`,
+			Flags: []cli.Flag{stagecmd.StoreFlag()},
+			Action: func(c *cli.Context) error {
+				plan, _, err := loadPlan(c, env, nil)
+				if err != nil {
+					return err
+				}
+				for _, t := range plan.Targets {
+					state := "run "
+					if t.Done {
+						state = "done"
+					}
+					fmt.Fprintf(env.Stdout, "%s %s: %s\n", state, t.Name, t.Why)
+				}
+				return nil
+			},
+		},
+		{
+			Name: "why", Usage: "explain one pipeline target: its key, inputs, state and last build",
+			Category:  "pipelines",
+			ArgsUsage: "FILE.kiln TARGET [VAR=value...]",
+			Description: `Prints the target's state and reason (as kiln plan does), its key, the
+refs of its prerequisites, its expanded recipe, and its last recorded
+build (ref, start and end times).
+
+Example:
+   kiln why rl.kiln rollout/3 STALENESS=1`,
+			Flags: []cli.Flag{stagecmd.StoreFlag()},
+			Action: func(c *cli.Context) error {
+				plan, targets, err := loadPlan(c, env, nil)
+				if err != nil {
+					return err
+				}
+				if len(targets) != 1 {
+					return stagecmd.Usagef("why: want FILE and one TARGET")
+				}
+				t := plan.Target(targets[0])
+				state := "must run"
+				if t.Done {
+					state = "done"
+				}
+				w := env.Stdout
+				fmt.Fprintf(w, "%s: %s (%s)\n", t.Name, state, t.Why)
+				fmt.Fprintf(w, "defined at %s:%d\n", t.Pos.File, t.Pos.Line)
+				if t.Key != "" {
+					fmt.Fprintf(w, "key %s\n", t.Key)
+				}
+				for _, d := range t.Deps {
+					dt := plan.Target(d)
+					fmt.Fprintf(w, "input %s %s\n", d, identity(dt))
+				}
+				for _, l := range t.Recipe {
+					fmt.Fprintf(w, "recipe %s\n", l)
+				}
+				last, err := plan.Last(c.Context, t.Name)
+				if err != nil {
+					return err
+				}
+				if last != nil {
+					fmt.Fprintf(w, "last build %s key %s start %s end %s\n", last.Ref, last.Key[:12],
+						last.Start.UTC().Format(time.RFC3339Nano), last.End.UTC().Format(time.RFC3339Nano))
+				}
+				return nil
+			},
+		},
+	}
+}
+
+// VerifyHelp is the pipeline half of kiln verify's help.
+const VerifyHelp = `With a pipeline: kiln verify FILE.kiln TARGET [VAR=value...] (or
+--pipeline FILE TARGET) reruns a done target whose output is a dataset
+into a scratch dataset (NAME-verify) and compares the two versions'
+shard content hashes; a difference means the stage is not deterministic
+(exit 4).`
+
+// Verify reruns the done target of a pipeline into a scratch dataset and
+// compares content hashes with its recorded output.
+func Verify(c *cli.Context, env *stagecmd.Env, file string) error {
+	args := c.Args().Slice()
+	if len(args) > 0 && args[0] == file {
+		args = args[1:]
+	}
+	vars := map[string]string{}
+	var targets []string
+	for _, a := range args {
+		if k, v, ok := strings.Cut(a, "="); ok && varName.MatchString(k) {
+			vars[k] = v
+		} else {
+			targets = append(targets, a)
+		}
+	}
+	if len(targets) != 1 {
+		return stagecmd.Usagef("verify: want FILE.kiln and one TARGET")
+	}
+	spec, err := Load(file, vars, os.Environ())
+	if err != nil {
+		return stagecmd.UsageError{Err: err}
+	}
+	st, err := stagecmd.OpenStore(c)
+	if err != nil {
+		return err
+	}
+	ctx := c.Context
+	plan, err := NewPlan(ctx, spec, PlanOptions{Store: st, Targets: targets, Log: env.Log})
+	if err != nil {
+		return err
+	}
+	t := plan.Target(targets[0])
+	if !t.Done || t.Out == "" || t.Ref == "" {
+		return fmt.Errorf("verify %s: it must be done and write a dataset (--out); state: %s", t.Name, t.Why)
+	}
+	scratch := t.Out + "-verify"
+	vt := *t
+	vt.Out = scratch
+	vt.Recipe = make([]string, len(t.Recipe))
+	for i, l := range t.Recipe {
+		vt.Recipe[i] = strings.ReplaceAll(strings.ReplaceAll(l, "--out="+t.Out, "--out="+scratch), "--out "+t.Out, "--out "+scratch)
+	}
+	ref, err := plan.runShards(ctx, &vt, RunOptions{Output: env.Stderr}, new(sync.Mutex), new(bytes.Buffer))
+	if err != nil {
+		return fmt.Errorf("verify %s: rerunning it: %w", t.Name, err)
+	}
+	a, err := dataset.OpenString(ctx, st, t.Ref)
+	if err != nil {
+		return err
+	}
+	b, err := dataset.OpenString(ctx, st, ref)
+	if err != nil {
+		return err
+	}
+	if len(a.Shards) != len(b.Shards) {
+		return stagecmd.CorruptError{Err: fmt.Errorf("verify %s: NOT deterministic: %s has %d shards, the rerun %s %d", t.Name, t.Ref, len(a.Shards), ref, len(b.Shards))}
+	}
+	for i := range a.Shards {
+		if a.Shards[i].SHA256 != b.Shards[i].SHA256 {
+			return stagecmd.CorruptError{Err: fmt.Errorf("verify %s: NOT deterministic: shard %d of %s differs from the rerun %s", t.Name, i, t.Ref, ref)}
+		}
+	}
+	fmt.Fprintf(env.Stderr, "verify %s: ok, the rerun %s has the same content as %s\n", t.Name, ref, t.Ref)
+	fmt.Fprintln(env.Stdout, t.Ref)
+	return nil
+}

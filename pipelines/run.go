@@ -1,0 +1,535 @@
+package pipelines
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/formats/store"
+)
+
+// RunOptions configure Run.
+type RunOptions struct {
+	Jobs      int  // parallel targets (default 1)
+	KeepGoing bool // run independent targets after a failure
+	// Output receives every recipe output line prefixed "[target] ".
+	Output io.Writer
+	// LockStale is how old an unrefreshed lock must be before another run
+	// takes it over (default 2 minutes; the holder refreshes every third).
+	LockStale time.Duration
+	// OnEvent is called when a target starts ("start") and ends ("done",
+	// "failed", "skipped"); nil: ignored.
+	OnEvent func(t *Target, event string)
+}
+
+// Lock is the pipeline's lock object in the store.
+type Lock struct {
+	Host      string    `json:"host"`
+	PID       int       `json:"pid"`
+	Time      time.Time `json:"time"`
+	Refreshed time.Time `json:"refreshed"`
+}
+
+// ErrLocked: another live run holds the pipeline's lock.
+var ErrLocked = errors.New("pipeline is locked by another run")
+
+// lock takes the pipeline's lock: absent, stale (not refreshed for
+// LockStale), or held by a dead process on this host.
+func (p *Plan) lock(ctx context.Context, stale time.Duration) (func(), error) {
+	st := p.opts.Store
+	key := p.rec.prefix + "lock.json"
+	host, _ := os.Hostname()
+	now := time.Now()
+	l := Lock{Host: host, PID: os.Getpid(), Time: now, Refreshed: now}
+	enc := func() []byte { b, _ := json.Marshal(l); return b }
+	b := enc()
+	info, err := st.PutIfAbsent(ctx, key, bytes.NewReader(b), int64(len(b)))
+	if errors.Is(err, store.ErrExist) {
+		old, oinfo, rerr := store.ReadAll(ctx, st, key)
+		if rerr != nil {
+			return nil, fmt.Errorf("reading the lock %s: %w", key, rerr)
+		}
+		var ol Lock
+		_ = json.Unmarshal(old, &ol)
+		dead := ol.Host == host && ol.PID > 0 && syscall.Kill(ol.PID, 0) == syscall.ESRCH
+		if !dead && time.Since(ol.Refreshed) < stale {
+			return nil, fmt.Errorf("%w: %s pid %d since %s (refreshed %s ago); wait for it, or if it is gone remove %s from %s",
+				ErrLocked, ol.Host, ol.PID, ol.Time.UTC().Format(time.RFC3339), time.Since(ol.Refreshed).Round(time.Second), key, st.URI())
+		}
+		info, err = st.PutIfMatch(ctx, key, bytes.NewReader(b), int64(len(b)), oinfo.ETag)
+		if errors.Is(err, store.ErrPrecondition) {
+			return nil, fmt.Errorf("%w: another run took the stale lock %s first", ErrLocked, key)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("taking the lock %s in %s: %w", key, st.URI(), err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(max(stale/3, 10*time.Millisecond))
+		defer tick.Stop()
+		etag := info.ETag
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				l.Refreshed = time.Now()
+				b := enc()
+				if in, err := st.PutIfMatch(context.Background(), key, bytes.NewReader(b), int64(len(b)), etag); err == nil {
+					etag = in.ETag
+				} else {
+					p.opts.Log.Warn("refreshing the pipeline lock failed", "key", key, "err", err)
+				}
+			}
+		}
+	}()
+	return func() {
+		close(stop)
+		wg.Wait()
+		_ = st.Delete(context.Background(), key)
+	}, nil
+}
+
+// Result is what Run did.
+type Result struct {
+	Ran, Failed, Skipped []string
+	// Final is the last goal's ref (what kiln run prints last).
+	Final string
+}
+
+// Run executes the plan's not-done targets in dependency order (see
+// pipelines/README.md §5). Each target's recipe runs as one sh -e script
+// in the spec file's directory.
+func (p *Plan) Run(ctx context.Context, o RunOptions) (*Result, error) {
+	if o.Jobs < 1 {
+		o.Jobs = 1
+	}
+	if o.Output == nil {
+		o.Output = io.Discard
+	}
+	if o.LockStale <= 0 {
+		o.LockStale = 2 * time.Minute
+	}
+	if o.OnEvent == nil {
+		o.OnEvent = func(*Target, string) {}
+	}
+	unlock, err := p.lock(ctx, o.LockStale)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	res := &Result{}
+	var mu sync.Mutex
+	var outMu sync.Mutex
+	finished := map[string]bool{}
+	failed := map[string]bool{}
+	running := map[string]bool{}
+	services := map[string]*service{}
+	sem := make(chan struct{}, o.Jobs)
+	wake := make(chan struct{}, len(p.Targets)+1)
+	var wg sync.WaitGroup
+	stopping := false
+	var firstErr error
+	defer func() {
+		for _, s := range services {
+			s.stop()
+		}
+	}()
+	remainingUsers := map[string]int{}
+	for _, t := range p.Targets {
+		for _, d := range t.Deps {
+			if p.byName[d].Service {
+				remainingUsers[d]++
+			}
+		}
+	}
+	for {
+		mu.Lock()
+		progress := false
+		pending := 0
+		for _, t := range p.Targets {
+			if finished[t.Name] || running[t.Name] || t.Service {
+				continue
+			}
+			pending++
+			ready, blocked := true, false
+			for _, d := range t.Deps {
+				if p.byName[d].Service {
+					continue
+				}
+				if failed[d] {
+					blocked = true
+				}
+				if !finished[d] {
+					ready = false
+				}
+			}
+			if blocked {
+				finished[t.Name], failed[t.Name] = true, true
+				res.Skipped = append(res.Skipped, t.Name)
+				o.OnEvent(t, "skipped")
+				progress = true
+				continue
+			}
+			if !ready || stopping {
+				continue
+			}
+			if err := p.Resolve(ctx, t); err != nil {
+				mu.Unlock()
+				return res, err
+			}
+			if t.Done {
+				finished[t.Name] = true
+				progress = true
+				p.userDone(t, remainingUsers, services)
+				continue
+			}
+			select {
+			case sem <- struct{}{}:
+			default:
+				continue
+			}
+			running[t.Name] = true
+			progress = true
+			wg.Add(1)
+			go func(t *Target) {
+				defer wg.Done()
+				err := p.startServices(ctx, t, services, &mu, o, &outMu)
+				if err == nil {
+					o.OnEvent(t, "start")
+					err = p.build(ctx, t, o, &outMu)
+				}
+				<-sem
+				mu.Lock()
+				running[t.Name] = false
+				finished[t.Name] = true
+				if err != nil {
+					failed[t.Name] = true
+					res.Failed = append(res.Failed, t.Name)
+					if firstErr == nil {
+						firstErr = err
+					}
+					if !o.KeepGoing {
+						stopping = true
+					}
+					o.OnEvent(t, "failed")
+				} else {
+					res.Ran = append(res.Ran, t.Name)
+					o.OnEvent(t, "done")
+				}
+				p.userDone(t, remainingUsers, services)
+				mu.Unlock()
+				wake <- struct{}{}
+			}(t)
+		}
+		nrun := 0
+		for _, r := range running {
+			if r {
+				nrun++
+			}
+		}
+		mu.Unlock()
+		if pending == 0 || (stopping && nrun == 0) {
+			break
+		}
+		if ctx.Err() != nil && nrun == 0 {
+			break
+		}
+		if !progress {
+			select {
+			case <-wake:
+			case <-ctx.Done():
+				// running builds see ctx and end; wait for them
+				<-wake
+			}
+		}
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil && firstErr == nil {
+		firstErr = err
+	}
+	p.settleServices()
+	for i := len(p.Targets) - 1; i >= 0; i-- {
+		if t := p.Targets[i]; !t.Service {
+			res.Final = identity(t)
+			if !t.Done {
+				res.Final = ""
+			}
+			break
+		}
+	}
+	return res, firstErr
+}
+
+func (p *Plan) userDone(t *Target, remaining map[string]int, services map[string]*service) {
+	for _, d := range t.Deps {
+		if !p.byName[d].Service {
+			continue
+		}
+		remaining[d]--
+		if remaining[d] == 0 && services[d] != nil {
+			services[d].stop()
+		}
+	}
+}
+
+type service struct {
+	once sync.Once
+	cmd  *exec.Cmd
+	err  error
+	done chan struct{}
+}
+
+func (s *service) stop() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	s.once.Do(func() {
+		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-s.done:
+		case <-time.After(5 * time.Second):
+			_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+			<-s.done
+		}
+	})
+}
+
+// startServices starts (once) every service t uses and waits until its
+// health command passes.
+func (p *Plan) startServices(ctx context.Context, t *Target, services map[string]*service, mu *sync.Mutex, o RunOptions, outMu *sync.Mutex) error {
+	for _, d := range t.Deps {
+		st := p.byName[d]
+		if !st.Service {
+			continue
+		}
+		mu.Lock()
+		s := services[d]
+		if s == nil {
+			s = &service{done: make(chan struct{})}
+			services[d] = s
+			cmd := exec.Command("sh", "-c", strings.Join(st.Recipe, "\n"))
+			cmd.Dir = filepath.Dir(p.Spec.Path)
+			cmd.Env = p.env(st, -1)
+			pw := &prefixWriter{w: o.Output, mu: outMu, prefix: "[" + st.Name + "] "}
+			cmd.Stdout, cmd.Stderr = pw, pw
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			if err := cmd.Start(); err != nil {
+				s.err = fmt.Errorf("starting service %s: %w", st.Name, err)
+				close(s.done)
+			} else {
+				s.cmd = cmd
+				go func() { _ = cmd.Wait(); close(s.done) }()
+				if st.Attrs.Health != "" {
+					deadline := time.Now().Add(2 * time.Minute)
+					for {
+						h := exec.CommandContext(ctx, "sh", "-c", st.Attrs.Health)
+						h.Dir, h.Env = cmd.Dir, cmd.Env
+						if h.Run() == nil {
+							break
+						}
+						select {
+						case <-s.done:
+							s.err = fmt.Errorf("service %s exited before its health check passed", st.Name)
+						case <-time.After(100 * time.Millisecond):
+						}
+						if s.err != nil {
+							break
+						}
+						if time.Now().After(deadline) || ctx.Err() != nil {
+							s.err = fmt.Errorf("service %s: health check %q did not pass within 2m", st.Name, st.Attrs.Health)
+							break
+						}
+					}
+				}
+			}
+		}
+		err := s.err
+		mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *Plan) env(t *Target, shard int) []string {
+	env := append(os.Environ(), "KILN_STORE="+p.opts.Store.URI(), "KILN_TARGET="+t.Name,
+		"KILN_STEP="+strconv.Itoa(t.Step), "KILN_SHARDS="+strconv.Itoa(max(t.Attrs.Shards, 1)))
+	if shard >= 0 {
+		env = append(env, "KILN_SHARD="+strconv.Itoa(shard))
+	}
+	return env
+}
+
+// build runs t's recipe (each shard, with retries), keeps its output in
+// the store and records it done.
+func (p *Plan) build(ctx context.Context, t *Target, o RunOptions, outMu *sync.Mutex) error {
+	start := time.Now()
+	var logBuf bytes.Buffer
+	var ref string
+	var err error
+	for attempt := 0; attempt <= t.Attrs.Retries; attempt++ {
+		if attempt > 0 {
+			p.opts.Log.Warn("retrying", "target", t.Name, "attempt", attempt+1, "err", err)
+		}
+		ref, err = p.runShards(ctx, t, o, outMu, &logBuf)
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+	}
+	logKey := p.rec.prefix + "logs/" + t.Name + "/" + t.Key + ".log"
+	if _, perr := p.opts.Store.Put(context.WithoutCancel(ctx), logKey, bytes.NewReader(logBuf.Bytes()), int64(logBuf.Len())); perr != nil {
+		p.opts.Log.Warn("keeping the target's output failed", "target", t.Name, "err", perr)
+	}
+	if err != nil {
+		return fmt.Errorf("target %s (%s:%d): %w; its output is in the store at %s", t.Name, t.Pos.File, t.Pos.Line, err, logKey)
+	}
+	return p.MarkDoneRun(ctx, t, ref, RunInfo{Start: start, End: time.Now(), Log: logKey})
+}
+
+func (p *Plan) runShards(ctx context.Context, t *Target, o RunOptions, outMu *sync.Mutex, logBuf *bytes.Buffer) (string, error) {
+	n := max(t.Attrs.Shards, 1)
+	par := n
+	if t.Attrs.Throttle > 0 {
+		par = t.Attrs.Throttle
+	}
+	refs := make([]string, n)
+	errs := make([]error, n)
+	sem := make(chan struct{}, par)
+	var wg sync.WaitGroup
+	var logMu sync.Mutex
+	for i := 0; i < n; i++ {
+		shard := i
+		if t.Attrs.Shards <= 1 {
+			shard = -1
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(i, shard int) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			prefix := "[" + t.Name + "] "
+			if shard >= 0 {
+				prefix = fmt.Sprintf("[%s#%d] ", t.Name, shard)
+			}
+			tmp, err := os.MkdirTemp("", "kiln-target-")
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer os.RemoveAll(tmp)
+			cmd := exec.CommandContext(ctx, "sh", "-e", "-c", strings.Join(t.Recipe, "\n"))
+			cmd.Dir = filepath.Dir(p.Spec.Path)
+			cmd.Env = append(p.env(t, shard), "KILN_TMPDIR="+tmp)
+			for ph, d := range t.Refs {
+				cmd.Env = append(cmd.Env, ph+"="+identity(p.byName[d]))
+			}
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+			var stdout bytes.Buffer
+			lw := &prefixWriter{w: io.MultiWriter(o.Output, lockedWriter{logBuf, &logMu}), mu: outMu, prefix: prefix}
+			cmd.Stdout = io.MultiWriter(&stdout, lw)
+			cmd.Stderr = lw
+			errs[i] = cmd.Run()
+			lw.flush()
+			refs[i] = lastLine(stdout.String())
+		}(i, shard)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return "", err
+		}
+	}
+	ref := refs[n-1]
+	if t.Out != "" {
+		r, err := dataset.ParseRef(ref)
+		if err != nil || !r.Pinned() || r.Name != t.Out {
+			return "", fmt.Errorf("the recipe's last stdout line %q is not a ref of %s (name@version): the writing command must come last", ref, t.Out)
+		}
+		for _, s := range refs {
+			if s != ref {
+				return "", fmt.Errorf("shards printed different refs (%q, %q): the shards must write parts of one version", s, ref)
+			}
+		}
+		if _, err := dataset.Open(ctx, p.opts.Store, r); err != nil {
+			return "", fmt.Errorf("the recipe printed %s but the store does not hold it: %w", ref, err)
+		}
+		return ref, nil
+	}
+	if r, err := dataset.ParseRef(ref); err == nil && r.Pinned() {
+		return ref, nil
+	}
+	return "", nil
+}
+
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+// prefixWriter writes whole lines, each prefixed.
+type prefixWriter struct {
+	w      io.Writer
+	mu     *sync.Mutex
+	prefix string
+	buf    []byte
+	bmu    sync.Mutex
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	p.bmu.Lock()
+	defer p.bmu.Unlock()
+	p.buf = append(p.buf, b...)
+	for {
+		i := bytes.IndexByte(p.buf, '\n')
+		if i < 0 {
+			break
+		}
+		p.emit(p.buf[:i+1])
+		p.buf = p.buf[i+1:]
+	}
+	return len(b), nil
+}
+
+func (p *prefixWriter) emit(line []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	w := bufio.NewWriter(p.w)
+	w.WriteString(p.prefix)
+	w.Write(line)
+	w.Flush()
+}
+
+func (p *prefixWriter) flush() {
+	p.bmu.Lock()
+	defer p.bmu.Unlock()
+	if len(p.buf) > 0 {
+		p.emit(append(p.buf, '\n'))
+		p.buf = nil
+	}
+}
