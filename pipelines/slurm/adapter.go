@@ -1,0 +1,44 @@
+package slurm
+
+import (
+	"context"
+	"os"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/kilnrl/kiln/internal/stagecmd"
+	"github.com/kilnrl/kiln/pipelines"
+)
+
+// PipelinePlanner plans with the pipelines package: Load, then NewPlan on
+// the store --store names (created when local and missing: the jobs write
+// into it).
+func PipelinePlanner(env *stagecmd.Env) Planner {
+	return func(ctx context.Context, c *cli.Context, file string, goals []string, vars map[string]string) ([]Target, error) {
+		spec, err := pipelines.Load(file, vars, os.Environ())
+		if err != nil {
+			return nil, err
+		}
+		st, err := stagecmd.OpenStore(c)
+		if err != nil {
+			return nil, err
+		}
+		plan, err := pipelines.NewPlan(ctx, spec, pipelines.PlanOptions{Store: st, Targets: goals, Log: env.Log})
+		if err != nil {
+			return nil, err
+		}
+		out := make([]Target, 0, len(plan.Targets))
+		for _, t := range plan.Targets {
+			a := t.Attrs
+			if a.Shards <= 1 {
+				a.Shards = 0 // one shard is a plain job, as kiln run treats it
+			}
+			out = append(out, Target{
+				Name: t.Name, Deps: t.Deps, Done: t.Done, Why: t.Why, Service: t.Service, Health: a.Health,
+				Shards: a.Shards, Throttle: a.Throttle, CPUs: a.CPUs, GPUs: a.GPUs, Nodes: a.Nodes,
+				Memory: a.Memory, Time: a.Time, Partition: a.Partition,
+			})
+		}
+		return out, nil
+	}
+}
