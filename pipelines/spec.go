@@ -555,7 +555,11 @@ func (vt *varTable) lookup(name string, sc *scope, pos Pos, depth int, text stri
 		if dot := strings.LastIndexByte(name, '.'); dot > 0 {
 			if _, err := strconv.Atoi(name[dot+1:]); err == nil {
 				if _, ok := vt.defs[name[:dot]]; ok {
-					return vt.lookup(name[:dot], sc, pos, depth, text)
+					v, err := vt.lookup(name[:dot], sc, pos, depth, text)
+					if err == nil && sc != nil && sc.used != nil {
+						sc.used[name] = v // "why" names AGENT.2, not AGENT
+					}
+					return v, err
 				}
 			}
 		}

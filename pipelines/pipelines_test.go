@@ -1,0 +1,258 @@
+package pipelines_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kilnrl/kiln/formats/store"
+	"github.com/kilnrl/kiln/internal/stagecmd"
+	"github.com/kilnrl/kiln/pipelines"
+	"github.com/kilnrl/kiln/stages/datasets"
+)
+
+// TestMain doubles as the kiln binary: recipes call "kiln", a link to
+// this test binary, which then runs kiln's commands.
+func TestMain(m *testing.M) {
+	if os.Getenv("KILN_TEST_AS_KILN") == "1" {
+		env := &datasets.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false)}
+		os.Exit(stagecmd.Main(datasets.App(env), os.Args, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// kilnEnv puts a "kiln" link to this binary first on PATH.
+func kilnEnv(t *testing.T) (bin string) {
+	t.Helper()
+	dir := t.TempDir()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(exe, filepath.Join(dir, "kiln")); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	t.Setenv("KILN_TEST_AS_KILN", "1")
+	return filepath.Join(dir, "kiln")
+}
+
+type fixture struct {
+	t     *testing.T
+	kiln  string
+	store string
+	spec  string
+}
+
+func newFixture(t *testing.T) *fixture {
+	f := &fixture{t: t, kiln: kilnEnv(t), store: t.TempDir()}
+	spec, err := os.ReadFile("testdata/rl.kiln")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.spec = filepath.Join(t.TempDir(), "rl.kiln")
+	if err := os.WriteFile(f.spec, spec, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *fixture) cmd(args ...string) *exec.Cmd {
+	c := exec.Command(f.kiln, append(args[:1:1], append([]string{f.spec, "--store", f.store}, args[1:]...)...)...)
+	return c
+}
+
+func (f *fixture) run(args ...string) (stdout, stderr string) {
+	f.t.Helper()
+	c := f.cmd(args...)
+	var o, e bytes.Buffer
+	c.Stdout, c.Stderr = &o, &e
+	if err := c.Run(); err != nil {
+		f.t.Fatalf("kiln %v: %v\n%s", args, err, e.String())
+	}
+	return o.String(), e.String()
+}
+
+func (f *fixture) plan(vars ...string) map[string]string {
+	f.t.Helper()
+	out, _ := f.run(append([]string{"plan"}, vars...)...)
+	m := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		state, rest, _ := strings.Cut(l, " ")
+		name, why, _ := strings.Cut(strings.TrimSpace(rest), ": ")
+		m[name] = state + " " + why
+	}
+	return m
+}
+
+func ran(stderr string) []string {
+	var out []string
+	for _, l := range strings.Split(stderr, "\n") {
+		if strings.Contains(l, "msg=start target=") {
+			out = append(out, strings.TrimPrefix(l[strings.Index(l, "target="):], "target="))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func entries(t *testing.T, storeDir string) map[string]pipelines.Entry {
+	t.Helper()
+	st, err := store.Open(storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]pipelines.Entry{}
+	err = st.List(context.Background(), pipelines.RecordPrefix+"rl/targets/", func(info store.Info) error {
+		b, _, err := store.ReadAll(context.Background(), st, info.Key)
+		if err != nil {
+			return err
+		}
+		var e pipelines.Entry
+		if err := json.Unmarshal(b, &e); err != nil {
+			return err
+		}
+		m[e.Target] = e
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestRunTwiceAndChangeVariable(t *testing.T) {
+	f := newFixture(t)
+	out, errs := f.run("run", "-j", "2")
+	if got := ran(errs); len(got) != 8 {
+		t.Fatalf("first run ran %v, want all 8 targets", got)
+	}
+	if !strings.HasPrefix(lastLineOf(out), "weights/3@") {
+		t.Fatalf("last stdout line %q, want weights/3's ref", out)
+	}
+	_, errs = f.run("run", "-j", "2")
+	if got := ran(errs); len(got) != 0 {
+		t.Fatalf("second run ran %v, want nothing", got)
+	}
+	// AGENT.2 only affects rollout/2, and through it train/2 and train/3
+	// (rollout/3 uses train/1).
+	p := f.plan("AGENT.2=other")
+	if p["rollout/2"] != `run variable AGENT.2 changed: "default" -> "other"` {
+		t.Errorf("plan says rollout/2: %q", p["rollout/2"])
+	}
+	for _, n := range []string{"base", "train/0", "rollout/1", "train/1", "rollout/3"} {
+		if !strings.HasPrefix(p[n], "done") {
+			t.Errorf("plan says %s: %q, want done", n, p[n])
+		}
+	}
+	_, errs = f.run("run", "AGENT.2=other")
+	if got, want := strings.Join(ran(errs), " "), "rollout/2 train/2 train/3"; got != want {
+		t.Errorf("after changing AGENT.2 ran %q, want %q", got, want)
+	}
+}
+
+func lastLineOf(s string) string {
+	l := strings.Split(strings.TrimSpace(s), "\n")
+	return l[len(l)-1]
+}
+
+func finalRefs(t *testing.T, storeDir string) map[string]string {
+	m := map[string]string{}
+	for k, e := range entries(t, storeDir) {
+		m[k] = e.Ref
+	}
+	return m
+}
+
+func TestKillAndResume(t *testing.T) {
+	ref := newFixture(t)
+	ref.run("run")
+	want := finalRefs(t, ref.store)
+	for _, delay := range []time.Duration{300 * time.Millisecond, 900 * time.Millisecond, 1500 * time.Millisecond} {
+		t.Run(delay.String(), func(t *testing.T) {
+			f := newFixture(t)
+			c := f.cmd("run", "SLEEP=0.2")
+			c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			if err := c.Start(); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(delay)
+			_ = syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
+			_ = c.Wait()
+			before := len(entries(t, f.store))
+			_, errs := f.run("run", "SLEEP=0.2")
+			if n := len(ran(errs)); n != 8-before {
+				t.Errorf("killed after %d targets; resume ran %d, want %d", before, n, 8-before)
+			}
+			// SLEEP is not in the recipes' refs... it is: the keys differ
+			// from the reference run's, but the data must not.
+			got := finalRefs(t, f.store)
+			for k, v := range want {
+				if got[k] != v {
+					t.Errorf("%s: resumed %s, uninterrupted %s", k, got[k], v)
+				}
+			}
+		})
+	}
+}
+
+func TestStaleness(t *testing.T) {
+	for _, tc := range []struct {
+		staleness string
+		overlap   bool
+		uses      func(k int) int
+	}{
+		{"1", true, func(k int) int { return max(k-2, 0) }},
+		{"0", false, func(k int) int { return k - 1 }},
+	} {
+		t.Run("STALENESS="+tc.staleness, func(t *testing.T) {
+			f := newFixture(t)
+			f.run("run", "-j", "2", "SLEEP=0.3", "STALENESS="+tc.staleness, "STEPS=4")
+			e := entries(t, f.store)
+			overlaps := 0
+			for k := 1; k < 4; k++ {
+				tr, ro := e[fmt.Sprintf("train/%d", k)], e[fmt.Sprintf("rollout/%d", k+1)]
+				if tr.Start.Before(ro.End) && ro.Start.Before(tr.End) {
+					overlaps++
+				}
+			}
+			if tc.overlap && overlaps == 0 {
+				t.Errorf("train/k and rollout/k+1 never overlapped")
+			}
+			if !tc.overlap && overlaps > 0 {
+				t.Errorf("%d train/k, rollout/k+1 pairs overlapped with STALENESS=0", overlaps)
+			}
+			for k := 1; k <= 4; k++ {
+				ro := e[fmt.Sprintf("rollout/%d", k)]
+				w := fmt.Sprintf("train/%d", tc.uses(k))
+				if len(ro.Inputs) != 1 || ro.Inputs[0][0] != w || ro.Inputs[0][1] != e[w].Ref {
+					t.Errorf("rollout/%d inputs %v, want %s = %s", k, ro.Inputs, w, e[w].Ref)
+				}
+			}
+		})
+	}
+}
+
+func TestLockCollides(t *testing.T) {
+	f := newFixture(t)
+	c := f.cmd("run", "SLEEP=1")
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Wait()
+	time.Sleep(300 * time.Millisecond)
+	c2 := f.cmd("run", "SLEEP=1")
+	out, err := c2.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "locked by another run") {
+		t.Errorf("second run: %v\n%s", err, out)
+	}
+}
