@@ -390,6 +390,10 @@ def _messages_for_template(msgs: Any) -> list:
         if not isinstance(m, dict):
             raise bad("each message must be an object")
         m = dict(m)
+        if m.get("reasoning") is not None and m.get("reasoning_content") is None:
+            m["reasoning_content"] = m["reasoning"]  # vLLM's alias
+        if isinstance(m.get("content"), list):  # --chat-template-content-format string
+            m["content"] = "\n".join(p.get("text", "") for p in m["content"] if isinstance(p, dict) and p.get("type") == "text")
         if isinstance(m.get("tool_calls"), list):
             calls = []
             for c in m["tool_calls"]:
@@ -398,13 +402,37 @@ def _messages_for_template(msgs: Any) -> list:
                     f = dict(c["function"])
                     if isinstance(f.get("arguments"), str):
                         try:
-                            f["arguments"] = json.loads(f["arguments"])
+                            f["arguments"] = json.loads(f["arguments"]) if f["arguments"].strip() else {}
                         except ValueError:
                             pass
                     c["function"] = f
                 calls.append(c)
-            m["tool_calls"] = calls
+            if calls:
+                m["tool_calls"] = calls
+            else:
+                del m["tool_calls"]  # vLLM drops an empty list
         out.append(m)
+    return out
+
+
+def _tools_for_template(tools: Any) -> Optional[list]:
+    """Tools as vLLM's request model dumps them (docs/serve.md §7):
+    {"type", "function": {"name", "description", "parameters", extras}},
+    a missing description or parameters as null."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise bad("tools must be a list")
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or not isinstance(t.get("function"), dict) or not isinstance(t["function"].get("name"), str):
+            raise bad(f"tools[{i}] must be {{type: function, function: {{name, ...}}}}")
+        f = t["function"]
+        fn = {"name": f["name"], "description": f.get("description"), "parameters": f.get("parameters")}
+        fn.update({k: v for k, v in f.items() if k not in fn})
+        nt = {"type": t.get("type", "function"), "function": fn}
+        nt.update({k: v for k, v in t.items() if k not in nt})
+        out.append(nt)
     return out
 
 
@@ -437,9 +465,7 @@ class Server:
             kw = body.get("chat_template_kwargs") or {}
             if not isinstance(kw, dict):
                 raise bad("chat_template_kwargs must be an object")
-            tools = body.get("tools")
-            if tools is not None and not isinstance(tools, list):
-                raise bad("tools must be a list")
+            tools = _tools_for_template(body.get("tools"))
             args = dict(kw)
             if body.get("chat_template"):
                 args["chat_template"] = body["chat_template"]

@@ -176,18 +176,18 @@ func TestServePyWithEngineClient(t *testing.T) {
 func TestServePyTemplateMatchesScriptedEngine(t *testing.T) {
 	base := startServePy(t)
 	ctx := context.Background()
-	const tools = `[{"type":"function","function":{"name":"read_file","description":"Read a file & show <it>","parameters":{"type":"object","properties":{"path":{"type":"string"},"limit":{"type":"integer"}},"required":["path"]}}},{"type":"function","function":{"name":"bash","description":null,"parameters":{"type":"object","properties":{"cmd":{"type":"string"}}}}}]`
+	const tools = `[{"type":"function","function":{"name":"read_file","description":"Read a file & show <it>","parameters":{"type":"object","properties":{"path":{"type":"string"},"limit":{"type":"integer"}},"required":["path"]}}},{"function":{"name":"bash","parameters":{"type":"object","properties":{"cmd":{"type":"string"}}}}}]`
 	cases := []struct {
 		name, messages, tools string
 		opts                  enginetest.RenderOptions
 		kwargs                string
 	}{
 		{"simple", `[{"role":"system","content":"You are terse."},{"role":"user","content":"Hi"}]`, "", enginetest.RenderOptions{AddGenerationPrompt: true}, ""},
-		{"no_thinking", `[{"role":"user","content":"a\nb"}]`, "", enginetest.RenderOptions{AddGenerationPrompt: true, Kwargs: map[string]any{"enable_thinking": false}}, `{"enable_thinking":false}`},
+		{"no_thinking", `[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]`, "", enginetest.RenderOptions{AddGenerationPrompt: true, Kwargs: map[string]any{"enable_thinking": false}}, `{"enable_thinking":false}`},
 		{"reasoning_dropped_before_last_query", `[{"role":"user","content":"q1"},{"role":"assistant","content":"a1","reasoning_content":"r1"},{"role":"user","content":"q2"},{"role":"assistant","content":"a2","reasoning_content":"\nr2\n"}]`, "", enginetest.RenderOptions{}, ""},
 		{"think_in_content", `[{"role":"user","content":"q"},{"role":"assistant","content":"<think>\nplan\n</think>\n\nanswer"}]`, "", enginetest.RenderOptions{}, ""},
-		{"tools_parallel_calls_results", `[{"role":"system","content":"sys"},{"role":"user","content":"Read it"},{"role":"assistant","content":"","reasoning_content":"need files","tool_calls":[{"id":"c1","type":"function","function":{"name":"read_file","arguments":"{\"path\": \"a.go\", \"limit\": 1}"}},{"type":"function","function":{"name":"bash","arguments":"{\"cmd\": \"ls <dir> && echo é\"}"}}]},{"role":"tool","content":"package a"},{"role":"tool","content":"a.go"},{"role":"assistant","content":"Done.","reasoning_content":"all read"}]`, tools, enginetest.RenderOptions{}, ""},
-		{"tools_generation_prompt", `[{"role":"user","content":"Read it"},{"role":"assistant","content":"Reading.","tool_calls":[{"type":"function","function":{"name":"read_file","arguments":"{\"path\": \"a.go\"}"}}]},{"role":"tool","content":"package a"}]`, tools, enginetest.RenderOptions{AddGenerationPrompt: true}, ""},
+		{"tools_parallel_calls_results", `[{"role":"system","content":"sys"},{"role":"user","content":"Read it"},{"role":"assistant","content":"","reasoning_content":"need files","tool_calls":[{"id":"c1","type":"function","function":{"name":"read_file","arguments":"{\"path\": \"a.go\", \"limit\": 1.0}"}},{"type":"function","function":{"name":"bash","arguments":{"cmd":"ls <dir> && echo é"}}}]},{"role":"tool","content":"package a"},{"role":"tool","content":"a.go"},{"role":"assistant","content":"Done.","reasoning":"all read"}]`, tools, enginetest.RenderOptions{}, ""},
+		{"tools_generation_prompt", `[{"role":"user","content":"Read it"},{"role":"assistant","content":"Reading.","tool_calls":[{"type":"function","function":{"name":"read_file","arguments":{"path":"a.go","limit":5,"opts":{"x":[1,true,null]},"flag":true}}}]},{"role":"assistant","content":"","tool_calls":[]},{"role":"tool","content":"package a"}]`, tools, enginetest.RenderOptions{AddGenerationPrompt: true}, ""},
 		{"continue_final", `[{"role":"user","content":"q"},{"role":"assistant","content":"partial ans"}]`, "", enginetest.RenderOptions{ContinueFinalMessage: true}, ""},
 	}
 	c, err := engine.New(engine.Options{BaseURL: base, Model: "tiny"})
