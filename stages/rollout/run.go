@@ -108,13 +108,18 @@ const DefaultHealthInterval = 15 * time.Second
 // changes what the runs produce, and nothing that only says where they run
 // (engine URLs, -j, --shard).
 func (o *RunOptions) identityArgs() map[string]any {
-	return map[string]any{
+	args := map[string]any{
 		"samples": o.Samples, "agent": harness.Normalize(o.Agent), "weights_version": o.WeightsVersion, "split": o.Split,
 		"budget_s": o.Budget.Seconds(), "temperature": o.Temperature, "top_p": o.TopP, "top_k": o.TopK,
 		"max_tokens": o.MaxTokens, "max_context_tokens": o.MaxContextTokens, "stop_token_ids": o.StopTokenIDs,
 		"chat_template_kwargs": o.ChatTemplateKwargs, "reasoning_parser": o.ReasoningParser, "tool_parser": o.ToolParser,
 		"max_turns": o.MaxTurns,
 	}
+	// Extra agent arguments change what runs; absent, the id is as before.
+	if e := o.Harness.Extra; len(e.Args) > 0 || len(e.Env) > 0 {
+		args["agent_args"], args["agent_env"] = e.Args, e.Env
+	}
+	return args
 }
 
 func (o *RunOptions) check() error {
@@ -329,6 +334,7 @@ func planRuns(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles
 		}
 		ho := o.Harness
 		ho.MaxTurns = o.MaxTurns
+		ho.MaxOutputTokens, ho.MaxContextTokens = o.MaxTokens, o.MaxContextTokens
 		h, err := harness.New(name, ho)
 		if err != nil {
 			return nil, stagecmd.UsageError{Err: err}

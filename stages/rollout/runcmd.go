@@ -43,9 +43,15 @@ Ids: index = rollout_id = task_index × --samples + sample; group_index is the
 task's task_index. They are the same on every rerun.
 
 Harnesses: --agent (env KILN_AGENT) is the default; a task's agent column
-overrides it. Built: shell (kiln-agent, found beside this binary or on PATH,
-or --agent-binary; bound read-only into the sandbox). claude-code and codex
-are named but not built yet.
+overrides it. shell: kiln-agent, found beside this binary or on PATH, or
+--agent-binary. claude-code and codex: the pinned CLIs' native builds, found
+by --claude-code / --codex, else $KILN_AGENT_CLAUDE_CODE / $KILN_AGENT_CODEX,
+else the install of scripts/install-test-deps.sh (an npm install directory,
+or the binary). Each is bound read-only into the sandbox, configured to talk
+only to the adapter with the session token, no telemetry or updates, tools
+run without asking, its request timeouts the budget (docs/rollout.md §3).
+--agent-args and --agent-env add arguments and environment (JSON), for every
+harness or per harness name.
 
 Engines: --engine URL[,URL...]; a session goes to one engine by a hash of its
 token. Every engine is probed at start; if one fails, nothing runs. While runs
@@ -82,6 +88,7 @@ type runFlagValues struct {
 	tasks, images, bundles, engine, engineAPIKey, mode, tokenizerDir string
 	out, agent, agentBinary, weightsVersion, split                   string
 	stopTokenIDs, chatTemplateKwargs, reasoningParser, toolParser    string
+	agentArgs, agentEnv, claudeCode, codex                           string
 	samples, jobs, bootConcurrency, maxTurns, topK                   int
 	maxTokens, maxContextTokens                                      int
 	budget, setupTimeout, margin                                     time.Duration
@@ -104,6 +111,10 @@ func runFlags(f *runFlagValues) []cli.Flag {
 		&cli.StringFlag{Name: "out", Required: true, Destination: &f.out, Usage: "dataset name prefix: OUT/rollouts, OUT/turns, OUT/trajectories"},
 		&cli.StringFlag{Name: "agent", Value: harness.ShellName, EnvVars: []string{"KILN_AGENT"}, Destination: &f.agent, Usage: "default harness: shell, claude-code or codex"},
 		&cli.StringFlag{Name: "agent-binary", Destination: &f.agentBinary, Usage: "the shell agent's binary (default: kiln-agent beside this binary, then PATH)"},
+		&cli.StringFlag{Name: "claude-code", Destination: &f.claudeCode, Usage: "Claude Code install: npm install directory or native binary (default: $" + harness.ClaudeCodeEnv + ", then the install of scripts/install-test-deps.sh)"},
+		&cli.StringFlag{Name: "codex", Destination: &f.codex, Usage: "Codex install: npm install directory, platform directory or native binary (default: $" + harness.CodexEnv + ", then the install of scripts/install-test-deps.sh)"},
+		&cli.StringFlag{Name: "agent-args", Destination: &f.agentArgs, Usage: `extra agent arguments as JSON: '["--x"]' for every harness or '{"codex":["--x"]}'`},
+		&cli.StringFlag{Name: "agent-env", Destination: &f.agentEnv, Usage: `extra agent environment as JSON: '{"NAME":"v"}' for every harness or '{"claude-code":{"NAME":"v"}}'`},
 		&cli.StringFlag{Name: "weights-version", Destination: &f.weightsVersion, Usage: "the policy weights the engines serve (recorded in every row)"},
 		&cli.StringFlag{Name: "split", Destination: &f.split, Usage: "run only tasks of this split"},
 		&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Destination: &f.jobs, Usage: "runs at once"},
@@ -169,6 +180,10 @@ func (f *runFlagValues) options() (RunOptions, error) {
 		}
 		stops = append(stops, int32(n))
 	}
+	extra, err := harness.ParseExtra(f.agentArgs, f.agentEnv)
+	if err != nil {
+		return RunOptions{}, stagecmd.UsageError{Err: err}
+	}
 	o := RunOptions{
 		Tasks: f.tasks, Images: f.images, Bundles: f.bundles,
 		Engines: engines, EngineAPIKey: f.engineAPIKey, Mode: mode, TokenizerDir: f.tokenizerDir,
@@ -178,7 +193,7 @@ func (f *runFlagValues) options() (RunOptions, error) {
 		MaxTurns: f.maxTurns, Temperature: f.temperature, TopP: f.topP, TopK: f.topK,
 		MaxTokens: f.maxTokens, MaxContextTokens: f.maxContextTokens, StopTokenIDs: stops,
 		ChatTemplateKwargs: f.chatTemplateKwargs, ReasoningParser: f.reasoningParser, ToolParser: f.toolParser,
-		Harness: harness.Options{ShellAgent: f.agentBinary},
+		Harness: harness.Options{ShellAgent: f.agentBinary, ClaudeCode: f.claudeCode, Codex: f.codex, Extra: extra},
 	}
 	return o, nil
 }

@@ -298,8 +298,8 @@ func TestRunEngineUnhealthy(t *testing.T) {
 	assert.Equal(t, map[string]int{AbortEngineError: 2, "": len(rows) - 2}, reasons, logs)
 }
 
-// TestRunUsage: bad arguments and a harness that is not built are usage
-// errors (exit 2) before any sandbox boots or any version is written.
+// TestRunUsage: bad arguments, an unknown harness and a CLI install that
+// is not there are usage errors (exit 2) before any sandbox boots or any version is written.
 func TestRunUsage(t *testing.T) {
 	w := newRunWorld(t)
 	up := startEngine(t, newScriptedModel(w.set, func(fixtures.Task, int) behaviour { return lookAround }).script)
@@ -311,7 +311,10 @@ func TestRunUsage(t *testing.T) {
 		want string
 	}{
 		{"no engine", nil, "--engine"},
-		{"harness not built", []string{"--engine", up, "--agent", "codex"}, "not built yet"},
+		{"codex install missing", []string{"--engine", up, "--agent", "codex", "--codex", "/nonexistent/codex"}, "/nonexistent/codex"},
+		{"claude install empty", []string{"--engine", up, "--agent", "claude-code", "--claude-code", w.tokenizer}, "no native claude binary"},
+		{"bad agent args", []string{"--engine", up, "--agent-args", `{"aider":["-x"]}`}, "--agent-args"},
+		{"bad agent env", []string{"--engine", up, "--agent-env", `{"A":1}`}, "--agent-env"},
 		{"unknown harness", []string{"--engine", up, "--agent", "aider"}, "unknown harness"},
 		{"no samples", []string{"--engine", up, "--samples", "0"}, "--samples"},
 		{"bad top-p", []string{"--engine", up, "--top-p", "1.5"}, "--top-p"},
@@ -446,8 +449,8 @@ ls /tmp /run/kiln`
 }
 
 // TestRunTaskAgent: a task's agent column overrides --agent: tasks naming
-// shell run under a default that is not built, and a task naming one that
-// is not built stops the stage before any run.
+// shell run under another default (never built, as no task uses it), and a
+// task naming an unknown harness stops the stage before any run.
 func TestRunTaskAgent(t *testing.T) {
 	w := newRunWorld(t)
 	ctx := context.Background()
@@ -491,8 +494,8 @@ func TestRunTaskAgent(t *testing.T) {
 	}
 
 	o.Agent = "shell"
-	o.Tasks = withAgents("tasks-mixed", "shell", "claude_code")
+	o.Tasks = withAgents("tasks-mixed", "shell", "aider")
 	_, err, _ = w.run(t, ctx, "rollout/task-agent-mixed", o, nil)
 	assert.Equal(t, 2, stagecmd.ExitCode(err), "%v", err)
-	assert.ErrorContains(t, err, `harness "claude-code" is not built yet`)
+	assert.ErrorContains(t, err, `unknown harness "aider"`)
 }

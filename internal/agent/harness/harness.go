@@ -82,6 +82,16 @@ type Options struct {
 	// CommandTimeout bounds each tool command of the shell agent (0: its
 	// default).
 	CommandTimeout time.Duration
+	// ClaudeCode and Codex locate the pinned CLIs on the host ("": the
+	// env variable ClaudeCodeEnv / CodexEnv, else the cache install of
+	// scripts/install-test-deps.sh). See findClaudeCode and findCodex for
+	// the layouts accepted.
+	ClaudeCode, Codex string
+	// MaxOutputTokens and MaxContextTokens are passed to the CLIs as their
+	// own limits when set (the adapter clamps anyway).
+	MaxOutputTokens, MaxContextTokens int
+	// Extra are the --agent-args and --agent-env.
+	Extra Extra
 }
 
 // Normalize maps the spellings tasks use for a harness (claude_code,
@@ -90,10 +100,9 @@ func Normalize(name string) string {
 	return strings.ReplaceAll(strings.ToLower(strings.TrimSpace(name)), "_", "-")
 }
 
-// New returns the harness called name (see Normalize). Claude Code and
-// Codex are named here but not built yet: asking for them is an error
-// that says so.
+// New returns the harness called name (see Normalize).
 func New(name string, o Options) (Harness, error) {
+	args, env := o.Extra.For(Normalize(name))
 	switch Normalize(name) {
 	case ShellName:
 		bin, err := FindShellAgent(o.ShellAgent)
@@ -104,9 +113,21 @@ func New(name string, o Options) (Harness, error) {
 		if err := shellagent.CheckStatic(bin); err != nil {
 			return nil, err
 		}
-		return &Shell{Binary: bin, MaxTurns: o.MaxTurns, CommandTimeout: o.CommandTimeout}, nil
-	case ClaudeCodeName, CodexName:
-		return nil, fmt.Errorf("harness %q is not built yet (only %q is); see docs/rollout.md §3", Normalize(name), ShellName)
+		return &Shell{Binary: bin, MaxTurns: o.MaxTurns, CommandTimeout: o.CommandTimeout, Args: args, Env: env}, nil
+	case ClaudeCodeName:
+		bin, err := findClaudeCode(o.ClaudeCode)
+		if err != nil {
+			return nil, err
+		}
+		return &ClaudeCode{Binary: bin, MaxTurns: o.MaxTurns, MaxOutputTokens: o.MaxOutputTokens,
+			MaxContextTokens: o.MaxContextTokens, Args: args, Env: env}, nil
+	case CodexName:
+		dir, bin, err := findCodex(o.Codex)
+		if err != nil {
+			return nil, err
+		}
+		return &Codex{Dir: dir, Binary: bin, MaxOutputTokens: o.MaxOutputTokens, MaxContextTokens: o.MaxContextTokens,
+			Args: args, Env: env}, nil
 	}
 	return nil, fmt.Errorf("unknown harness %q: want %s, %s or %s", name, ShellName, ClaudeCodeName, CodexName)
 }

@@ -21,6 +21,8 @@ type Shell struct {
 	// MaxTurns and CommandTimeout are passed on when set.
 	MaxTurns       int
 	CommandTimeout time.Duration
+	// Args and Env are --agent-args and --agent-env for this harness.
+	Args, Env []string
 }
 
 // Name implements Harness.
@@ -51,6 +53,7 @@ func (s *Shell) Command(r RunSpec) (argv, env []string) {
 	if r.LogFile != "" {
 		argv = append(argv, "--log", r.LogFile)
 	}
-	env = []string{"KILN_AGENT_API_KEY=" + r.SessionID, "KILN_AGENT_SESSION=" + r.SessionID}
+	argv = append(argv, s.Args...)
+	env = append([]string{"KILN_AGENT_API_KEY=" + r.SessionID, "KILN_AGENT_SESSION=" + r.SessionID}, s.Env...)
 	return argv, env
 }
