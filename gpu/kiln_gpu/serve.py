@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import queue
+import sys
 import threading
 import time
 import uuid
@@ -174,6 +175,20 @@ class Stepper:
 # ------------------------------------------------------------------ engine
 
 
+def check_model_dir(path) -> None:
+    """A checkpoint directory the server can load: config.json and a
+    tokenizer (docs/serve.md §1); else FileNotFoundError saying what to do."""
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"--model {str(path)!r} is not a directory (want a Hugging Face checkpoint directory)")
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"--model {str(path)!r} has no config.json: not a Hugging Face checkpoint directory")
+    if not (p / "tokenizer_config.json").is_file() or not any((p / f).is_file() for f in ("tokenizer.json", "vocab.json", "tokenizer.model")):
+        raise FileNotFoundError(
+            f"--model {str(path)!r} has no tokenizer (want tokenizer_config.json and tokenizer.json): "
+            "copy the base model's tokenizer files in (python -m kiln_gpu.tiny writes both)")
+
+
 class Job:
     def __init__(self, prompt: list[int], s: Sampling, seed: int):
         self.prompt = prompt
@@ -188,9 +203,15 @@ class Engine:
     """The model, its tokenizer and the worker that runs requests one at a
     time, each with its own KV cache (docs/serve.md §5)."""
 
-    def __init__(self, model_dir: str, served_name: Optional[str] = None, seed: int = 0, max_batch: int = 1):
+    def __init__(self, model_dir: str, served_name: Optional[str] = None, seed: int = 0, max_batch: int = 1,
+                 device: str = "cpu"):
         from transformers import AutoTokenizer
 
+        check_model_dir(model_dir)
+        self.device = torch.device(device)
+        if self.device.type == "cuda":  # float32 logits, no TF32 rounding (docs/serve.md §4)
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
         self.model_dir = str(model_dir)
         self.served_name = served_name or self.model_dir
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
@@ -214,11 +235,10 @@ class Engine:
 
     # -- loading
 
-    @staticmethod
-    def _load(path: str):
+    def _load(self, path: str):
         from transformers import AutoModelForCausalLM
 
-        m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device)
         m.eval()
         return m
 
@@ -240,6 +260,10 @@ class Engine:
         p = Path(path)
         if not p.is_dir():
             raise bad(f"reload_weights: weights_path {path!r} is not a directory")
+        try:
+            check_model_dir(p)
+        except FileNotFoundError as ex:
+            raise bad(f"reload_weights: {ex}")
         new = self._load(str(p))
         with self.model_lock:
             self.model = new
@@ -321,7 +345,7 @@ class Engine:
         mask_lps: list[list[float]] = []
         finish, stop_reason = "length", None
         past = None
-        ids = torch.tensor([job.prompt], dtype=torch.long)
+        ids = torch.tensor([job.prompt], dtype=torch.long, device=self.device)
         text = ""
         version = self.weight_version
         for i in range(s.max_tokens):
@@ -332,7 +356,7 @@ class Engine:
                 version = self.weight_version
                 o = self.model(input_ids=ids, past_key_values=past, use_cache=True)
             past = o.past_key_values
-            logits = o.logits[0, -1]
+            logits = o.logits[0, -1].float().cpu()  # sampling on the CPU generator (§3)
             banned = sorted(eos | stops) if i < s.min_tokens else []
             tok, logp, nuc = step.choose(logits, banned)
             out.append(tok)
@@ -348,7 +372,7 @@ class Engine:
                 masks.append([int(x) for x in m.tolist()])
                 if s.return_sampling_mask_logprobs:
                     mask_lps.append([float(x) for x in logp[m].tolist()])
-            ids = torch.tensor([[tok]], dtype=torch.long)
+            ids = torch.tensor([[tok]], dtype=torch.long, device=self.device)
             if i + 1 >= s.min_tokens:
                 if tok in stops:
                     finish, stop_reason = "stop", tok
@@ -678,9 +702,14 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seeds the per-request seeds of requests without one")
     p.add_argument("--max-batch", type=int, default=1, help="accepted for interface stability; requests run one at a time")
     p.add_argument("--served-model-name", help="the model name /v1/models reports (default: --model)")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda (float32 either way; docs/serve.md §1)")
     a = p.parse_args(argv)
     torch.manual_seed(a.seed)
-    eng = Engine(a.model, a.served_model_name, a.seed, a.max_batch)
+    try:
+        eng = Engine(a.model, a.served_model_name, a.seed, a.max_batch, a.device)
+    except FileNotFoundError as ex:
+        print(f"kiln_gpu.serve: {ex}", file=sys.stderr)
+        return 2
     httpd = serve(eng, a.host, a.port)
     port = httpd.server_address[1]
     if a.port_file:

@@ -35,6 +35,8 @@ def call(base, path, body=None, method=None):
         return e.code, (json.loads(raw) if raw else None), dict(e.headers)
 
 
+GPU_DIR = str(__import__("pathlib").Path(__file__).resolve().parents[1])
+
 PROMPT = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]
 
 
@@ -308,3 +310,25 @@ def test_reload_changes_outputs_and_version(server, qwen3_tokenizer_dir, tmp_pat
     back = gen(base, max_tokens=8, temperature=0.0, ignore_eos=True)
     assert back["choices"][0] == dict(before["choices"][0], weight_versions=[7] * 8)
     assert gen(base, max_tokens=8, temperature=1.0, seed=9, ignore_eos=True)["choices"][0]["logprobs"] != s_before["choices"][0]["logprobs"]
+
+
+def test_cli_bad_model_dir(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "kiln_gpu.serve", "--model", str(tmp_path / "missing")],
+                       capture_output=True, text=True, timeout=120, cwd=GPU_DIR)
+    assert r.returncode == 2 and "is not a directory" in r.stderr
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    r = subprocess.run([sys.executable, "-m", "kiln_gpu.serve", "--model", str(tmp_path / "m")],
+                       capture_output=True, text=True, timeout=120, cwd=GPU_DIR)
+    assert r.returncode == 2 and "has no tokenizer" in r.stderr
+
+
+def test_reload_rejects_dir_without_tokenizer(server, tmp_path):
+    base, eng = server
+    (tmp_path / "config.json").write_text("{}")
+    v = eng.weight_version
+    st, r, _ = call(base, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path)}})
+    assert st == 400 and "has no tokenizer" in r["error"]["message"] and eng.weight_version == v
