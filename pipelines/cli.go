@@ -70,6 +70,7 @@ func Commands(env *stagecmd.Env) []*cli.Command {
 		jobs      int
 		keepGoing bool
 		stale     time.Duration
+		only      string
 	}
 	return []*cli.Command{
 		{
@@ -99,12 +100,18 @@ key:KEY for a target without an output dataset).`,
 				stagecmd.StoreFlag(),
 				&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: 1, Destination: &ro.jobs, Usage: "targets to run at the same time"},
 				&cli.BoolFlag{Name: "keep-going", Aliases: []string{"k"}, Destination: &ro.keepGoing, Usage: "after a failure, still run targets that do not depend on it"},
+				&cli.StringFlag{Name: "only", Destination: &ro.only, Usage: "run exactly this target (its prerequisites must be done): what a Slurm job runs"},
 				&cli.DurationFlag{Name: "lock-stale", Value: 2 * time.Minute, Destination: &ro.stale, Usage: "take over a lock not refreshed for this long"},
 			},
 			Action: func(c *cli.Context) error {
 				plan, _, err := loadPlan(c, env, nil)
 				if err != nil {
 					return err
+				}
+				if ro.only != "" {
+					if err := plan.Only(ro.only); err != nil {
+						return stagecmd.Usagef("run: %v", err)
+					}
 				}
 				todo := 0
 				for _, t := range plan.Targets {
@@ -113,7 +120,7 @@ key:KEY for a target without an output dataset).`,
 					}
 				}
 				prog := stagecmd.NewProgress(env.Stderr, env.Log, "pipeline "+plan.Spec.Name, "targets", int64(todo))
-				res, err := plan.Run(c.Context, RunOptions{Jobs: ro.jobs, KeepGoing: ro.keepGoing, Output: env.Stderr, LockStale: ro.stale,
+				res, err := plan.Run(c.Context, RunOptions{Jobs: ro.jobs, KeepGoing: ro.keepGoing, Output: env.Stderr, LockStale: ro.stale, NoLock: ro.only != "",
 					OnEvent: func(t *Target, ev string) {
 						switch ev {
 						case "start":

@@ -256,3 +256,41 @@ func TestLockCollides(t *testing.T) {
 		t.Errorf("second run: %v\n%s", err, out)
 	}
 }
+
+// TestShardsServicesOnly: a 3-shard target runs each shard with
+// KILN_SHARD; a service is up (health passes) while its user runs and is
+// stopped after; --only runs one target whose prerequisites are done.
+func TestShardsServicesOnly(t *testing.T) {
+	f := newFixture(t)
+	dir := t.TempDir()
+	src := `srv: [service health="test -f ` + dir + `/up"]
+	touch ` + dir + `/up; trap 'rm -f ` + dir + `/up; exit 0' TERM; while :; do sleep 0.05; done
+a: [shards=3] srv
+	test -f ` + dir + `/up
+	echo "$(shard)/$(shards)" > ` + dir + `/shard.$$KILN_SHARD
+b: a
+	echo b > ` + dir + `/b
+`
+	if err := os.WriteFile(f.spec, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f.run("run", "a")
+	for i := 0; i < 3; i++ {
+		b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("shard.%d", i)))
+		if err != nil || strings.TrimSpace(string(b)) != fmt.Sprintf("%d/3", i) {
+			t.Errorf("shard %d wrote %q (%v)", i, b, err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	if _, err := os.Stat(filepath.Join(dir, "up")); err == nil {
+		t.Errorf("service still up after its last user")
+	}
+	f.run("run", "--only", "b")
+	if _, err := os.Stat(filepath.Join(dir, "b")); err != nil {
+		t.Errorf("--only b did not run b: %v", err)
+	}
+	p := f.plan()
+	if !strings.HasPrefix(p["b"], "done") || !strings.HasPrefix(p["srv"], "done") {
+		t.Errorf("plan after: %v", p)
+	}
+}

@@ -33,6 +33,9 @@ type RunOptions struct {
 	// OnEvent is called when a target starts ("start") and ends ("done",
 	// "failed", "skipped"); nil: ignored.
 	OnEvent func(t *Target, event string)
+	// NoLock skips the pipeline lock: for one-target runs (--only), which
+	// run concurrently as separate Slurm jobs of one submission.
+	NoLock bool
 }
 
 // Lock is the pipeline's lock object in the store.
@@ -107,6 +110,27 @@ func (p *Plan) lock(ctx context.Context, stale time.Duration) (func(), error) {
 	}, nil
 }
 
+// Only narrows the plan to the one target name (and the services it
+// uses): its other prerequisites must be done. This is what a job that
+// runs one target with no driver (Slurm) calls: "kiln run FILE --only T".
+func (p *Plan) Only(name string) error {
+	t := p.byName[name]
+	if t == nil {
+		return fmt.Errorf("no target %q", name)
+	}
+	var keep []*Target
+	for _, d := range t.Deps {
+		dt := p.byName[d]
+		if dt.Service {
+			keep = append(keep, dt)
+		} else if !dt.Done {
+			return fmt.Errorf("--only %s: prerequisite %s is not done (%s): run it first", name, d, dt.Why)
+		}
+	}
+	p.Targets = append(keep, t)
+	return nil
+}
+
 // Result is what Run did.
 type Result struct {
 	Ran, Failed, Skipped []string
@@ -130,11 +154,13 @@ func (p *Plan) Run(ctx context.Context, o RunOptions) (*Result, error) {
 	if o.OnEvent == nil {
 		o.OnEvent = func(*Target, string) {}
 	}
-	unlock, err := p.lock(ctx, o.LockStale)
-	if err != nil {
-		return nil, err
+	if !o.NoLock {
+		unlock, err := p.lock(ctx, o.LockStale)
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
 	}
-	defer unlock()
 	res := &Result{}
 	var mu sync.Mutex
 	var outMu sync.Mutex
@@ -152,6 +178,10 @@ func (p *Plan) Run(ctx context.Context, o RunOptions) (*Result, error) {
 			s.stop()
 		}
 	}()
+	inPlan := map[string]bool{}
+	for _, t := range p.Targets {
+		inPlan[t.Name] = true
+	}
 	remainingUsers := map[string]int{}
 	for _, t := range p.Targets {
 		for _, d := range t.Deps {
@@ -177,7 +207,7 @@ func (p *Plan) Run(ctx context.Context, o RunOptions) (*Result, error) {
 				if failed[d] {
 					blocked = true
 				}
-				if !finished[d] {
+				if !finished[d] && !(p.byName[d].Done && !inPlan[d]) {
 					ready = false
 				}
 			}
