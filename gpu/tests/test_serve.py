@@ -332,3 +332,20 @@ def test_reload_rejects_dir_without_tokenizer(server, tmp_path):
     v = eng.weight_version
     st, r, _ = call(base, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path)}})
     assert st == 400 and "has no tokenizer" in r["error"]["message"] and eng.weight_version == v
+
+
+def test_pause_wait_lets_in_flight_finish(server):
+    import time
+
+    base, eng = server
+    got = {}
+    t = threading.Thread(target=lambda: got.update(r=gen(base, max_tokens=200, temperature=0.0, ignore_eos=True)))
+    t.start()
+    while eng.running == 0:
+        time.sleep(0.01)
+    assert call(base, "/pause?mode=wait", {})[0] == 200
+    assert eng.running == 0  # the pause returned after the request finished
+    t.join(60)
+    ch = got["r"]["choices"][0]
+    assert ch["finish_reason"] == "length" and len(ch["token_ids"]) == 200
+    assert call(base, "/resume", {})[0] == 200
