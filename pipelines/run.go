@@ -207,7 +207,7 @@ func (p *Plan) Run(ctx context.Context, o RunOptions) (*Result, error) {
 				if failed[d] {
 					blocked = true
 				}
-				if !finished[d] && !(p.byName[d].Done && !inPlan[d]) {
+				if !finished[d] && (inPlan[d] || !p.byName[d].Done) {
 					ready = false
 				}
 			}
