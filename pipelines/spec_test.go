@@ -180,3 +180,53 @@ func BenchmarkPlan(b *testing.B) {
 		b.ReportMetric(ns[1]/ns[0], "growth_x10")
 	}
 }
+
+// BenchmarkPlanDone plans the same pipelines when every target is done
+// (each key computed and found in the record: the rerun-nothing case).
+func BenchmarkPlanDone(b *testing.B) {
+	sizes := []int{100, 1000}
+	if testing.Short() {
+		sizes = []int{10, 100}
+	}
+	for _, steps := range sizes {
+		var s strings.Builder
+		fmt.Fprintf(&s, "STEPS = %d\nt0/0:\n\techo base\nt9/0: t0/0\n\techo base9\n", steps)
+		for i := 0; i < 10; i++ {
+			prev := fmt.Sprintf("t%d/$(step)", i-1)
+			if i == 0 {
+				prev = "t9/$(step-1)"
+			}
+			fmt.Fprintf(&s, "t%d/$(step): [cpus=2] %s\n\tstage-%d --in $< --out d%d/$(step)\n", i, prev, i, i)
+		}
+		spec, err := Parse("p.kiln", []byte(s.String()), nil, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		st, _ := store.Open(b.TempDir())
+		ctx := context.Background()
+		p, err := NewPlan(ctx, spec, PlanOptions{Store: st, NoProbe: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, t := range p.Targets {
+			if err := p.Resolve(ctx, t); err != nil {
+				b.Fatal(err)
+			}
+			if err := p.MarkDone(ctx, t, ""); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.Run(fmt.Sprintf("targets=%d", steps*10+2), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				p, err := NewPlan(ctx, spec, PlanOptions{Store: st, NoProbe: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if last := p.Targets[len(p.Targets)-1]; !last.Done {
+					b.Fatalf("%s not done: %s", last.Name, last.Why)
+				}
+			}
+		})
+	}
+}
