@@ -62,7 +62,9 @@ const specHelp = `The spec language is pipelines/README.md: variables (NAME = va
 NAME ?= default; VAR=value arguments win, then the environment for ?=),
 targets "name: [attrs] prerequisites" with tab-indented recipe lines, step
 targets ("rollout/$(step): train/$(step-1)") expanded for step 1..$(STEPS),
-$(ref TARGET) for a prerequisite's committed ref.`
+$(ref TARGET) for a prerequisite's committed ref. kiln verify FILE.kiln
+TARGET reruns a done target into a scratch dataset and compares content
+hashes (kiln verify REF is the dataset check).`
 
 // Commands are kiln's pipeline commands: run, plan, why.
 func Commands(env *stagecmd.Env) []*cli.Command {
