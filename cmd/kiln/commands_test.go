@@ -24,6 +24,7 @@ import (
 	"github.com/kilnrl/kiln/stages/grade"
 	"github.com/kilnrl/kiln/stages/images"
 	"github.com/kilnrl/kiln/stages/rollout"
+	"github.com/kilnrl/kiln/stages/train"
 )
 
 // binaries are the apps of every kiln binary, by name.
@@ -34,6 +35,7 @@ var binaries = map[string]func(*stagecmd.Env) *cli.App{
 	"kiln-grade":      grade.App,
 	"kiln-rollout":    rollout.App,
 	"kiln-advantages": advantages.App,
+	"kiln-train":      train.App,
 }
 
 // parsed is what a command saw: every flag's value and the arguments.

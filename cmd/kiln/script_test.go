@@ -40,6 +40,7 @@ import (
 	"github.com/kilnrl/kiln/stages/grade"
 	"github.com/kilnrl/kiln/stages/images"
 	"github.com/kilnrl/kiln/stages/rollout"
+	"github.com/kilnrl/kiln/stages/train"
 )
 
 // TestMain makes this test binary every kiln binary as well, so the
@@ -53,6 +54,7 @@ func TestMain(m *testing.M) {
 		"kiln-grade":      func() { os.Exit(stagecmd.Run(grade.App)) },
 		"kiln-rollout":    func() { os.Exit(stagecmd.Run(rollout.App)) },
 		"kiln-advantages": func() { os.Exit(stagecmd.Run(advantages.App)) },
+		"kiln-train":      func() { os.Exit(stagecmd.Run(train.App)) },
 	})
 }
 
@@ -199,6 +201,12 @@ var skippedExamples = []struct{ example, reason string }{
 		"needs an inference engine, a tokenizer and sandboxes"},
 	{"kiln-advantages select --grades grades/probe --tasks tasks --min-samples 8 --out tasks/learnable",
 		"needs grades kiln-grade wrote against --tasks (select checks that lineage); grading runs sandboxes"},
+	{"kiln-train --trajectories trajectories/step-3 --advantages advantages/step-3  --model /models/Qwen3-0.6B --out checkpoints/step-3 --global-batch-size 64",
+		"needs a model checkpoint and gpu/'s environment (stages/train's e2e tests train the tiny Qwen3 checkpoint)"},
+	{"kiln-train --trajectories trajectories/step-4 --advantages advantages/step-4  --model checkpoints/step-3 --resume-from checkpoints/step-3 --out checkpoints/step-4",
+		"needs a committed checkpoint and gpu/'s environment (stages/train's e2e tests resume from one)"},
+	{"kiln-train --trajectories trajectories/step-3 --advantages advantages/step-3  --model /models/Qwen3-0.6B --out checkpoints/step-3 --dry-run   # print plan.json and the command",
+		"needs a model directory (stages/train/testdata/script runs --dry-run on a fixture model)"},
 	{`duckdb -c "SELECT count(*) FROM read_parquet([$(kiln ls --shards grades/step-3 | sed "s/.*/'&'/" | paste -sd,)])"`,
 		"needs the duckdb CLI (datasets.txtar checks kiln ls --shards)"},
 }

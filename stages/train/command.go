@@ -120,7 +120,8 @@ Examples:
        --model /models/Qwen3-0.6B --out checkpoints/step-3 --global-batch-size 64
    kiln-train --trajectories trajectories/step-4 --advantages advantages/step-4 \
        --model checkpoints/step-3 --resume-from checkpoints/step-3 --out checkpoints/step-4
-   kiln-train ... --dry-run          # print plan.json and the command`
+   kiln-train --trajectories trajectories/step-3 --advantages advantages/step-3 \
+       --model /models/Qwen3-0.6B --out checkpoints/step-3 --dry-run   # print plan.json and the command`
 
 // App is the kiln-train binary on env.
 func App(env *stagecmd.Env) *cli.App {
