@@ -7,6 +7,7 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -106,7 +107,17 @@ func TestRunCLIAgents(t *testing.T) {
 		}
 		return lookAround
 	})
-	o := w.options(startEngine(t, cliScript(model)))
+	var firstMu sync.Mutex
+	first := map[string]time.Time{} // session -> its first model call
+	script := cliScript(model)
+	o := w.options(startEngine(t, func(r enginetest.Request) enginetest.Output {
+		firstMu.Lock()
+		if _, ok := first[r.SessionID]; !ok {
+			first[r.SessionID] = time.Now()
+		}
+		firstMu.Unlock()
+		return script(r)
+	}))
 	o.Tasks = writeTasksWithAgents(t, w, "tasks-cli", harness.ClaudeCodeName, harness.CodexName)
 	o.Samples = 2
 	if !testing.Short() {
@@ -155,6 +166,20 @@ func TestRunCLIAgents(t *testing.T) {
 	assert.Equal(t, wantAgents[:min(len(wantAgents), len(w.set.Tasks))], got)
 
 	assert.Len(t, fixing, len(w.set.Tasks))
+
+	// Time from run start (boot, workspace, CLI start) to the first model
+	// call, per agent, for the record (BENCHMARKS.md).
+	lat := map[string][]time.Duration{}
+	for _, r := range rows {
+		if f, ok := first[sessionOf[r.RolloutID]]; ok {
+			lat[r.Agent] = append(lat[r.Agent], f.Sub(r.StartedAt))
+		}
+	}
+	for a, ds := range lat {
+		slices.Sort(ds)
+		t.Logf("%s: run start to first model call over %d runs: p50 %s, max %s", a, len(ds),
+			ds[len(ds)/2].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond))
+	}
 
 	// kiln-grade --rollouts rewards exactly the fixing samples.
 	var gerr bytes.Buffer
