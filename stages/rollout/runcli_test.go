@@ -121,7 +121,7 @@ func TestRunCLIAgents(t *testing.T) {
 	o.Tasks = writeTasksWithAgents(t, w, "tasks-cli", harness.ClaudeCodeName, harness.CodexName)
 	o.Samples = 2
 	if !testing.Short() {
-		o.Samples = 4 // the seeds' smoke shape: 2 tasks x 4 samples at once
+		o.Samples = 4 // the seeds' smoke shape or more: every fixture task x 4 samples at once
 	}
 	o.Jobs = o.Samples * len(w.set.Tasks)
 	o.MaxTurns = 8
