@@ -103,11 +103,11 @@ class Dist:
                 torch.cuda.set_device(self.local_rank)
             dist.init_process_group(backend)
 
-    def all_reduce_(self, t: torch.Tensor) -> torch.Tensor:
+    def all_reduce_(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         if self.on:
             import torch.distributed as dist
 
-            dist.all_reduce(t)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
         return t
 
     def close(self) -> None:
@@ -171,7 +171,29 @@ def micro_batch_step(model, ref_model, mb: MicroBatch, obj: Objective, divisor: 
         mb.loss_mask.to(device), denom, divisor, seg, mb.n_segments, ref_lp=ref_lp, spans=spans,
     )
     (out.loss * scale if scale != 1.0 else out.loss).backward()
-    return out.metrics if scale == 1.0 else {}
+    if scale != 1.0:
+        return {}
+    return {**out.metrics, "train_rollout_logprob_max_abs_diff": max_abs_logprob_diff(logits, target, mb, device)}
+
+
+# Metrics a step reduces by their maximum over micro-batches and ranks; the
+# others are sums of per-rollout-reduced terms.
+MAX_METRICS = ("train_rollout_logprob_max_abs_diff",)
+
+
+def max_abs_logprob_diff(logits, target, mb: MicroBatch, device) -> float:
+    """max |log_softmax(logits / T)[target] - rollout logprob| over the
+    trained tokens (loss mask 1) of the micro-batch: the on-policy identity
+    (docs/train-stage.md §13) needs the worst token, which the mean
+    train_rollout_logprob_abs_diff hides. Full-vocabulary logprobs, as the
+    engine reports them (docs/serve.md §4); 0 with no trained token."""
+    with torch.no_grad():
+        lg = logits.detach().float()
+        lp = lg.gather(-1, target.long().unsqueeze(-1)).squeeze(-1) - torch.logsumexp(lg, -1)
+        m = mb.loss_mask.to(device) > 0
+        if not bool(m.any()):
+            return 0.0
+        return float((lp - mb.rollout_logprobs.to(device).float())[m].abs().max())
 
 
 def build_optimizer(model, o: dict[str, Any]):
@@ -251,6 +273,7 @@ def run(plan: Plan, dist: Dist) -> dict:
         opt.zero_grad(set_to_none=True)
         mine = step.micro_batches[dist.rank::dist.world]
         sums: dict[str, float] = {}
+        maxes: dict[str, float] = {k: 0.0 for k in MAX_METRICS}
         tokens = 0
         n_rounds = math.ceil(len(step.micro_batches) / dist.world) if fsdp else len(mine)
         for j in range(n_rounds):
@@ -264,7 +287,11 @@ def run(plan: Plan, dist: Dist) -> dict:
                 m = micro_batch_step(model, ref_model, mb, obj, step.divisor, plan.temperature, device,
                                      autocast, scale=0.0, direct=False)
             for k, v in m.items():
-                if v is not None:
+                if v is None:
+                    continue
+                if k in maxes:
+                    maxes[k] = max(maxes[k], v)
+                else:
                     sums[k] = sums.get(k, 0.0) + v
         if dist.on and not fsdp:
             for p in model.parameters():
@@ -277,6 +304,10 @@ def run(plan: Plan, dist: Dist) -> dict:
         if dist.on:
             vec = dist.all_reduce_(vec.to(device)).cpu()
         metrics = dict(zip(keys, vec[:-1].tolist()))
+        mx = torch.tensor([maxes[k] for k in MAX_METRICS], dtype=torch.float64)
+        if dist.on:
+            mx = dist.all_reduce_(mx.to(device), op="max").cpu()
+        metrics.update(zip(MAX_METRICS, mx.tolist()))
         metrics.setdefault("entropy", None)
         tokens = int(vec[-1])
         gn = grad_norm_and_clip(model, float(plan.optimizer.get("grad_clip", 1.0)))
