@@ -10,6 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/kilnrl/kiln/internal/stagecmd"
+	"github.com/kilnrl/kiln/pipelines"
 )
 
 const testSpec = `N ?= 4
@@ -52,5 +53,45 @@ func TestPipelinePlannerDryRun(t *testing.T) {
 		if !strings.Contains(string(sh), w) {
 			t.Errorf("shards.sbatch lacks %q:\n%s", w, sh)
 		}
+	}
+}
+
+// TestPlanWithSlurm: kiln plan --slurm prints, after the plan, the jobs
+// kiln slurm would submit, compiled from the same targets.
+func TestPlanWithSlurm(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "p.kiln")
+	if err := os.WriteFile(file, []byte(testSpec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	env := &stagecmd.Env{Stdout: &out, Stderr: &errb, Log: stagecmd.NewLogger(&errb, false)}
+	o := Options{Plan: PipelinePlanner(env), Kiln: "/opt/kiln"}
+	cmds := pipelines.Commands(env)
+	for _, c := range cmds {
+		if c.Name == "plan" {
+			PlanWithSlurm(env, c, o)
+		}
+	}
+	app := env.App(&cli.App{Name: "kiln", Commands: cmds})
+	args := []string{"kiln", "--store", filepath.Join(dir, "store"), "plan", file, "N=3", "--slurm", "--slurm-dir", filepath.Join(dir, "run")}
+	if code := stagecmd.Main(app, args, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	want := `run  data: never built
+run  engine: started for shards
+run  shards: prerequisite data runs first
+run  final: prerequisite shards runs first
+sbatch data.sbatch
+sbatch engine.sbatch service afterok=data
+sbatch shards.sbatch array=0-2%2 afterok=data after=engine cpus=1
+sbatch final.sbatch afterok=shards
+slurm: 4 job(s) to submit; 0 target(s) already in Slurm
+`
+	if out.String() != want {
+		t.Errorf("kiln plan --slurm printed\n%s\nwant\n%s", out.String(), want)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "run")); err == nil {
+		t.Error("kiln plan --slurm wrote the run directory")
 	}
 }

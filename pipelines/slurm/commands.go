@@ -61,6 +61,7 @@ func slurmCommand(env *stagecmd.Env, o Options) *cli.Command {
 	var f slurmFlags
 	return &cli.Command{
 		Name:      "slurm",
+		Category:  "pipelines",
 		Usage:     "submit a pipeline's unfinished targets to Slurm as chained sbatch jobs, then exit",
 		ArgsUsage: "FILE [TARGET...] [VAR=value...]",
 		Description: `Plans FILE as "kiln plan" does and submits every target that is not done
@@ -82,9 +83,12 @@ Scripts, logs (DIR/logs) and the record of submitted job IDs live in the
 run directory, --dir (default .kiln-slurm/NAME beside FILE), which must be
 on a filesystem every node sees.
 
+The second example writes the sbatch scripts of train/3 and what it needs
+into the directory jobs, with submit.order, and submits nothing.
+
 Examples:
   kiln slurm rl.kiln STEPS=10
-  kiln slurm rl.kiln train/3 --dry-run /tmp/jobs   # write the sbatch scripts, submit nothing
+  kiln slurm rl.kiln train/3 --dry-run jobs
   kiln status rl.kiln STEPS=10`,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
@@ -151,6 +155,7 @@ func statusCommand(env *stagecmd.Env, o Options) *cli.Command {
 	var dirFlag string
 	return &cli.Command{
 		Name:      "status",
+		Category:  "pipelines",
 		Usage:     "each target's state, from the store and from Slurm (squeue, sacct)",
 		ArgsUsage: "FILE [TARGET...] [VAR=value...]",
 		Description: `Prints one line per target: its name, its state, the Slurm job ID and a
@@ -412,4 +417,107 @@ func writeRecord(dir string, rec map[string]string) error {
 		return fmt.Errorf("writing the job record: %w", err)
 	}
 	return os.Rename(tmp, filepath.Join(dir, recordFile))
+}
+
+// PlanWithSlurm adds --slurm to kiln plan (the pipelines package's plan
+// command, which cannot import this package): after the plan's lines it
+// prints the sbatch jobs kiln slurm would submit now, in submission order,
+// one line each, compiled by the same code as kiln slurm (targets done or
+// still live in Slurm are left out, as kiln slurm leaves them).
+func PlanWithSlurm(env *stagecmd.Env, plan *cli.Command, o Options) {
+	var on bool
+	var dirFlag string
+	plan.Flags = append(plan.Flags,
+		&cli.BoolFlag{Name: "slurm", Destination: &on, Usage: "also print the sbatch jobs kiln slurm would submit (array, afterok and after dependencies)"},
+		&cli.StringFlag{Name: "slurm-dir", Destination: &dirFlag, Usage: "with --slurm, the run `DIR` kiln slurm uses (default .kiln-slurm/NAME beside FILE)"})
+	plan.Description += `
+
+With --slurm it then prints the jobs kiln slurm would submit, in order:
+"sbatch FILE.sbatch" with array=0-(N-1)%T for a sharded target,
+afterok=PREREQS, after=SERVICES, and the resources asked for.`
+	inner := plan.Action
+	plan.Action = func(c *cli.Context) error {
+		if err := inner(c); err != nil || !on {
+			return err
+		}
+		file, goals, vars, err := parseArgs(c)
+		if err != nil {
+			return err
+		}
+		dir, err := runDir(file, dirFlag)
+		if err != nil {
+			return err
+		}
+		targets, err := o.Plan(c.Context, c, file, goals, vars)
+		if err != nil {
+			return err
+		}
+		rec, err := readRecord(dir)
+		if err != nil {
+			return err
+		}
+		live, err := liveJobs(c.Context, targets, rec)
+		if err != nil {
+			return err
+		}
+		jobs, err := o.jobs(c, file, targets, vars, live)
+		if err != nil {
+			return err
+		}
+		scripts, err := compile(jobs, CompileOptions{Dir: dir}, func(n string) bool { return live[n] != "" })
+		if err != nil {
+			return err
+		}
+		return printJobs(env.Stdout, scripts, jobs, live)
+	}
+}
+
+// printJobs writes one line per compiled job (kiln plan --slurm).
+func printJobs(w io.Writer, scripts []Script, jobs []Job, live map[string]string) error {
+	byName := map[string]Job{}
+	for _, j := range jobs {
+		byName[j.Name] = j
+	}
+	if len(scripts) == 0 {
+		_, err := fmt.Fprintf(w, "slurm: nothing to submit (%d target(s) already in Slurm)\n", len(live))
+		return err
+	}
+	for _, s := range scripts {
+		j := byName[s.Name]
+		var b strings.Builder
+		fmt.Fprintf(&b, "sbatch %s", s.File)
+		if j.Shards > 0 {
+			fmt.Fprintf(&b, " array=0-%d", j.Shards-1)
+			if j.Throttle > 0 {
+				fmt.Fprintf(&b, "%%%d", j.Throttle)
+			}
+		}
+		if j.Service {
+			b.WriteString(" service")
+		}
+		if len(s.After) > 0 {
+			fmt.Fprintf(&b, " afterok=%s", strings.Join(s.After, ","))
+		}
+		if len(s.Started) > 0 {
+			fmt.Fprintf(&b, " after=%s", strings.Join(s.Started, ","))
+		}
+		for _, r := range []struct {
+			k string
+			v int
+		}{{"cpus", j.CPUs}, {"gpus", j.GPUs}, {"nodes", j.Nodes}} {
+			if r.v > 0 {
+				fmt.Fprintf(&b, " %s=%d", r.k, r.v)
+			}
+		}
+		for _, r := range [][2]string{{"memory", j.Memory}, {"time", j.Time}, {"partition", j.Partition}} {
+			if r[1] != "" {
+				fmt.Fprintf(&b, " %s=%s", r[0], r[1])
+			}
+		}
+		if _, err := fmt.Fprintln(w, b.String()); err != nil {
+			return err
+		}
+	}
+	_, err := fmt.Fprintf(w, "slurm: %d job(s) to submit; %d target(s) already in Slurm\n", len(scripts), len(live))
+	return err
 }
