@@ -430,11 +430,15 @@ func PlanWithSlurm(env *stagecmd.Env, plan *cli.Command, o Options) {
 	plan.Flags = append(plan.Flags,
 		&cli.BoolFlag{Name: "slurm", Destination: &on, Usage: "also print the sbatch jobs kiln slurm would submit (array, afterok and after dependencies)"},
 		&cli.StringFlag{Name: "slurm-dir", Destination: &dirFlag, Usage: "with --slurm, the run `DIR` kiln slurm uses (default .kiln-slurm/NAME beside FILE)"})
-	plan.Description += `
-
-With --slurm it then prints the jobs kiln slurm would submit, in order:
+	// The paragraph goes before the examples, the example after them.
+	para := `With --slurm it then prints the jobs kiln slurm would submit, in order:
 "sbatch FILE.sbatch" with array=0-(N-1)%T for a sharded target,
 afterok=PREREQS, after=SERVICES, and the resources asked for.`
+	if before, after, ok := strings.Cut(plan.Description, "\n\nExamples:"); ok {
+		plan.Description = before + "\n\n" + para + "\n\nExamples:" + after + "\n   kiln plan rl.kiln STEPS=10 --slurm"
+	} else {
+		plan.Description += "\n\n" + para
+	}
 	inner := plan.Action
 	plan.Action = func(c *cli.Context) error {
 		if err := inner(c); err != nil || !on {
