@@ -6,13 +6,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kilnrl/kiln/internal/testenv"
+	"github.com/kilnrl/kiln/internal/testenv/gputest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -131,7 +130,7 @@ func TestMicroBatchTensors(t *testing.T) {
 // The Python safetensors library (the gpu venv's) reads the files as the
 // Go reader does: same names, dtypes, shapes and values.
 func TestSafetensorsPython(t *testing.T) {
-	py := gpuPython(t)
+	py := gputest.Find(t).Python
 	dir := t.TempDir()
 	tensors := []Tensor{
 		{"tokens", []int32{1, -2, 151643}}, {"seq_offsets", []int64{0, 3, 1 << 40}},
@@ -177,19 +176,4 @@ print(json.dumps({k: v.tolist() for k, v in load_file(sys.argv[1]).items()}))`, 
 	for name, v := range ts {
 		assert.Equal(t, asFloats(v), fromPy[name], name)
 	}
-}
-
-// gpuPython is the gpu venv's interpreter (scripts/install-gpu-deps.sh);
-// without it the test skips (fails under CI=true).
-func gpuPython(t *testing.T) string {
-	home, _ := os.UserHomeDir()
-	b, err := os.ReadFile(filepath.Join(home, ".cache", "kiln", "gpu-venv-current"))
-	if err != nil {
-		testenv.SkipOrFail(t, "no gpu venv (~/.cache/kiln/gpu-venv-current): run scripts/install-gpu-deps.sh")
-	}
-	py := filepath.Join(strings.TrimSpace(string(b)), "bin", "python")
-	if _, err := os.Stat(py); err != nil {
-		testenv.SkipOrFail(t, "gpu venv python %s: %v: run scripts/install-gpu-deps.sh", py, err)
-	}
-	return py
 }

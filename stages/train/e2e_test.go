@@ -2,16 +2,13 @@ package train
 
 import (
 	"context"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnrl/kiln/formats/dataset"
-	"github.com/kilnrl/kiln/internal/testenv"
+	"github.com/kilnrl/kiln/internal/testenv/gputest"
 )
 
 // The stage with the real trainer (gpu/kiln_gpu/train.py) on the tiny
@@ -25,21 +22,10 @@ func TestRealTrainerTiny(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trains a model on CPU")
 	}
-	py := gpuPython(t)
-	home, _ := os.UserHomeDir()
-	if os.Getenv("KILN_QWEN3_TOKENIZER") == "" {
-		if _, err := os.Stat(filepath.Join(home, ".cache", "kiln", "qwen3-tokenizer-current")); err != nil {
-			testenv.SkipOrFail(t, "no Qwen3 tokenizer in the cache: run scripts/install-gpu-deps.sh")
-		}
-	}
-	gpu, err := filepath.Abs(filepath.Join("..", "..", "gpu"))
-	require.NoError(t, err)
+	ge := gputest.Find(t)
+	py, gpu := ge.Python, ge.Dir
 	w := newWorld(t)
-	tiny := filepath.Join(t.TempDir(), "tiny")
-	cmd := exec.Command(py, "-m", "kiln_gpu.tiny", "--out", tiny)
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+gpu)
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	tiny := ge.Tiny(t)
 
 	ctx := context.Background()
 	args := func(extra ...string) []string {
@@ -94,9 +80,8 @@ func TestRealTrainerTopP(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trains a model on CPU")
 	}
-	py := gpuPython(t)
-	gpu, err := filepath.Abs(filepath.Join("..", "..", "gpu"))
-	require.NoError(t, err)
+	ge := gputest.Find(t)
+	py, gpu := ge.Python, ge.Dir
 	w := newWorld(t)
 	segs := fixture()
 	for i := range segs {
@@ -111,13 +96,7 @@ func TestRealTrainerTopP(t *testing.T) {
 	}
 	traj := putSegments(t, w.st, "trajectories-topp", segs)
 	adv := putAdvantages(t, w.st, "advantages-topp", traj, segs)
-	tiny := filepath.Join(t.TempDir(), "tiny")
-	cmd := exec.Command(py, "-m", "kiln_gpu.tiny", "--out", tiny)
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+gpu)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		testenv.SkipOrFail(t, "building the tiny checkpoint (needs the Qwen3 tokenizer: scripts/install-gpu-deps.sh): %v: %s", err, out)
-	}
+	tiny := ge.Tiny(t)
 	stdout, stderr, code := w.run(t, "--python", py, "--gpu-dir", gpu, "--trajectories", traj.String(), "--advantages", adv.String(),
 		"--model", tiny, "--out", "tiny-topp", "--objective", "reinforce", "--score-centering", "--lr", "1e-4")
 	require.Equal(t, 0, code, "stderr:\n%s", stderr)

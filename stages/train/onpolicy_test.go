@@ -1,7 +1,6 @@
 package train
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -29,7 +27,7 @@ import (
 	"github.com/kilnrl/kiln/internal/sandbox/sandboxtest"
 	"github.com/kilnrl/kiln/internal/stagecmd"
 	"github.com/kilnrl/kiln/internal/stagecmd/stagetest"
-	"github.com/kilnrl/kiln/internal/testenv"
+	"github.com/kilnrl/kiln/internal/testenv/gputest"
 	"github.com/kilnrl/kiln/stages/advantages"
 	"github.com/kilnrl/kiln/stages/convert"
 	"github.com/kilnrl/kiln/stages/images"
@@ -56,27 +54,17 @@ func TestOnPolicyIdentity(t *testing.T) {
 	if testing.Short() {
 		t.Skip("serves a model, runs sandboxed agents and trains on CPU")
 	}
-	py := gpuPython(t)
+	ge := gputest.Find(t)
+	py, gpu := ge.Python, ge.Dir
 	home, err := os.UserHomeDir()
 	require.NoError(t, err)
-	if os.Getenv("KILN_QWEN3_TOKENIZER") == "" {
-		if _, err := os.Stat(filepath.Join(home, ".cache", "kiln", "qwen3-tokenizer-current")); err != nil {
-			testenv.SkipOrFail(t, "no Qwen3 tokenizer in the cache: run scripts/install-gpu-deps.sh")
-		}
-	}
 	sandboxtest.Require(t)
-	gpu, err := filepath.Abs(filepath.Join("..", "..", "gpu"))
-	require.NoError(t, err)
 	ctx := context.Background()
 	root := t.TempDir()
 
 	// The tiny checkpoint: served, and the trainer's base model.
-	tiny := filepath.Join(root, "tiny")
-	cmd := exec.Command(py, "-m", "kiln_gpu.tiny", "--out", tiny)
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+gpu)
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "kiln_gpu.tiny: %s", out)
-	url := startServe(t, py, gpu, tiny, root)
+	tiny := ge.Tiny(t)
+	url := ge.Serve(t, tiny, "--seed", "5")
 
 	// Tasks and images from the fixtures, the shell agent and the sandbox
 	// helper built static (they run on the image's libc).
@@ -87,7 +75,7 @@ func TestOnPolicyIdentity(t *testing.T) {
 	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
 	build := exec.Command(goBin, "build", "-o", filepath.Join(tools, harness.ShellAgentName), "github.com/kilnrl/kiln/cmd/kiln-agent")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	out, err = build.CombinedOutput()
+	out, err := build.CombinedOutput()
 	require.NoError(t, err, "building kiln-agent: %s", out)
 	set, err := fixtures.Load(ctx)
 	require.NoError(t, err)
@@ -180,50 +168,6 @@ func TestOnPolicyIdentity(t *testing.T) {
 	// Ratio 1: nothing clipped, no KL between the trainer's old and new.
 	assert.Zero(t, first("pg_clipfrac"))
 	assert.InDelta(t, 0, first("ppo_kl"), onPolicyTolerance)
-}
-
-// startServe starts python -m kiln_gpu.serve on the checkpoint ckpt
-// (docs/serve.md §1) and returns its base URL once it listens.
-func startServe(t *testing.T, py, gpu, ckpt, dir string) string {
-	t.Helper()
-	portFile := filepath.Join(dir, "serve.port")
-	ctx, cancel := context.WithCancel(context.Background())
-	srv := exec.CommandContext(ctx, py, "-m", "kiln_gpu.serve", "--model", ckpt, "--port", "0",
-		"--port-file", portFile, "--served-model-name", "tiny", "--seed", "5")
-	srv.Env = append(os.Environ(), "PYTHONPATH="+gpu)
-	logf, err := os.Create(filepath.Join(dir, "serve.log"))
-	require.NoError(t, err)
-	srv.Stdout, srv.Stderr = logf, logf
-	require.NoError(t, srv.Start())
-	exited := make(chan struct{})
-	go func() { _ = srv.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		cancel()
-		<-exited
-		_ = logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("serve.log:\n%s", b)
-		}
-	})
-	deadline := time.Now().Add(120 * time.Second)
-	for time.Now().Before(deadline) {
-		if b, err := os.ReadFile(portFile); err == nil {
-			sc := bufio.NewScanner(bytes.NewReader(b))
-			if sc.Scan() {
-				if p, err := strconv.Atoi(strings.TrimSpace(sc.Text())); err == nil {
-					return "http://127.0.0.1:" + strconv.Itoa(p)
-				}
-			}
-		}
-		select {
-		case <-exited:
-			t.Fatalf("kiln_gpu.serve exited before writing %s", portFile)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	t.Fatalf("kiln_gpu.serve did not write %s within 120s", portFile)
-	return ""
 }
 
 // putGrades commits a grades version with reward 1 for every rollout row.

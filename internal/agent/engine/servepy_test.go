@@ -1,94 +1,32 @@
 package engine_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"math"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnrl/kiln/internal/agent/engine"
 	"github.com/kilnrl/kiln/internal/agent/enginetest"
-	"github.com/kilnrl/kiln/internal/testenv"
+	"github.com/kilnrl/kiln/internal/testenv/gputest"
 )
 
-// startServePy builds the tiny Qwen3 checkpoint (docs/train.md §5) in a temp
-// dir and starts python -m kiln_gpu.serve on it (docs/serve.md §1); it
-// returns the base URL. The venv and the tokenizer come from
-// scripts/install-gpu-deps.sh: missing, the test skips (fails under CI=true).
+// startServePy builds the tiny Qwen3 checkpoint (docs/train.md §5) and
+// starts python -m kiln_gpu.serve on it (docs/serve.md §1); it returns the
+// base URL. Without gpu/'s environment the test skips (fails under CI=true).
 func startServePy(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a Python model server")
 	}
-	home, _ := os.UserHomeDir()
-	b, err := os.ReadFile(filepath.Join(home, ".cache", "kiln", "gpu-venv-current"))
-	if err != nil {
-		testenv.SkipOrFail(t, "no gpu venv (~/.cache/kiln/gpu-venv-current): run scripts/install-gpu-deps.sh")
-	}
-	py := filepath.Join(strings.TrimSpace(string(b)), "bin", "python")
-	if _, err := os.Stat(py); err != nil {
-		testenv.SkipOrFail(t, "gpu venv python %q missing: run scripts/install-gpu-deps.sh", py)
-	}
-	if _, err := os.Stat(filepath.Join(home, ".cache", "kiln", "qwen3-tokenizer-current")); err != nil && os.Getenv("KILN_QWEN3_TOKENIZER") == "" {
-		testenv.SkipOrFail(t, "no Qwen3 tokenizer (~/.cache/kiln/qwen3-tokenizer-current): run scripts/install-gpu-deps.sh")
-	}
-	gpuDir, err := filepath.Abs(filepath.Join("..", "..", "..", "gpu"))
-	require.NoError(t, err)
-	env := append(os.Environ(), "PYTHONPATH="+gpuDir)
-	dir := t.TempDir()
-	ckpt := filepath.Join(dir, "tiny")
-	build := exec.Command(py, "-m", "kiln_gpu.tiny", "--out", ckpt)
-	build.Env = env
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "kiln_gpu.tiny: %s", out)
-
-	portFile := filepath.Join(dir, "port")
-	ctx, cancel := context.WithCancel(context.Background())
-	srv := exec.CommandContext(ctx, py, "-m", "kiln_gpu.serve", "--model", ckpt, "--port", "0",
-		"--port-file", portFile, "--served-model-name", "tiny")
-	srv.Env = env
-	logf, err := os.Create(filepath.Join(dir, "serve.log"))
-	require.NoError(t, err)
-	srv.Stdout, srv.Stderr = logf, logf
-	require.NoError(t, srv.Start())
-	t.Cleanup(func() {
-		cancel()
-		_ = srv.Wait()
-		_ = logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("serve.log:\n%s", b)
-		}
-	})
-	deadline := time.Now().Add(120 * time.Second)
-	for time.Now().Before(deadline) {
-		if b, err := os.ReadFile(portFile); err == nil {
-			sc := bufio.NewScanner(strings.NewReader(string(b)))
-			if sc.Scan() {
-				if p, err := strconv.Atoi(strings.TrimSpace(sc.Text())); err == nil {
-					return "http://127.0.0.1:" + strconv.Itoa(p)
-				}
-			}
-		}
-		if srv.ProcessState != nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("kiln_gpu.serve did not write %s within 120s", portFile)
-	return ""
+	ge := gputest.Find(t)
+	return ge.Serve(t, ge.Tiny(t))
 }
 
 // tokenizeText encodes text with /tokenize's prompt form (no special tokens).
