@@ -158,7 +158,7 @@ func Main(app *cli.App, args []string, stderr io.Writer) int {
 
 // InterruptedMessage is what every binary prints when a signal stopped it.
 func InterruptedMessage(cause error) string {
-	return fmt.Sprintf("interrupted (%v): what was finished is kept in the store (written shards, committed versions); rerun the same command to resume where it stopped", cause)
+	return fmt.Sprintf("interrupted (%v): what was finished is kept in the store (committed versions, and the finished rows of stages that keep row receipts); rerun the same command to finish, redoing only what no receipt covers", cause)
 }
 
 // Dispatch finds the binary for a subcommand git-style: "kiln convert ..."
