@@ -83,7 +83,7 @@ func TestMainSignal(t *testing.T) {
 			assert.Equal(t, ExitCancelled, code)
 			assert.Contains(t, errb.String(), "kiln-x: interrupted (")
 			assert.Contains(t, errb.String(), "kept in the store")
-			assert.Contains(t, errb.String(), "rerun the same command to resume")
+			assert.Contains(t, errb.String(), "rerun the same command to finish")
 			assert.NotContains(t, errb.String(), "store stopped reading")
 		})
 	}
