@@ -83,7 +83,7 @@ func stageCommands(env *stagecmd.Env) []*cli.Command {
 	return append(cmds, Commands(env)...)
 }
 
-func newRunWorld(t *testing.T) *runWorld {
+func newRunWorld(t testing.TB) *runWorld {
 	t.Helper()
 	sandboxtest.Require(t)
 	tools, err := runTools()
@@ -280,14 +280,14 @@ func (m *scriptedModel) behaviours() map[string]behaviour {
 	return out
 }
 
-func startEngine(t *testing.T, s enginetest.Script) string {
+func startEngine(t testing.TB, s enginetest.Script) string {
 	t.Helper()
 	srv := httptest.NewServer(enginetest.New(enginetest.Options{Script: s, MaxModelLen: 1 << 16}))
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
 
-func readRollouts(t *testing.T, st store.Store, ref dataset.Ref) []records.Rollout {
+func readRollouts(t testing.TB, st store.Store, ref dataset.Ref) []records.Rollout {
 	t.Helper()
 	v, err := dataset.Open(context.Background(), st, ref)
 	require.NoError(t, err)
@@ -298,7 +298,7 @@ func readRollouts(t *testing.T, st store.Store, ref dataset.Ref) []records.Rollo
 	return rows
 }
 
-func readTurns(t *testing.T, st store.Store, ref dataset.Ref) []records.Turn {
+func readTurns(t testing.TB, st store.Store, ref dataset.Ref) []records.Turn {
 	t.Helper()
 	v, err := dataset.Open(context.Background(), st, ref)
 	require.NoError(t, err)
@@ -309,7 +309,7 @@ func readTurns(t *testing.T, st store.Store, ref dataset.Ref) []records.Turn {
 	return out
 }
 
-func readSegments(t *testing.T, st store.Store, ref dataset.Ref) []records.Trajectory {
+func readSegments(t testing.TB, st store.Store, ref dataset.Ref) []records.Trajectory {
 	t.Helper()
 	v, err := dataset.Open(context.Background(), st, ref)
 	require.NoError(t, err)
