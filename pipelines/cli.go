@@ -73,6 +73,7 @@ func Commands(env *stagecmd.Env) []*cli.Command {
 		keepGoing bool
 		stale     time.Duration
 		only      string
+		shard     int
 	}
 	return []*cli.Command{
 		{
@@ -90,6 +91,14 @@ the independent ones). A run holds the pipeline's lock in the store; a
 second run fails with a message naming the holder. After a crash or
 Ctrl-C, run again: done targets are recorded and are not rerun.
 
+--only TARGET runs that one target, without the lock, once its
+prerequisites are done: what each job of kiln slurm runs. With --shard N
+it runs only shard N of a sharded target (an array task); the target is
+done once every shard has committed its part of the one version. A
+service target with --only runs in the foreground until SIGTERM and is
+never recorded done; a user of a service whose health check already
+passes does not start it again.
+
 ` + specHelp + `
 
 Examples:
@@ -102,7 +111,8 @@ key:KEY for a target without an output dataset).`,
 				stagecmd.StoreFlag(),
 				&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: 1, Destination: &ro.jobs, Usage: "targets to run at the same time"},
 				&cli.BoolFlag{Name: "keep-going", Aliases: []string{"k"}, Destination: &ro.keepGoing, Usage: "after a failure, still run targets that do not depend on it"},
-				&cli.StringFlag{Name: "only", Destination: &ro.only, Usage: "run exactly this target (its prerequisites must be done): what a Slurm job runs"},
+				&cli.StringFlag{Name: "only", Destination: &ro.only, Usage: "run exactly this target (its prerequisites must be done): what a Slurm job runs; a service target runs in the foreground until stopped"},
+				&cli.IntFlag{Name: "shard", Value: -1, DefaultText: "every shard", Destination: &ro.shard, Usage: "with --only, run only shard `N` (0-based) of a sharded target: what a Slurm array task runs; the target is done when every shard is"},
 				&cli.DurationFlag{Name: "lock-stale", Value: 2 * time.Minute, Destination: &ro.stale, Usage: "take over a lock not refreshed for this long"},
 			},
 			Action: func(c *cli.Context) error {
@@ -110,9 +120,25 @@ key:KEY for a target without an output dataset).`,
 				if err != nil {
 					return err
 				}
+				var shards []int
+				if ro.shard >= 0 {
+					if ro.only == "" {
+						return stagecmd.Usagef("run: --shard N needs --only TARGET (the sharded target)")
+					}
+					shards = []int{ro.shard}
+				}
 				if ro.only != "" {
 					if err := plan.Only(ro.only); err != nil {
 						return stagecmd.Usagef("run: %v", err)
+					}
+					t := plan.Target(ro.only)
+					if shards != nil && ro.shard >= max(t.Attrs.Shards, 1) {
+						return stagecmd.Usagef("run: --shard %d: %s has %d shard(s), 0..%d", ro.shard, t.Name, max(t.Attrs.Shards, 1), max(t.Attrs.Shards, 1)-1)
+					}
+					if t.Service {
+						// A service's own job (Slurm's companion job):
+						// run it until stopped; it is never recorded done.
+						return plan.Serve(c.Context, t.Name, env.Stderr)
 					}
 				}
 				todo := 0
@@ -122,7 +148,7 @@ key:KEY for a target without an output dataset).`,
 					}
 				}
 				prog := stagecmd.NewProgress(env.Stderr, env.Log, "pipeline "+plan.Spec.Name, "targets", int64(todo))
-				res, err := plan.Run(c.Context, RunOptions{Jobs: ro.jobs, KeepGoing: ro.keepGoing, Output: env.Stderr, LockStale: ro.stale, NoLock: ro.only != "",
+				res, err := plan.Run(c.Context, RunOptions{Jobs: ro.jobs, KeepGoing: ro.keepGoing, Output: env.Stderr, LockStale: ro.stale, NoLock: ro.only != "", Shards: shards,
 					OnEvent: func(t *Target, ev string) {
 						switch ev {
 						case "start":
@@ -276,7 +302,7 @@ func Verify(c *cli.Context, env *stagecmd.Env, file string) error {
 	for i, l := range t.Recipe {
 		vt.Recipe[i] = strings.ReplaceAll(strings.ReplaceAll(l, "--out="+t.Out, "--out="+scratch), "--out "+t.Out, "--out "+scratch)
 	}
-	ref, err := plan.runShards(ctx, &vt, RunOptions{Output: env.Stderr}, new(sync.Mutex), new(bytes.Buffer))
+	ref, err := plan.runShards(ctx, &vt, RunOptions{Output: env.Stderr}, new(sync.Mutex), new(bytes.Buffer), nil)
 	if err != nil {
 		return fmt.Errorf("verify %s: rerunning it: %w", t.Name, err)
 	}

@@ -36,6 +36,12 @@ type RunOptions struct {
 	// NoLock skips the pipeline lock: for one-target runs (--only), which
 	// run concurrently as separate Slurm jobs of one submission.
 	NoLock bool
+	// Shards, when not nil, runs only these shards of a sharded target (a
+	// Slurm array task runs its own: kiln run --only T --shard N). Each
+	// shard that succeeds is recorded under _pipelines/NAME/shards/KEY/;
+	// the target is done when every shard is, all with the same ref (the
+	// one version the shards wrote parts of). Nil: every shard.
+	Shards []int
 }
 
 // Lock is the pipeline's lock object in the store.
@@ -352,6 +358,15 @@ func (p *Plan) startServices(ctx context.Context, t *Target, services map[string
 		}
 		mu.Lock()
 		s := services[d]
+		if s == nil && st.Attrs.Health != "" && p.healthy(ctx, st) {
+			// Already up: another process runs it (the service's Slurm
+			// companion job, which the user's job waited for); this run
+			// neither starts nor stops it.
+			s = &service{done: make(chan struct{})}
+			close(s.done)
+			services[d] = s
+			p.opts.Log.Info("service already healthy; using it", "service", st.Name, "target", t.Name)
+		}
 		if s == nil {
 			s = &service{done: make(chan struct{})}
 			services[d] = s
@@ -400,6 +415,13 @@ func (p *Plan) startServices(ctx context.Context, t *Target, services map[string
 	return nil
 }
 
+// healthy reports whether service t's health command passes now.
+func (p *Plan) healthy(ctx context.Context, t *Target) bool {
+	h := exec.CommandContext(ctx, "sh", "-c", t.Attrs.Health)
+	h.Dir, h.Env = filepath.Dir(p.Spec.Path), p.env(t, -1)
+	return h.Run() == nil
+}
+
 func (p *Plan) env(t *Target, shard int) []string {
 	env := append(os.Environ(), "KILN_STORE="+p.opts.Store.URI(), "KILN_TARGET="+t.Name,
 		"KILN_STEP="+strconv.Itoa(t.Step), "KILN_SHARDS="+strconv.Itoa(max(t.Attrs.Shards, 1)))
@@ -416,30 +438,140 @@ func (p *Plan) build(ctx context.Context, t *Target, o RunOptions, outMu *sync.M
 	var logBuf bytes.Buffer
 	var ref string
 	var err error
+	var only []int
+	if t.Attrs.Shards > 1 {
+		only = o.Shards
+	}
 	for attempt := 0; attempt <= t.Attrs.Retries; attempt++ {
 		if attempt > 0 {
 			p.opts.Log.Warn("retrying", "target", t.Name, "attempt", attempt+1, "err", err)
 		}
-		ref, err = p.runShards(ctx, t, o, outMu, &logBuf)
+		ref, err = p.runShards(ctx, t, o, outMu, &logBuf, only)
 		if err == nil || ctx.Err() != nil {
 			break
 		}
 	}
 	logKey := p.rec.prefix + "logs/" + t.Name + "/" + t.Key + ".log"
+	if only != nil {
+		logKey = p.rec.prefix + "logs/" + t.Name + "/" + t.Key + ".shard-" + joinInts(only) + ".log"
+	}
 	if _, perr := p.opts.Store.Put(context.WithoutCancel(ctx), logKey, bytes.NewReader(logBuf.Bytes()), int64(logBuf.Len())); perr != nil {
 		p.opts.Log.Warn("keeping the target's output failed", "target", t.Name, "err", perr)
 	}
 	if err != nil {
 		return fmt.Errorf("target %s (%s:%d): %w; its output is in the store at %s", t.Name, t.Pos.File, t.Pos.Line, err, logKey)
 	}
+	if only != nil {
+		return p.shardsDone(ctx, t, only, ref, RunInfo{Start: start, End: time.Now(), Log: logKey})
+	}
 	return p.MarkDoneRun(ctx, t, ref, RunInfo{Start: start, End: time.Now(), Log: logKey})
 }
 
-func (p *Plan) runShards(ctx context.Context, t *Target, o RunOptions, outMu *sync.Mutex, logBuf *bytes.Buffer) (string, error) {
-	n := max(t.Attrs.Shards, 1)
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}
+
+// shardsDone records that the shards in only succeeded with ref, then marks
+// t done if every shard of it has: the shards of one target run as separate
+// processes (Slurm array tasks) with no driver, so the last to finish
+// finds all the others' records and marks the target (its part was the
+// last to land, so the version is committed). Two shards finishing at once
+// may both mark it; the record is the same.
+func (p *Plan) shardsDone(ctx context.Context, t *Target, only []int, ref string, ri RunInfo) error {
+	st := p.opts.Store
+	prefix := p.rec.prefix + "shards/" + t.Key + "/"
+	for _, i := range only {
+		b := []byte(ref)
+		if _, err := st.Put(ctx, prefix+strconv.Itoa(i), bytes.NewReader(b), int64(len(b))); err != nil {
+			return fmt.Errorf("target %s: recording shard %d done in %s: %w", t.Name, i, st.URI(), err)
+		}
+	}
+	refs := map[string]string{}
+	err := st.List(ctx, prefix, func(info store.Info) error {
+		b, _, err := store.ReadAll(ctx, st, info.Key)
+		if err != nil {
+			return err
+		}
+		refs[strings.TrimPrefix(info.Key, prefix)] = string(b)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("target %s: reading its shards' records: %w", t.Name, err)
+	}
+	for i := 0; i < t.Attrs.Shards; i++ {
+		r, ok := refs[strconv.Itoa(i)]
+		if !ok {
+			p.opts.Log.Info("shard done; the target is done when every shard is", "target", t.Name, "shards", joinInts(only), "of", t.Attrs.Shards)
+			return nil
+		}
+		if r != ref {
+			return fmt.Errorf("target %s: shards printed different refs (%q, %q): the shards must write parts of one version", t.Name, r, ref)
+		}
+	}
+	if t.Out != "" {
+		if _, err := dataset.OpenString(ctx, st, ref); err != nil {
+			return fmt.Errorf("target %s: every shard is done but the store does not hold %s: %w", t.Name, ref, err)
+		}
+	}
+	return p.MarkDoneRun(ctx, t, ref, ri)
+}
+
+// Serve runs the service target name in the foreground until it exits or
+// ctx ends (then SIGTERM to its process group, SIGKILL after 5 s): what a
+// Slurm companion job runs (kiln run FILE --only SERVICE). A service is
+// never recorded done; a stop by ctx is a clean end.
+func (p *Plan) Serve(ctx context.Context, name string, output io.Writer) error {
+	t := p.byName[name]
+	if t == nil || !t.Service {
+		return fmt.Errorf("%q is not a service target", name)
+	}
+	if output == nil {
+		output = io.Discard
+	}
+	cmd := exec.Command("sh", "-c", strings.Join(t.Recipe, "\n"))
+	cmd.Dir = filepath.Dir(p.Spec.Path)
+	cmd.Env = p.env(t, -1)
+	pw := &prefixWriter{w: output, mu: new(sync.Mutex), prefix: "[" + t.Name + "] "}
+	cmd.Stdout, cmd.Stderr = pw, pw
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting service %s: %w", t.Name, err)
+	}
+	s := &service{cmd: cmd, done: make(chan struct{})}
+	var werr error
+	go func() { werr = cmd.Wait(); close(s.done) }()
+	select {
+	case <-s.done:
+		pw.flush()
+		if werr != nil {
+			return fmt.Errorf("service %s (%s:%d) exited: %w", t.Name, t.Pos.File, t.Pos.Line, werr)
+		}
+		return nil
+	case <-ctx.Done():
+		s.stop()
+		pw.flush()
+		return nil
+	}
+}
+
+// runShards runs t's recipe once per shard (only those in only, when not
+// nil) and returns the ref they printed. With only, the version may still
+// wait for other shards' parts, so it is not required to be committed.
+func (p *Plan) runShards(ctx context.Context, t *Target, o RunOptions, outMu *sync.Mutex, logBuf *bytes.Buffer, only []int) (string, error) {
+	shards := only
+	if shards == nil {
+		for i := 0; i < max(t.Attrs.Shards, 1); i++ {
+			shards = append(shards, i)
+		}
+	}
+	n := len(shards)
 	par := n
 	if t.Attrs.Throttle > 0 {
-		par = t.Attrs.Throttle
+		par = min(t.Attrs.Throttle, n)
 	}
 	refs := make([]string, n)
 	errs := make([]error, n)
@@ -447,7 +579,7 @@ func (p *Plan) runShards(ctx context.Context, t *Target, o RunOptions, outMu *sy
 	var wg sync.WaitGroup
 	var logMu sync.Mutex
 	for i := 0; i < n; i++ {
-		shard := i
+		shard := shards[i]
 		if t.Attrs.Shards <= 1 {
 			shard = -1
 		}
@@ -499,6 +631,9 @@ func (p *Plan) runShards(ctx context.Context, t *Target, o RunOptions, outMu *sy
 			if s != ref {
 				return "", fmt.Errorf("shards printed different refs (%q, %q): the shards must write parts of one version", s, ref)
 			}
+		}
+		if only != nil {
+			return ref, nil // shardsDone checks the commit once every shard is done
 		}
 		if _, err := dataset.Open(ctx, p.opts.Store, r); err != nil {
 			return "", fmt.Errorf("the recipe printed %s but the store does not hold it: %w", ref, err)

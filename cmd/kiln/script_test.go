@@ -207,6 +207,8 @@ var skippedExamples = []struct{ example, reason string }{
 		"needs a committed checkpoint and gpu/'s environment (stages/train's e2e tests resume from one)"},
 	{"kiln-train --trajectories trajectories/step-3 --advantages advantages/step-3  --model /models/Qwen3-0.6B --out checkpoints/step-3 --dry-run   # print plan.json and the command",
 		"needs a model directory (stages/train/testdata/script runs --dry-run on a fixture model)"},
+	{"kiln slurm rl.kiln STEPS=10",
+		"needs a Slurm cluster (sbatch); pipelines/slurm's TestKilnSlurmPipeline submits a pipeline to a real one-node cluster with the built kiln"},
 	{`duckdb -c "SELECT count(*) FROM read_parquet([$(kiln ls --shards grades/step-3 | sed "s/.*/'&'/" | paste -sd,)])"`,
 		"needs the duckdb CLI (datasets.txtar checks kiln ls --shards)"},
 }

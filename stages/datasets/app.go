@@ -7,6 +7,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/kilnrl/kiln/pipelines"
+	"github.com/kilnrl/kiln/pipelines/slurm"
 )
 
 // Stage is a binary kiln runs git-style: "kiln NAME ..." is "kiln-NAME ...".
@@ -38,10 +39,18 @@ Flags and arguments go in any order; the global options may come before or
 after the command.`,
 		Commands: Commands(env),
 	}
+	// The pipeline commands, and Slurm's beside them: pipelines/slurm
+	// imports pipelines, so it adds kiln slurm, kiln status and kiln plan
+	// --slurm here rather than from pipelines.Commands.
 	app.Commands = append(app.Commands, pipelines.Commands(env)...)
+	slurmOpts := slurm.Options{Plan: slurm.PipelinePlanner(env)}
+	app.Commands = append(app.Commands, slurm.Commands(env, slurmOpts)...)
 	for _, c := range app.Commands {
-		if c.Name == "verify" {
+		switch c.Name {
+		case "verify":
 			pipelineVerify(env, c)
+		case "plan":
+			slurm.PlanWithSlurm(env, c, slurmOpts)
 		}
 	}
 	for _, s := range Stages() {
