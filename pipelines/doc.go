@@ -24,6 +24,7 @@
 // prerequisite is done that ref is unknown, so Target.Recipe holds the shell
 // variable ${KILN_REF_n} instead and Target.Refs says which target each
 // stands for; an executor that runs targets with no driver (Slurm) runs
-// "kiln run FILE --only TARGET", which resolves them from the store at job
-// start and records the result itself.
+// "kiln run FILE --only TARGET" (--shard N for one shard of an array), which
+// resolves them from the store at job start and records the result itself
+// (pipelines/README.md §7).
 package pipelines

@@ -50,10 +50,15 @@
 //
 // # Completion
 //
-// A job's script runs the target's recipe and then records the target as
-// done in the store (the kiln hook named by the adapter); a failing recipe
-// exits non-zero under set -e before that line, so the store holds only
-// what succeeded. "kiln status" reconciles each target from the store first
+// A job's script is one line, "kiln --store STORE run FILE --only TARGET
+// VAR=..." (an array task adds --shard "$KILN_SHARD"; Options.RunLine can
+// replace it): kiln run resolves the prerequisites' refs from the store,
+// runs the recipe and records the target done only after it succeeded, so
+// the store holds only what succeeded. An array's target is recorded by
+// the task that finds every shard's part recorded (pipelines/README.md §7).
+// A service's job runs "kiln run --only SERVICE", which keeps the recipe in
+// the foreground until the stop file ends it; its users' kiln run finds it
+// healthy and does not start another. "kiln status" reconciles each target from the store first
 // (done is done, whatever Slurm says) and then from Slurm: squeue
 // --states=all for jobs the controller still holds, sacct for older ones.
 package slurm
