@@ -26,6 +26,10 @@ type LossConfig struct {
 	KLCoef         float64  `json:"kl_coef"`
 	EntropyCoef    float64  `json:"entropy_coef"`
 	ScoreCentering bool     `json:"score_centering"`
+	// ScoreCenteringPath is "top-k" when the spans are the recorded top-k
+	// heads (docs/train-stage.md §5); left out, the trainer reads them as
+	// top-p nuclei.
+	ScoreCenteringPath string `json:"score_centering_path,omitempty"`
 }
 
 // OptimizerConfig is plan.json's "optimizer": AdamW with gradient clipping.

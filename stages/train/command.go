@@ -33,6 +33,7 @@ type Flags struct {
 	GlobalBatchSize, MaxTokens, NProc                int
 	Launcher, Python, GPUDir, CacheDir, WorkDir      string
 	Packing                                          string
+	SCPath                                           string
 	Objective, Correction, Reduction                 string
 	EpsClip, EpsClipHigh, EpsClipC                   float64
 	CorrectionLow, CorrectionHigh                    float64
@@ -72,6 +73,7 @@ func (f *Flags) Flags() []cli.Flag {
 		&cli.Float64Flag{Name: "kl-coef", Destination: &f.KLCoef, Usage: "KL loss coefficient"},
 		&cli.Float64Flag{Name: "entropy-coef", Destination: &f.EntropyCoef, Usage: "entropy bonus coefficient"},
 		&cli.BoolFlag{Name: "score-centering", Destination: &f.ScoreCentering, Usage: "SC REINFORCE (needs recorded top-p nuclei or top-k heads)"},
+		&cli.StringFlag{Name: "score-centering-path", Value: "top-p", Destination: &f.SCPath, Usage: "the recorded spans score centering reads: top-p (the sampler's nuclei) or top-k (its top-k heads, full-vocabulary probabilities)"},
 		&cli.Float64Flag{Name: "lr", Value: 1e-6, Destination: &f.LR, Usage: "AdamW learning rate"},
 		&cli.Float64Flag{Name: "weight-decay", Destination: &f.WeightDecay, Usage: "AdamW weight decay"},
 		&cli.Float64Flag{Name: "grad-clip", Value: 1, Destination: &f.GradClip, Usage: "gradient norm clip (0: off)"},
@@ -194,6 +196,14 @@ func (f *Flags) options(c *cli.Context) (Options, error) {
 	default:
 		return Options{}, stagecmd.Usagef("--correction %q: want none, tis or mis", f.Correction)
 	}
+	scPath := ""
+	switch f.SCPath {
+	case "top-p":
+	case "top-k":
+		scPath = "top-k"
+	default:
+		return Options{}, stagecmd.Usagef("--score-centering-path %q: want top-p or top-k", f.SCPath)
+	}
 	packing := Packing(f.Packing)
 	if packing != FirstFit && packing != FirstFitDecreasing {
 		return Options{}, stagecmd.Usagef("--packing %q: want first-fit or first-fit-decreasing", f.Packing)
@@ -240,7 +250,7 @@ func (f *Flags) options(c *cli.Context) (Options, error) {
 		Batching: Batching{GlobalBatchSize: f.GlobalBatchSize, MaxTokens: f.MaxTokens, Packing: packing, Reduction: red},
 		Loss: LossConfig{Objective: f.Objective, EpsClip: f.EpsClip, EpsClipHigh: opt("eps-clip-high", f.EpsClipHigh), EpsClipC: opt("eps-clip-c", f.EpsClipC),
 			Correction: corr, CorrectionLow: f.CorrectionLow, CorrectionHigh: f.CorrectionHigh, Reduction: string(red),
-			KLCoef: f.KLCoef, EntropyCoef: f.EntropyCoef, ScoreCentering: f.ScoreCentering},
+			KLCoef: f.KLCoef, EntropyCoef: f.EntropyCoef, ScoreCentering: f.ScoreCentering, ScoreCenteringPath: scPath},
 		Optimizer: OptimizerConfig{LR: f.LR, WeightDecay: f.WeightDecay, Betas: [2]float64{0.9, 0.999}, Eps: 1e-8, GradClip: f.GradClip},
 		Seed:      f.Seed, Temp: f.Temperature, Launcher: l, NProc: f.NProc,
 		Python: python, GPUDir: gpu, CacheDir: cache, WorkDir: f.WorkDir, KeepWork: f.KeepWork, DryRun: f.DryRun,
@@ -307,7 +317,7 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 	out.Identity = id
 
 	t0 := time.Now()
-	segs, stats, err := ReadJoined(ctx, tv, av)
+	segs, stats, err := ReadJoined(ctx, tv, av, o.Loss.ScoreCenteringPath == "top-k")
 	if err != nil {
 		return dataset.Result{}, err
 	}

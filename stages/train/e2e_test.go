@@ -2,12 +2,14 @@ package train
 
 import (
 	"context"
+	"io"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/internal/testenv/gputest"
 )
 
@@ -103,4 +105,66 @@ func TestRealTrainerTopP(t *testing.T) {
 	v, err := dataset.OpenString(context.Background(), w.st, lastLine(stdout))
 	require.NoError(t, err)
 	assert.Len(t, v.Metrics["step_metrics"].(map[string]any)["loss"], 2)
+}
+
+// Top-k heads through the stage into the real trainer: with
+// --score-centering-path top-k the recorded heads (K ids a response token,
+// full-vocabulary logprobs) become the spans, and the plan tells the
+// trainer to read them as heads (docs/train-stage.md §5).
+func TestRealTrainerTopK(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains a model on CPU")
+	}
+	ge := gputest.Find(t)
+	w := newWorld(t)
+	segs := fixture()
+	const k = 2
+	traj := put(t, w.st, "trajectories-topk", records.TrajectoriesKind(), nil, len(segs), func(wr io.Writer) error {
+		enc, err := records.NewTrajectoryEncoder(wr, records.ArrowOptions{})
+		if err != nil {
+			return err
+		}
+		for _, s := range segs {
+			var ids []int32
+			var lps []float32
+			for _, tok := range s.Tokens[len(s.Tokens)-int(s.ResponseLength):] {
+				ids = append(ids, tok, tok+1)
+				lps = append(lps, -2.5, -3.5)
+			}
+			tr := records.Trajectory{RolloutID: s.RolloutID, Index: s.RolloutID, Segment: s.Segment, Tokens: s.Tokens, ResponseLength: s.ResponseLength,
+				LossMask: s.LossMask, RolloutLogProbs: s.RolloutLogProbs,
+				Replay: records.Replay{TopKTokenIDs: ids, TopKLogProbs: lps, TopK: k}}
+			if err := enc.Write(tr); err != nil {
+				return err
+			}
+		}
+		return enc.Close()
+	})
+	adv := putAdvantages(t, w.st, "advantages-topk", traj, segs)
+
+	// The segments the stage reads carry the heads as K-wide spans.
+	ctx := context.Background()
+	tv, err := dataset.OpenString(ctx, w.st, traj.String())
+	require.NoError(t, err)
+	av, err := dataset.OpenString(ctx, w.st, adv.String())
+	require.NoError(t, err)
+	joined, _, err := ReadJoined(ctx, tv, av, true)
+	require.NoError(t, err)
+	for _, s := range joined {
+		require.Len(t, s.TopPOffsets, int(s.ResponseLength)+1)
+		assert.Equal(t, int32(k)*s.ResponseLength, s.TopPOffsets[s.ResponseLength])
+		assert.Len(t, s.TopPIDs, k*int(s.ResponseLength))
+	}
+
+	tiny := ge.Tiny(t)
+	stdout, stderr, code := w.run(t, "--python", ge.Python, "--gpu-dir", ge.Dir, "--trajectories", traj.String(), "--advantages", adv.String(),
+		"--model", tiny, "--out", "tiny-topk", "--objective", "reinforce", "--score-centering", "--score-centering-path", "top-k", "--lr", "1e-4")
+	require.Equal(t, 0, code, "stderr:\n%s", stderr)
+	v, err := dataset.OpenString(ctx, w.st, lastLine(stdout))
+	require.NoError(t, err)
+	assert.Len(t, v.Metrics["step_metrics"].(map[string]any)["loss"], 2)
+
+	_, _, code = w.run(t, "--python", ge.Python, "--gpu-dir", ge.Dir, "--trajectories", traj.String(), "--advantages", adv.String(),
+		"--model", tiny, "--out", "tiny-topk", "--score-centering-path", "top-q")
+	assert.Equal(t, 2, code)
 }

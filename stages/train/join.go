@@ -92,12 +92,13 @@ func Join(segs []Segment, adv []records.Advantage) ([]Segment, JoinStats, error)
 }
 
 // ReadJoined reads both versions and joins them; a join error is bad input
-// naming both versions.
-func ReadJoined(ctx context.Context, tv, av *dataset.Version) ([]Segment, JoinStats, error) {
+// naming both versions. With topK the segments' spans are the recorded
+// top-k heads instead of the top-p nuclei (docs/train-stage.md §5).
+func ReadJoined(ctx context.Context, tv, av *dataset.Version, topK bool) ([]Segment, JoinStats, error) {
 	var segs []Segment
 	err := tv.EachShard(ctx, func(_ int, data []byte) error {
 		return records.EachTrajectory(data, func(t *records.Trajectory) error {
-			segs = append(segs, segmentOf(t))
+			segs = append(segs, segmentOf(t, topK))
 			return nil
 		})
 	})
@@ -122,12 +123,24 @@ func ReadJoined(ctx context.Context, tv, av *dataset.Version) ([]Segment, JoinSt
 }
 
 // segmentOf copies what training needs of a trajectories row (the
-// reader's slices alias its buffers).
-func segmentOf(t *records.Trajectory) Segment {
+// reader's slices alias its buffers). With topK the row's top-k heads,
+// K ids a response token with their logprobs, become the spans.
+func segmentOf(t *records.Trajectory, topK bool) Segment {
 	s := Segment{
 		RolloutID: t.RolloutID, Segment: t.Segment, ResponseLength: t.ResponseLength,
 		Tokens: append([]int32(nil), t.Tokens...), LossMask: append([]uint8(nil), t.LossMask...),
 		RolloutLogProbs: append([]float32(nil), t.RolloutLogProbs...),
+	}
+	if topK {
+		if t.TopK > 0 {
+			s.TopPOffsets = make([]int32, t.ResponseLength+1)
+			for i := range s.TopPOffsets {
+				s.TopPOffsets[i] = int32(i) * t.TopK
+			}
+			s.TopPIDs = append([]int32{}, t.TopKTokenIDs...)
+			s.TopPLogProbs = append([]float32{}, t.TopKLogProbs...)
+		}
+		return s
 	}
 	if t.TopPTokenOffsets != nil {
 		s.TopPOffsets = append([]int32(nil), t.TopPTokenOffsets...)
