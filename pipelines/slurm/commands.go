@@ -96,30 +96,11 @@ Examples:
 			&cli.StringFlag{Name: "dir", Usage: "run `DIR` on the shared filesystem (default .kiln-slurm/NAME beside FILE)", Destination: &f.dir},
 		},
 		Action: func(c *cli.Context) error {
-			file, goals, vars, err := parseArgs(c)
+			p, err := o.pending(c, f.dir)
 			if err != nil {
 				return err
 			}
-			dir, err := runDir(file, f.dir)
-			if err != nil {
-				return err
-			}
-			targets, err := o.Plan(c.Context, c, file, goals, vars)
-			if err != nil {
-				return err
-			}
-			rec, err := readRecord(dir)
-			if err != nil {
-				return err
-			}
-			live, err := liveJobs(c.Context, targets, rec)
-			if err != nil {
-				return err
-			}
-			jobs, err := o.jobs(c, file, targets, vars, live)
-			if err != nil {
-				return err
-			}
+			file, dir, rec, live, jobs := p.file, p.dir, p.rec, p.live, p.jobs
 			if len(jobs) == 0 {
 				fmt.Fprintf(env.Stderr, "nothing to submit: every target is done or already in Slurm\n")
 				return nil
@@ -174,29 +155,65 @@ Examples:
 			&cli.StringFlag{Name: "dir", Usage: "the run `DIR` kiln slurm used", Destination: &dirFlag},
 		},
 		Action: func(c *cli.Context) error {
-			file, goals, vars, err := parseArgs(c)
+			p, err := o.load(c, dirFlag)
 			if err != nil {
 				return err
 			}
-			dir, err := runDir(file, dirFlag)
-			if err != nil {
-				return err
-			}
-			targets, err := o.Plan(c.Context, c, file, goals, vars)
-			if err != nil {
-				return err
-			}
-			rec, err := readRecord(dir)
-			if err != nil {
-				return err
-			}
-			rows, err := Reconcile(c.Context, targets, rec, QueryOptions{})
+			rows, err := Reconcile(c.Context, p.targets, p.rec, QueryOptions{})
 			if err != nil {
 				return err
 			}
 			return printStatus(env.Stdout, rows)
 		},
 	}
+}
+
+// pipelineState is what a Slurm command knows of a pipeline before it
+// acts: the spec's targets, the run directory and its job record, and
+// (pending) the jobs Slurm still holds and those left to submit.
+type pipelineState struct {
+	file, dir string
+	vars      map[string]string
+	targets   []Target
+	rec       map[string]string
+	live      map[string]string
+	jobs      []Job
+}
+
+// load plans the pipeline the arguments name and reads its run directory's
+// job record.
+func (o Options) load(c *cli.Context, dirFlag string) (*pipelineState, error) {
+	file, goals, vars, err := parseArgs(c)
+	if err != nil {
+		return nil, err
+	}
+	p := &pipelineState{file: file, vars: vars}
+	if p.dir, err = runDir(file, dirFlag); err != nil {
+		return nil, err
+	}
+	if p.targets, err = o.Plan(c.Context, c, file, goals, vars); err != nil {
+		return nil, err
+	}
+	if p.rec, err = readRecord(p.dir); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// pending is load plus the jobs still live in Slurm and the ones to submit:
+// every target neither done nor live (kiln slurm and kiln plan --slurm).
+func (o Options) pending(c *cli.Context, dirFlag string) (*pipelineState, error) {
+	p, err := o.load(c, dirFlag)
+	if err != nil {
+		return nil, err
+	}
+	if p.live, err = liveJobs(c.Context, p.targets, p.rec); err != nil {
+		return nil, err
+	}
+	if p.jobs, err = o.jobs(c, p.file, p.targets, p.vars, p.live); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // Row is one target's reconciled state.
@@ -444,35 +461,15 @@ afterok=PREREQS, after=SERVICES, and the resources asked for.`
 		if err := inner(c); err != nil || !on {
 			return err
 		}
-		file, goals, vars, err := parseArgs(c)
+		p, err := o.pending(c, dirFlag)
 		if err != nil {
 			return err
 		}
-		dir, err := runDir(file, dirFlag)
+		scripts, err := compile(p.jobs, CompileOptions{Dir: p.dir}, func(n string) bool { return p.live[n] != "" })
 		if err != nil {
 			return err
 		}
-		targets, err := o.Plan(c.Context, c, file, goals, vars)
-		if err != nil {
-			return err
-		}
-		rec, err := readRecord(dir)
-		if err != nil {
-			return err
-		}
-		live, err := liveJobs(c.Context, targets, rec)
-		if err != nil {
-			return err
-		}
-		jobs, err := o.jobs(c, file, targets, vars, live)
-		if err != nil {
-			return err
-		}
-		scripts, err := compile(jobs, CompileOptions{Dir: dir}, func(n string) bool { return live[n] != "" })
-		if err != nil {
-			return err
-		}
-		return printJobs(env.Stdout, scripts, jobs, live)
+		return printJobs(env.Stdout, scripts, p.jobs, p.live)
 	}
 }
 
