@@ -372,24 +372,7 @@ func TestRunEndToEnd(t *testing.T) {
 	assert.Len(t, fixing, len(w.set.Tasks))
 
 	// Every mask-1 token is a sampled token with its logprob.
-	sampled := map[int64]map[string]bool{}
-	for _, tr := range turns {
-		if sampled[tr.RolloutID] == nil {
-			sampled[tr.RolloutID] = map[string]bool{}
-		}
-		for i, id := range tr.OutputIDs {
-			sampled[tr.RolloutID][fmt.Sprint(id, tr.OutputLogProbs[i])] = true
-		}
-	}
-	require.NotEmpty(t, segs)
-	for _, s := range segs {
-		resp := s.Tokens[len(s.Tokens)-int(s.ResponseLength):]
-		for i, m := range s.LossMask {
-			if m == 1 {
-				assert.True(t, sampled[s.RolloutID][fmt.Sprint(resp[i], s.RolloutLogProbs[i])], "rollout %d token %d", s.RolloutID, i)
-			}
-		}
-	}
+	assertMaskedTokensSampled(t, turns, segs)
 
 	// The agent's transcript is saved with the run's artifacts.
 	key := *rows[0].Artifacts + "files/" + agentLogName
@@ -431,4 +414,28 @@ func deref(s *string) string {
 		return ""
 	}
 	return *s
+}
+
+// assertMaskedTokensSampled checks that every loss-mask-1 token of segs is
+// a token some turn of its rollout sampled, with the same logprob.
+func assertMaskedTokensSampled(t *testing.T, turns []records.Turn, segs []records.Trajectory) {
+	t.Helper()
+	sampled := map[int64]map[string]bool{}
+	for _, tr := range turns {
+		if sampled[tr.RolloutID] == nil {
+			sampled[tr.RolloutID] = map[string]bool{}
+		}
+		for i, id := range tr.OutputIDs {
+			sampled[tr.RolloutID][fmt.Sprint(id, tr.OutputLogProbs[i])] = true
+		}
+	}
+	require.NotEmpty(t, segs)
+	for _, s := range segs {
+		resp := s.Tokens[len(s.Tokens)-int(s.ResponseLength):]
+		for i, m := range s.LossMask {
+			if m == 1 {
+				assert.True(t, sampled[s.RolloutID][fmt.Sprint(resp[i], s.RolloutLogProbs[i])], "rollout %d token %d", s.RolloutID, i)
+			}
+		}
+	}
 }

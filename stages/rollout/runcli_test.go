@@ -3,7 +3,6 @@ package rollout
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"slices"
 	"strings"
@@ -200,22 +199,5 @@ func TestRunCLIAgents(t *testing.T) {
 		})
 	}))
 
-	sampled := map[int64]map[string]bool{}
-	for _, tr := range turns {
-		if sampled[tr.RolloutID] == nil {
-			sampled[tr.RolloutID] = map[string]bool{}
-		}
-		for i, id := range tr.OutputIDs {
-			sampled[tr.RolloutID][fmt.Sprint(id, tr.OutputLogProbs[i])] = true
-		}
-	}
-	require.NotEmpty(t, segs)
-	for _, s := range segs {
-		resp := s.Tokens[len(s.Tokens)-int(s.ResponseLength):]
-		for i, m := range s.LossMask {
-			if m == 1 {
-				assert.True(t, sampled[s.RolloutID][fmt.Sprint(resp[i], s.RolloutLogProbs[i])], "rollout %d token %d", s.RolloutID, i)
-			}
-		}
-	}
+	assertMaskedTokensSampled(t, turns, segs)
 }

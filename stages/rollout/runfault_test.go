@@ -4,11 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -454,38 +452,11 @@ ls /tmp /run/kiln`
 func TestRunTaskAgent(t *testing.T) {
 	w := newRunWorld(t)
 	ctx := context.Background()
-	v, err := dataset.OpenString(ctx, w.st, w.tasks)
-	require.NoError(t, err)
-	var tasks []records.Task
-	require.NoError(t, v.EachShard(ctx, func(_ int, data []byte) error {
-		return records.EachTask(data, func(tk records.Task) error { tasks = append(tasks, tk); return nil })
-	}))
-	// withAgents writes the tasks with agent columns as a new version.
-	withAgents := func(name string, agents ...string) string {
-		spec := dataset.Spec{Name: name, Kind: records.TasksKind(), Identity: dataset.Identity{Stage: "test", CodeVersion: "1"}}
-		wr, err := dataset.NewWriter(ctx, w.st, spec)
-		require.NoError(t, err)
-		rows := slices.Clone(tasks)
-		for i := range rows {
-			rows[i].Agent = &agents[i%len(agents)]
-		}
-		_, err = wr.WriteShard(ctx, int64(len(rows)), nil, func(out io.Writer) error {
-			enc := records.NewTaskEncoder(out)
-			if err := enc.Write(rows...); err != nil {
-				return err
-			}
-			return enc.Close()
-		})
-		require.NoError(t, err)
-		res, err := wr.Commit(ctx, nil)
-		require.NoError(t, err)
-		return res.Ref.String()
-	}
 	model := newScriptedModel(w.set, func(fixtures.Task, int) behaviour { return lookAround })
 	o := w.options(startEngine(t, model.script))
 	o.Samples, o.Agent = 1, "codex"
 
-	o.Tasks = withAgents("tasks-shell", "shell", "Shell")
+	o.Tasks = writeTasksWithAgents(t, w, "tasks-shell", "shell", "Shell")
 	res, err, logs := w.run(t, ctx, "rollout/task-agent", o, nil)
 	require.NoError(t, err, logs)
 	for _, r := range readRollouts(t, w.st, res.Rollouts.Ref) {
@@ -494,7 +465,7 @@ func TestRunTaskAgent(t *testing.T) {
 	}
 
 	o.Agent = "shell"
-	o.Tasks = withAgents("tasks-mixed", "shell", "aider")
+	o.Tasks = writeTasksWithAgents(t, w, "tasks-mixed", "shell", "aider")
 	_, err, _ = w.run(t, ctx, "rollout/task-agent-mixed", o, nil)
 	assert.Equal(t, 2, stagecmd.ExitCode(err), "%v", err)
 	assert.ErrorContains(t, err, `unknown harness "aider"`)
