@@ -197,6 +197,8 @@ var skippedExamples = []struct{ example, reason string }{
 		"needs an inference engine and a model's tokenizer"},
 	{"kiln-rollout run --tasks tasks@V --images images@V --bundles /var/lib/kiln/bundles  --engine http://gpu1:8000,http://gpu2:8000 --tokenizer-dir /models/qwen3  --samples 8 --weights-version step-3 --out rollout/step-3",
 		"needs inference engines, a tokenizer and sandboxes"},
+	{"kiln-rollout run --tasks tasks@V --images images@V --bundles /var/lib/kiln/bundles  --engine replay://rollout/step-3/turns@V --replay-renderer http://gpu1:8000  --tokenizer-dir /models/qwen3 --samples 8 --weights-version step-3 --out replay/step-3",
+		"needs a renderer engine, a tokenizer and sandboxes (stages/rollout's TestReplayRun replays a recorded run end to end)"},
 	{"kiln-rollout check --tasks tasks@V --images images@V --bundles /var/lib/kiln/bundles  --engine http://gpu1:8000 --tokenizer-dir /models/qwen3 --samples 4 --out check/qwen3",
 		"needs an inference engine, a tokenizer and sandboxes"},
 	{"kiln-advantages select --grades grades/probe --tasks tasks --min-samples 8 --out tasks/learnable",

@@ -59,10 +59,13 @@ const (
 type RunOptions struct {
 	Tasks, Images string // dataset references
 	Bundles       string // bundle root on this node
-	// Engines are the engines' base URLs; each session goes to one.
-	Engines      []string
-	EngineAPIKey string
-	Mode         engine.Mode
+	// Engines are the engines' base URLs; each session goes to one. One
+	// replay://NAME/turns@VERSION instead replays that recording
+	// (docs/rollout.md §7), rendering through ReplayRenderer.
+	Engines        []string
+	ReplayRenderer string
+	EngineAPIKey   string
+	Mode           engine.Mode
 	// TokenizerDir holds the served checkpoint's tokenizer files (special
 	// ids for prefix reuse); "" reads none.
 	TokenizerDir string
@@ -115,6 +118,11 @@ func (o *RunOptions) identityArgs() map[string]any {
 		"chat_template_kwargs": o.ChatTemplateKwargs, "reasoning_parser": o.ReasoningParser, "tool_parser": o.ToolParser,
 		"max_turns": o.MaxTurns,
 	}
+	// A replay's runs are the recording's, not the engines' (docs/rollout.md
+	// §7): the replayed version is an input of what they produce.
+	if ref, ok := replayEngineRef(o.Engines); ok {
+		args["replay"] = ref
+	}
 	// Extra agent arguments change what runs; absent, the id is as before.
 	if e := o.Harness.Extra; len(e.Args) > 0 || len(e.Env) > 0 {
 		args["agent_args"], args["agent_env"] = e.Args, e.Env
@@ -141,6 +149,9 @@ func (o *RunOptions) check() error {
 	}
 	if _, err := adapterOptions(adapterFlags{maxTokens: o.MaxTokens, temperature: &o.Temperature, topP: &o.TopP, topK: &o.TopK,
 		chatTemplateKwargs: o.ChatTemplateKwargs, reasoningParser: o.ReasoningParser, toolParser: o.ToolParser}); err != nil {
+		return stagecmd.UsageError{Err: err}
+	}
+	if err := checkReplayOptions(o.Engines, o.ReplayRenderer); err != nil {
 		return stagecmd.UsageError{Err: err}
 	}
 	return nil
@@ -449,7 +460,7 @@ func produceRuns(ctx context.Context, env *stagecmd.Env, st store.Store, ws [3]*
 		// only the commits are left, and no engine is needed.
 		return map[string]any{"runs": 0, "resumed": resumed}, nil
 	}
-	rt, err := startRuntime(ctx, env, o)
+	rt, err := startRuntime(ctx, env, st, o)
 	if err != nil {
 		return nil, err
 	}
@@ -466,10 +477,11 @@ type runRuntime struct {
 	addr    string // host:port the sandboxes' endpoints forward to
 	hs      interface{ Close() error }
 	boots   *sandbox.Limiter
-	engines []string
+	engines []string // the base URLs health checks reach
+	replay  *replayEngine
 }
 
-func startRuntime(ctx context.Context, env *stagecmd.Env, o RunOptions) (*runRuntime, error) {
+func startRuntime(ctx context.Context, env *stagecmd.Env, st store.Store, o RunOptions) (*runRuntime, error) {
 	aopts, err := adapterOptions(adapterFlags{maxTokens: o.MaxTokens, temperature: &o.Temperature, topP: &o.TopP, topK: &o.TopK,
 		chatTemplateKwargs: o.ChatTemplateKwargs, reasoningParser: o.ReasoningParser, toolParser: o.ToolParser})
 	if err != nil {
@@ -487,14 +499,32 @@ func startRuntime(ctx context.Context, env *stagecmd.Env, o RunOptions) (*runRun
 	}
 	var adapters []*adapter.Server
 	var failed []string
-	for _, url := range o.Engines {
+	var replay *replayEngine
+	engines := append([]string(nil), o.Engines...)
+	for i, url := range o.Engines {
+		if ref, ok := replayRef(url); ok {
+			// A replay (docs/rollout.md §7): the engine is the recording,
+			// served on a loopback port; check makes it the only one.
+			book, err := loadReplayBook(ctx, st, ref)
+			if err != nil {
+				return nil, err
+			}
+			if replay, err = newReplayEngine(book, ref, o.ReplayRenderer, env.Log); err != nil {
+				return nil, stagecmd.UsageError{Err: err}
+			}
+			if engines[i], err = replay.start(); err != nil {
+				return nil, err
+			}
+			env.Log.Info("replaying", "turns", ref, "runs", len(book.runs), "renderer", o.ReplayRenderer)
+			url = engines[i]
+		}
 		cl, err := engine.New(engine.Options{BaseURL: url, Mode: o.Mode, APIKey: o.EngineAPIKey})
 		if err != nil {
 			return nil, stagecmd.UsageError{Err: fmt.Errorf("--engine %q: %w", url, err)}
 		}
 		caps, err := cl.Probe(ctx)
 		if err != nil {
-			failed = append(failed, fmt.Sprintf("%s: %v", url, err))
+			failed = append(failed, fmt.Sprintf("%s: %v", o.Engines[i], err))
 			continue
 		}
 		env.Log.Info("engine ready", "engine", url, "route", string(caps.Route), "context", caps.ContextLength)
@@ -503,6 +533,7 @@ func startRuntime(ctx context.Context, env *stagecmd.Env, o RunOptions) (*runRun
 		adapters = append(adapters, adapter.New(ao))
 	}
 	if len(failed) > 0 {
+		replay.close()
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
@@ -511,6 +542,7 @@ func startRuntime(ctx context.Context, env *stagecmd.Env, o RunOptions) (*runRun
 	fr := newFront(adapters)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
+		replay.close()
 		return nil, fmt.Errorf("adapter listener: %w", err)
 	}
 	hs := adapter.NewHTTPServer(fr, adapter.HTTPLimits{}, slog.NewLogLogger(env.Log.Handler(), slog.LevelWarn))
@@ -519,10 +551,10 @@ func startRuntime(ctx context.Context, env *stagecmd.Env, o RunOptions) (*runRun
 	if boots <= 0 {
 		boots = o.Jobs
 	}
-	return &runRuntime{front: fr, addr: ln.Addr().String(), hs: hs, boots: sandbox.NewLimiter(boots), engines: o.Engines}, nil
+	return &runRuntime{front: fr, addr: ln.Addr().String(), hs: hs, boots: sandbox.NewLimiter(boots), engines: engines, replay: replay}, nil
 }
 
-func (rt *runRuntime) close() { _ = rt.hs.Close() }
+func (rt *runRuntime) close() { _ = rt.hs.Close(); rt.replay.close() }
 
 // watchHealth checks every engine's GET /health each o.HealthInterval
 // until ctx ends or the returned stop is called. An engine that fails is

@@ -58,6 +58,17 @@ token. Every engine is probed at start; if one fails, nothing runs. While runs
 go, GET /health is checked every 15 s: a failing engine is left out and its
 running runs abort (engine_error); with none left the stage exits 1.
 
+Replay: --engine replay://NAME/turns@VERSION (the only engine) serves a recorded
+turns version back instead of sampling, to check a harness or adapter change
+offline: the nth model call of the run with rollout id R must send exactly the
+prompt ids of R's nth recorded turn, and is answered its recorded output ids,
+logprobs and finish reason. --replay-renderer URL (required with replay://) is
+an engine with the recorded checkpoint's tokenizer and chat template; only
+GET, /tokenize and /detokenize go to it, never a generation. A call that
+differs ends its run as abort replay_mismatch, the detail naming the rollout,
+the turn and the first differing prompt token. The replayed version is part
+of the version id (docs/rollout.md §7).
+
 Resumable: runs are committed in batches with row receipts, so a rerun of the
 same command runs only what is missing. SIGINT/SIGTERM stops starting runs,
 abandons the running ones (preempted: not written, the rerun redoes them),
@@ -66,10 +77,13 @@ pinned, name@version). The sampling flags, --samples, --agent, --budget,
 --weights-version, --split and --max-turns are part of the version id; the
 engine URLs, -j and --shard are not.
 
-Example:
+Examples:
    kiln-rollout run --tasks tasks@V --images images@V --bundles /var/lib/kiln/bundles \
        --engine http://gpu1:8000,http://gpu2:8000 --tokenizer-dir /models/qwen3 \
-       --samples 8 --weights-version step-3 --out rollout/step-3`
+       --samples 8 --weights-version step-3 --out rollout/step-3
+   kiln-rollout run --tasks tasks@V --images images@V --bundles /var/lib/kiln/bundles \
+       --engine replay://rollout/step-3/turns@V --replay-renderer http://gpu1:8000 \
+       --tokenizer-dir /models/qwen3 --samples 8 --weights-version step-3 --out replay/step-3`
 
 func runCommand(env *stagecmd.Env) *cli.Command {
 	f := &runFlagValues{}
@@ -86,6 +100,7 @@ func runCommand(env *stagecmd.Env) *cli.Command {
 // is bound to a field, so a misspelt name is a compile error, not "".
 type runFlagValues struct {
 	tasks, images, bundles, engine, engineAPIKey, mode, tokenizerDir string
+	replayRenderer                                                   string
 	out, agent, agentBinary, weightsVersion, split                   string
 	stopTokenIDs, chatTemplateKwargs, reasoningParser, toolParser    string
 	agentArgs, agentEnv, claudeCode, codex                           string
@@ -103,7 +118,8 @@ func runFlags(f *runFlagValues) []cli.Flag {
 		&cli.StringFlag{Name: "tasks", Value: "tasks", Destination: &f.tasks, Usage: "tasks dataset (name or name@version)"},
 		&cli.StringFlag{Name: "images", Value: "images", Destination: &f.images, Usage: "images dataset of the tasks' images (kiln-images)"},
 		&cli.StringFlag{Name: "bundles", Destination: &f.bundles, Usage: "bundle root on this node: the directory kiln-images unpacked the images into (required)"},
-		&cli.StringFlag{Name: "engine", Destination: &f.engine, Usage: "engine base URL(s), comma separated (required)"},
+		&cli.StringFlag{Name: "engine", Destination: &f.engine, Usage: "engine base URL(s), comma separated, or one replay://NAME/turns@VERSION (required)"},
+		&cli.StringFlag{Name: "replay-renderer", Destination: &f.replayRenderer, Usage: "with --engine replay://NAME/turns@VERSION: the engine that renders and decodes for the replay (the recorded checkpoint's tokenizer and chat template; never asked to generate)"},
 		&cli.StringFlag{Name: "engine-api-key", EnvVars: []string{"KILN_ENGINE_API_KEY"}, Destination: &f.engineAPIKey, Usage: "bearer token for engines started with --api-key"},
 		&cli.StringFlag{Name: "mode", Value: "auto", Destination: &f.mode, Usage: "engine route: auto, generate, or completions (fallback)"},
 		&cli.StringFlag{Name: "tokenizer-dir", Destination: &f.tokenizerDir, Usage: "served checkpoint directory with tokenizer JSON files"},
@@ -186,7 +202,7 @@ func (f *runFlagValues) options() (RunOptions, error) {
 	}
 	o := RunOptions{
 		Tasks: f.tasks, Images: f.images, Bundles: f.bundles,
-		Engines: engines, EngineAPIKey: f.engineAPIKey, Mode: mode, TokenizerDir: f.tokenizerDir,
+		Engines: engines, ReplayRenderer: f.replayRenderer, EngineAPIKey: f.engineAPIKey, Mode: mode, TokenizerDir: f.tokenizerDir,
 		Samples: f.samples, Agent: f.agent, WeightsVersion: f.weightsVersion, Split: f.split,
 		Jobs: f.jobs, BootConcurrency: f.bootConcurrency,
 		Budget: f.budget, SetupTimeout: f.setupTimeout, Margin: f.margin,

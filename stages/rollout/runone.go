@@ -30,7 +30,14 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 	res := &runResult{job: j, row: j.row}
 	row := &res.row
 	row.StartedAt = time.Now().UTC()
+	sid := newSessionID()
 	abort := func(reason, detail string) *runResult {
+		// In a replay, a call the recording could not answer is why the
+		// run went wrong, whatever followed (docs/rollout.md §7); a stage
+		// stopping still preempts it.
+		if m := p.rt.replay.failure(sid); m != "" && reason != AbortPreempted {
+			reason, detail = AbortReplayMismatch, m
+		}
 		row.AbortReason = &reason
 		res.turns, res.segments = nil, nil
 		row.EndedAt = time.Now().UTC()
@@ -61,9 +68,11 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 		return abort(AbortDeadline, fmt.Sprintf("the run passed its deadline of %s: %v", deadline, err))
 	}
 
-	sid := newSessionID()
 	sampling := engine.SamplingParams{MaxTokens: p.o.MaxTokens, Temperature: &p.o.Temperature, TopP: &p.o.TopP, TopK: &p.o.TopK,
 		StopTokenIDs: p.o.StopTokenIDs}
+	// A replay answers the session from the recording of its rollout.
+	p.rt.replay.open(sid, row.RolloutID)
+	defer p.rt.replay.drop(sid)
 	eng, err := p.rt.front.open(sid, adapter.SessionOptions{RolloutID: row.RolloutID, Index: row.Index, GroupIndex: row.GroupIndex,
 		Sampling: &sampling, MaxContextTokens: p.o.MaxContextTokens}, engineFailed)
 	if errors.Is(err, errNoEngine) {
@@ -189,6 +198,8 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 		return interrupted(context.Cause(rctx))
 	}
 	switch {
+	case p.rt.replay.failure(sid) != "":
+		return abort(AbortReplayMismatch, "") // abort fills in the mismatch
 	case serverErrors > 0 && ares.ExitCode != 0:
 		return abort(AbortEngineError, fmt.Sprintf("%d model calls failed with a server error; the agent exited %d", serverErrors, ares.ExitCode))
 	case !ares.TimedOut && ares.ExitCode >= 126:
