@@ -18,6 +18,7 @@ import (
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/internal/agent/enginetest"
+	"github.com/kilnrl/kiln/internal/agent/harness"
 	"github.com/kilnrl/kiln/internal/stagecmd"
 	"github.com/kilnrl/kiln/internal/stagecmd/stagetest"
 )
@@ -101,29 +102,43 @@ func TestRunFaults(t *testing.T) {
 	}
 }
 
-// TestRunMissingBundle: a task whose bundle is not on this node aborts its
-// runs as missing_image_or_workdir; the other tasks run.
-func TestRunMissingBundle(t *testing.T) {
-	w := newRunWorld(t)
+// bundleRootWith is a bundle root holding w's bundles (symlinks to
+// them) but image's: mk makes that bundle's directory, or, when mk is nil,
+// it is left out.
+func bundleRootWith(t *testing.T, w *runWorld, image string, mk func(t *testing.T, dir string)) string {
+	t.Helper()
 	v, err := dataset.OpenString(context.Background(), w.st, w.images)
 	require.NoError(t, err)
 	var imgs []records.Image
 	require.NoError(t, v.EachShard(context.Background(), func(_ int, data []byte) error {
 		return records.EachImage(data, func(im records.Image) error { imgs = append(imgs, im); return nil })
 	}))
-	missing := w.set.Tasks[0].Image
 	root := t.TempDir()
+	found := false
 	for _, im := range imgs {
-		if im.Image == missing {
-			continue
-		}
 		p := filepath.Join(root, filepath.FromSlash(im.Bundle))
 		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		if im.Image == image {
+			found = true
+			if mk != nil {
+				require.NoError(t, os.Mkdir(p, 0o755))
+				mk(t, p)
+			}
+			continue
+		}
 		require.NoError(t, os.Symlink(filepath.Join(w.bundles, filepath.FromSlash(im.Bundle)), p))
 	}
+	require.True(t, found, "image %q is not in %s", image, w.images)
+	return root
+}
+
+// TestRunMissingBundle: a task whose bundle is not on this node aborts its
+// runs as missing_image_or_workdir; the other tasks run.
+func TestRunMissingBundle(t *testing.T) {
+	w := newRunWorld(t)
 	model := newScriptedModel(w.set, func(fixtures.Task, int) behaviour { return lookAround })
 	o := w.options(startEngine(t, model.script))
-	o.Bundles = root
+	o.Bundles = bundleRootWith(t, w, w.set.Tasks[0].Image, nil)
 	res, err, logs := w.run(t, context.Background(), "rollout/missing", o, nil)
 	require.NoError(t, err, logs)
 	rows := readRollouts(t, w.st, res.Rollouts.Ref)
@@ -135,6 +150,95 @@ func TestRunMissingBundle(t *testing.T) {
 		} else {
 			assert.Nil(t, r.AbortReason, "%s: %v\n%s", r.TaskID, deref(r.AbortReason), logs)
 		}
+	}
+}
+
+// TestRunSandboxCannotBoot: a task whose bundle is on this node but whose
+// sandbox cannot boot (sandbox.Boot fails for real: bwrap refuses the
+// rootfs, or the sandbox's init cannot create the agent user) aborts its
+// runs as exception:sandbox_boot rows with no turns or segments
+// (docs/rollout.md §2.4); the other tasks' runs complete, and the stage
+// exits 0 with all three versions committed.
+func TestRunSandboxCannotBoot(t *testing.T) {
+	w := newRunWorld(t)
+	broken := w.set.Tasks[0]
+	imageOf := map[string]string{}
+	for _, tk := range w.set.Tasks {
+		imageOf[tk.ID] = tk.Image
+	}
+	cases := []struct {
+		name string
+		mk   func(t *testing.T, rootfs string)
+		want string // in the abort's log line: why the boot failed
+	}{
+		// The sandbox's init creates the agent user in /etc/passwd.
+		{"rootfs without /etc", func(t *testing.T, rootfs string) {}, `create user "agent"`},
+		// bwrap mounts a tmpfs on /tmp, which is not a directory.
+		{"rootfs with /tmp a file", func(t *testing.T, rootfs string) {
+			require.NoError(t, os.WriteFile(filepath.Join(rootfs, "tmp"), []byte("not a directory\n"), 0o644))
+		}, "Can't mkdir /tmp"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			model := newScriptedModel(w.set, func(fixtures.Task, int) behaviour { return lookAround })
+			bundles := bundleRootWith(t, w, broken.Image, func(t *testing.T, dir string) {
+				rootfs := filepath.Join(dir, "rootfs")
+				require.NoError(t, os.Mkdir(rootfs, 0o755))
+				c.mk(t, rootfs)
+			})
+			name := "rollout/noboot-" + strings.NewReplacer(" ", "-", "/", "").Replace(c.name)
+			r := stagetest.Run(t, stageCommands, "run", "--store", w.storeDir, "--tasks", w.tasks, "--images", w.images,
+				"--bundles", bundles, "--engine", startEngine(t, model.script), "--tokenizer-dir", w.tokenizer, "--mode", "generate",
+				"--agent-binary", filepath.Join(w.tools, harness.ShellAgentName), "--samples", "2", "-j", "4",
+				"--budget", "1m", "--weights-version", "w-test", "--out", name)
+			require.Equal(t, 0, r.Code, r.Stderr)
+			refs := strings.Fields(r.Stdout)
+			require.Len(t, refs, 3, r.Stdout)
+			for i, kind := range []string{"rollouts", "turns", "trajectories"} {
+				assert.True(t, strings.HasPrefix(refs[i], name+"/"+kind+"@"), refs[i])
+				v, err := dataset.OpenString(context.Background(), w.st, name+"/"+kind)
+				require.NoError(t, err, "%s not committed", kind)
+				assert.Equal(t, refs[i], v.Ref().String())
+				require.NoError(t, dataset.Verify(context.Background(), v, nil))
+			}
+			var parsed [3]dataset.Ref
+			for i := range refs {
+				var err error
+				parsed[i], err = dataset.ParseRef(refs[i])
+				require.NoError(t, err)
+			}
+			rows := readRollouts(t, w.st, parsed[0])
+			turns := readTurns(t, w.st, parsed[1])
+			segs := readSegments(t, w.st, parsed[2])
+			require.Len(t, rows, 2*len(w.set.Tasks), r.Stderr)
+			perTurns, perSegs := map[int64]int{}, map[int64]int{}
+			for _, tr := range turns {
+				perTurns[tr.RolloutID]++
+			}
+			for _, s := range segs {
+				perSegs[s.RolloutID]++
+			}
+			aborted := 0
+			for _, row := range rows {
+				if imageOf[row.TaskID] == broken.Image {
+					aborted++
+					assert.Equal(t, abortExceptionPref+"sandbox_boot", deref(row.AbortReason), row.TaskID)
+					assert.EqualValues(t, -1, row.AgentExitCode, row.TaskID)
+					assert.Zero(t, row.Turns, row.TaskID)
+					assert.Zero(t, perTurns[row.RolloutID], "%s: turns of a run that never booted", row.TaskID)
+					assert.Zero(t, perSegs[row.RolloutID], "%s: segments of a run that never booted", row.TaskID)
+					assert.Nil(t, row.Artifacts, row.TaskID)
+					continue
+				}
+				assert.Nil(t, row.AbortReason, "%s: %v\n%s", row.TaskID, deref(row.AbortReason), r.Stderr)
+				assert.EqualValues(t, 0, row.AgentExitCode, row.TaskID)
+				assert.Positive(t, perTurns[row.RolloutID], row.TaskID)
+				assert.Positive(t, perSegs[row.RolloutID], row.TaskID)
+			}
+			assert.Positive(t, aborted)
+			assert.Contains(t, r.Stderr, "exception:sandbox_boot")
+			assert.Contains(t, r.Stderr, c.want)
+		})
 	}
 }
 
