@@ -460,6 +460,14 @@ func produceRuns(ctx context.Context, env *stagecmd.Env, st store.Store, ws [3]*
 		// only the commits are left, and no engine is needed.
 		return map[string]any{"runs": 0, "resumed": resumed}, nil
 	}
+	// Sandboxes of an earlier stage on this node that was killed (SIGKILL,
+	// an OOM kill) still hold overlay mounts and cgroups: release them
+	// before booting more, as kiln-grade does (docs/data-and-grading.md §3.4).
+	if o.Sandbox.Provider != "local" {
+		if _, err := sandbox.Sweep(ctx, o.Sandbox.StateDir, env.Log); err != nil {
+			env.Log.Warn("could not release every dead sandbox's leftovers", "err", err)
+		}
+	}
 	rt, err := startRuntime(ctx, env, st, o)
 	if err != nil {
 		return nil, err

@@ -114,7 +114,7 @@ const slowCommand = "sleep 31"
 // after it), commits the version ids --print-version named before the
 // first invocation, and the committed versions verify whole with every
 // run once in each. Until the rerun commits, no version of the three is
-// readable.
+// readable. The rerun releases the killed invocation's sandboxes.
 func TestRunSIGKILL(t *testing.T) {
 	w := newRunWorld(t)
 	bin := rolloutBinary(t, w)
@@ -233,6 +233,12 @@ func TestRunSIGKILL(t *testing.T) {
 			} else {
 				assert.NotContains(t, rerr.String(), "resumed from an earlier attempt")
 			}
+
+			// The rerun released the killed invocation's sandboxes (their
+			// overlay mounts, cgroups and state directories) and closed its own.
+			left, err := filepath.Glob(filepath.Join(tmp, "kiln-sandbox-*"))
+			require.NoError(t, err)
+			assert.Empty(t, left, "sandboxes of the killed invocation were not released")
 
 			for _, ref := range refs {
 				v, err := dataset.Open(ctx, w.st, ref)
