@@ -16,6 +16,7 @@ import (
 	"github.com/kilnrl/kiln/internal/agent/engine"
 	"github.com/kilnrl/kiln/internal/agent/enginetest"
 	"github.com/kilnrl/kiln/internal/stagecmd"
+	"github.com/kilnrl/kiln/internal/stagecmd/stagetest"
 )
 
 // noGenerate is the script of a renderer engine: a replay must never ask it
@@ -199,4 +200,26 @@ func TestReplayOptions(t *testing.T) {
 	assert.Equal(t, version("http://a"), version("http://b"))
 	assert.NotEqual(t, version("http://a"), version("replay://r/turns@v1"))
 	assert.NotEqual(t, version("replay://r/turns@v1"), version("replay://r/turns@v2"))
+}
+
+// TestReplayUsage: the replay flags' mistakes are usage errors (exit 2)
+// named on stderr, before any input is read.
+func TestReplayUsage(t *testing.T) {
+	base := []string{"run", "--store", t.TempDir(), "--bundles", t.TempDir(), "--out", "rollout/usage"}
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no renderer", []string{"--engine", "replay://r/turns@v1"}, "needs --replay-renderer URL"},
+		{"renderer without replay", []string{"--engine", "http://127.0.0.1:1", "--replay-renderer", "http://127.0.0.1:2"}, "no --engine is replay://REF"},
+		{"mixed", []string{"--engine", "replay://r/turns@v1,http://127.0.0.1:1", "--replay-renderer", "http://127.0.0.1:2"}, "must be the only engine"},
+		{"unpinned", []string{"--engine", "replay://r/turns", "--replay-renderer", "http://127.0.0.1:2"}, "pin the recording"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := stagetest.Run(t, Commands, append(append([]string(nil), base...), c.args...)...)
+			assert.Equal(t, 2, r.Code, r.Stderr)
+			assert.Contains(t, r.Stderr, c.want)
+		})
+	}
 }

@@ -3,6 +3,7 @@ package rollout
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http/httptest"
 	"slices"
@@ -140,6 +141,21 @@ func TestReplayRun(t *testing.T) {
 			assert.Equal(t, want, r, "rollout %d", id)
 		}
 		assert.Equal(t, len(w.set.Tasks), fixed)
+	})
+
+	// Only a turns version replays; nothing is written otherwise.
+	t.Run("refused", func(t *testing.T) {
+		bad := replay
+		bad.Engines = []string{"replay://" + rec.Trajectories.Ref.String()}
+		_, err, _ := w.run(t, ctx, "rollout/replay-bad", bad, nil)
+		var ue stagecmd.UsageError
+		require.True(t, errors.As(err, &ue), "%v", err)
+		assert.ErrorContains(t, err, "holds trajectories records, not turns: replay the NAME/turns version of the run")
+		bad.Engines = []string{"replay://rollout/replay/turns@0000000000000000000a"}
+		_, err, _ = w.run(t, ctx, "rollout/replay-bad", bad, nil)
+		assert.ErrorContains(t, err, "--engine replay://rollout/replay/turns@0000000000000000000a")
+		_, err = dataset.OpenString(ctx, w.st, "rollout/replay-bad/rollouts")
+		assert.Error(t, err, "nothing committed")
 	})
 
 	// The agent reads another task file: every run's first prompt differs.
