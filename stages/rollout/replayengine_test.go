@@ -6,8 +6,10 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -222,4 +224,25 @@ func TestReplayUsage(t *testing.T) {
 			assert.Contains(t, r.Stderr, c.want)
 		})
 	}
+}
+
+// TestReplayEngineHealth: the stage's health check of a replay engine is
+// its renderer's, so a dead renderer fails it (its runs abort
+// engine_error, docs/rollout.md §7.2).
+func TestReplayEngineHealth(t *testing.T) {
+	book, err := newReplayBook(replayTurns())
+	require.NoError(t, err)
+	renderer := httptest.NewServer(enginetest.New(enginetest.Options{Script: noGenerate(t)}))
+	e, err := newReplayEngine(book, "rec/turns@v1", renderer.URL, stagecmd.NewLogger(io.Discard, false))
+	require.NoError(t, err)
+	url, err := e.start()
+	require.NoError(t, err)
+	defer e.close()
+	hc := &http.Client{Timeout: 5 * time.Second}
+	assert.Empty(t, checkHealth(context.Background(), hc, url, ""))
+	renderer.Close()
+	assert.Contains(t, checkHealth(context.Background(), hc, url, ""), "HTTP 502")
+
+	_, err = newReplayEngine(book, "rec/turns@v1", "gpu1:8000", stagecmd.NewLogger(io.Discard, false))
+	assert.ErrorContains(t, err, `--replay-renderer "gpu1:8000": want the base URL of an engine`)
 }
