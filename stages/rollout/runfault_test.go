@@ -3,6 +3,7 @@ package rollout
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http/httptest"
 	"os"
@@ -37,8 +38,15 @@ func TestRunFaults(t *testing.T) {
 		turns  bool                                      // the run's turns are kept
 		fault  func(enginetest.Request) enginetest.Fault // engine replies corrupted
 		alsoOK string                                    // another acceptable abort reason (turns and exit then unchecked)
+		// engineGone: the engine's process goes away while every run is
+		// in flight (startDyingEngine), instead of failing its replies.
+		engineGone bool
 	}{
 		{name: "engine fails mid-run", do: failLater, abort: AbortEngineError, exit: 1},
+		// Health checks are off: the runs end by their calls failing alone
+		// (TestRunEngineUnhealthy has the health check's path).
+		{name: "engine process goes away mid-run", do: lookAround, abort: AbortEngineError, exit: 1, engineGone: true,
+			adjust: func(o *RunOptions) { o.HealthInterval = -1 }},
 		{name: "engine returns bad logprobs", do: lookAround, abort: AbortEngineError, exit: 1,
 			fault: func(r enginetest.Request) enginetest.Fault {
 				if r.SessionID != "" && r.Turn >= 1 {
@@ -58,9 +66,15 @@ func TestRunFaults(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			model := newScriptedModel(w.set, func(fixtures.Task, int) behaviour { return c.do })
-			srv := httptest.NewServer(enginetest.New(enginetest.Options{Script: model.script, MaxModelLen: 1 << 16, Fault: c.fault}))
-			t.Cleanup(srv.Close)
-			o := w.options(srv.URL)
+			var url string
+			if c.engineGone {
+				url = startDyingEngine(t, model.script, len(w.set.Tasks))
+			} else {
+				srv := httptest.NewServer(enginetest.New(enginetest.Options{Script: model.script, MaxModelLen: 1 << 16, Fault: c.fault}))
+				t.Cleanup(srv.Close)
+				url = srv.URL
+			}
+			o := w.options(url)
 			o.Samples = 1
 			if c.adjust != nil {
 				c.adjust(&o)
@@ -100,6 +114,46 @@ func TestRunFaults(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startDyingEngine serves script until n sessions have each made their
+// second model call; those calls are held, and the engine goes away as a
+// killed engine process does: its listener closes and every connection,
+// the held calls' among them, is cut without a reply. Later calls find
+// nothing listening.
+func startDyingEngine(t *testing.T, script enginetest.Script, n int) string {
+	t.Helper()
+	held := make(chan struct{}, n)
+	release := make(chan struct{})
+	srv := httptest.NewServer(enginetest.New(enginetest.Options{MaxModelLen: 1 << 16, Script: func(r enginetest.Request) enginetest.Output {
+		if r.SessionID == "" || r.Turn != 1 {
+			return script(r)
+		}
+		held <- struct{}{}
+		<-release
+		return enginetest.Output{Err: errors.New("the engine is gone")} // never delivered
+	}}))
+	gone := make(chan struct{})
+	go func() {
+		defer close(gone)
+		timeout := time.After(2 * time.Minute)
+		for i := 0; i < n; i++ {
+			select {
+			case <-held:
+			case <-timeout:
+				t.Errorf("only %d of %d sessions made their second call; the engine goes away anyway", i, n)
+				i = n
+			}
+		}
+		srv.Listener.Close()
+		srv.CloseClientConnections()
+		close(release)
+	}()
+	t.Cleanup(func() {
+		<-gone
+		srv.Close()
+	})
+	return srv.URL
 }
 
 // bundleRootWith is a bundle root holding w's bundles (symlinks to
