@@ -79,7 +79,9 @@ type CommandRecord struct {
 	PidsLimited     bool      `json:"pids_limited,omitempty"`
 	Started         time.Time `json:"started"`
 	DurationMs      float64   `json:"duration_ms"`
-	Error           string    `json:"error,omitempty"`
+	// CPUMs is the command's CPU time, with the processes it waited for.
+	CPUMs float64 `json:"cpu_ms,omitempty"`
+	Error string  `json:"error,omitempty"`
 }
 
 // recorder appends command records to a host file as they happen, so a
@@ -107,6 +109,7 @@ func (r *recorder) add(cmd Cmd, argv []string, started time.Time, res Result, ex
 		StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated,
 		TimedOut: res.TimedOut, OOMKilled: res.OOMKilled, PidsLimited: res.PidsLimited,
 		Started: started.UTC(), DurationMs: float64(res.Duration.Microseconds()) / 1000,
+		CPUMs: float64(res.CPU.Microseconds()) / 1000,
 	}
 	if cmd.Shell == "" {
 		rec.Argv = argv

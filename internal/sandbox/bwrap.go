@@ -391,7 +391,7 @@ func (s *bwrapSandbox) Exec(ctx context.Context, cmd Cmd) (Result, error) {
 		StdoutTruncated: resp.StdoutTruncated, StderrTruncated: resp.StderrTruncated,
 		StdoutBytes: resp.StdoutBytes, StderrBytes: resp.StderrBytes,
 		TimedOut: resp.TimedOut, OOMKilled: oom1 > oom0, PidsLimited: pids1 > pids0,
-		Duration: time.Duration(resp.DurationNs),
+		Duration: time.Duration(resp.DurationNs), CPU: time.Duration(resp.CPUNs),
 	}
 	var execErr error
 	if resp.Error != "" {

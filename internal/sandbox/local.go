@@ -115,6 +115,9 @@ func (s *localSandbox) Exec(ctx context.Context, cmd Cmd) (Result, error) {
 		StdoutTruncated: stdout.Truncated(), StderrTruncated: stderr.Truncated(),
 		StdoutBytes: stdout.Total(), StderrBytes: stderr.Total(), Duration: time.Since(started),
 	}
+	if ps := c.ProcessState; ps != nil {
+		res.CPU = ps.UserTime() + ps.SystemTime()
+	}
 	if timedOut {
 		res.ExitCode, res.TimedOut = TimeoutExitCode, true
 	}

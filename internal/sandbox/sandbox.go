@@ -130,6 +130,9 @@ type Result struct {
 	// command ran.
 	PidsLimited bool
 	Duration    time.Duration
+	// CPU is the user + system CPU time of the command and of the
+	// processes it waited for (not of those it left running).
+	CPU time.Duration
 }
 
 // ExitError is Exec's error for a checked command with a non-zero exit.

@@ -90,6 +90,21 @@ func TestExec(t *testing.T) {
 			t.Fatalf("got %d bytes truncated=%v total=%d, stderr %q truncated=%v", len(res.Stdout), res.StdoutTruncated, res.StdoutBytes, res.Stderr, res.StderrTruncated)
 		}
 	})
+	t.Run("cpu time", func(t *testing.T) {
+		// A busy loop in a child the shell waits for: its CPU counts; a
+		// sleep uses next to none.
+		busy, err := sb.Exec(ctx, sandbox.Cmd{Shell: `sh -c 'i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done'`, Check: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle, err := sb.Exec(ctx, sandbox.Cmd{Shell: "sleep 0.3", Check: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if busy.CPU < 20*time.Millisecond || busy.CPU > busy.Duration+10*time.Millisecond || idle.CPU > 50*time.Millisecond {
+			t.Fatalf("busy: %s CPU in %s; sleep 0.3: %s CPU", busy.CPU, busy.Duration, idle.CPU)
+		}
+	})
 	t.Run("timeout kills the tree", func(t *testing.T) {
 		start := time.Now()
 		// A background child holding stdout and a grandchild in a subshell.

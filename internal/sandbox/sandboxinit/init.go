@@ -190,11 +190,21 @@ func run(ctx context.Context, sp *spawner, req *Request) Response {
 		StdoutTruncated: stdout.Truncated(),
 		StderrTruncated: stderr.Truncated(),
 		DurationNs:      int64(time.Since(start)),
+		CPUNs:           int64(cpuTime(cmd.ProcessState)),
 	}
 	if timedOut {
 		resp.ExitCode, resp.TimedOut = 124, true
 	}
 	return resp
+}
+
+// cpuTime is a finished process's user + system CPU time, its waited-for
+// descendants' included (0 if unknown).
+func cpuTime(ps *os.ProcessState) time.Duration {
+	if ps == nil {
+		return 0
+	}
+	return ps.UserTime() + ps.SystemTime()
 }
 
 // exitCode is the shell convention: the exit status, or 128+signal.

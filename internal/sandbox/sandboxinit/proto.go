@@ -63,5 +63,8 @@ type Response struct {
 	StderrTruncated bool   `json:"stderr_truncated"`
 	TimedOut        bool   `json:"timed_out"`
 	DurationNs      int64  `json:"duration_ns"`
-	Error           string `json:"error,omitempty"`
+	// CPUNs is the user + system CPU time of the command and of the
+	// descendants it waited for (wait4's rusage).
+	CPUNs int64  `json:"cpu_ns,omitempty"`
+	Error string `json:"error,omitempty"`
 }
