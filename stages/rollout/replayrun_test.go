@@ -64,10 +64,10 @@ func rowsByRollout(rows []records.Rollout) map[int64]records.Rollout {
 // replayed from its turns version against a renderer that fails the test
 // if it is ever asked to generate. The replay gives the same turns,
 // segments, patches and rows (and kiln-grade the same rewards) under
-// another version id. A replay whose agent sends other prompts (it reads
-// another task file) ends every run as replay_mismatch naming the rollout,
-// the turn and the first differing token, with no turns or segments, and
-// the stage succeeds with every row.
+// another version id. A replay whose agent sends other prompts ends every
+// affected run as replay_mismatch naming the rollout, the turn and the
+// first differing token, with no turns or segments, replays the others as
+// recorded, and the stage succeeds with every row.
 func TestReplayRun(t *testing.T) {
 	w := newRunWorld(t)
 	ctx := context.Background()
@@ -141,6 +141,46 @@ func TestReplayRun(t *testing.T) {
 			assert.Equal(t, want, r, "rollout %d", id)
 		}
 		assert.Equal(t, len(w.set.Tasks), fixed)
+	})
+
+	// The agent's commands find no ls: the runs that only look around send
+	// another tool result in their second call; the fixing runs (edit
+	// calls only) are replayed as recorded.
+	t.Run("some changed", func(t *testing.T) {
+		changed := replay
+		extra, err := harness.ParseExtra("", `{"PATH":"/nonexistent"}`)
+		require.NoError(t, err)
+		changed.Harness.Extra = extra
+		res, err, logs := w.run(t, ctx, "rollout/replay-some", changed, nil)
+		require.NoError(t, err, logs)
+		rows := rowsByRollout(readRollouts(t, w.st, res.Rollouts.Ref))
+		require.Len(t, rows, len(recRows))
+		var wantTurns []records.Turn
+		var wantSegs []records.Trajectory
+		mismatched := 0
+		for id, r := range rows {
+			if recRows[id].Patch != "" {
+				assert.Nil(t, r.AbortReason, "fixing rollout %d: %s", id, deref(r.AbortReason))
+				assert.Equal(t, recRows[id].Patch, r.Patch, "rollout %d", id)
+				for _, tr := range recTurns {
+					if tr.RolloutID == id {
+						wantTurns = append(wantTurns, tr)
+					}
+				}
+				for _, s := range recSegs {
+					if s.RolloutID == id {
+						wantSegs = append(wantSegs, s)
+					}
+				}
+				continue
+			}
+			mismatched++
+			assert.Equal(t, AbortReplayMismatch, deref(r.AbortReason), "rollout %d", id)
+			assert.Regexp(t, fmt.Sprintf(`rollout=%d reason=replay_mismatch detail="replay: rollout %d turn 1: prompt token [0-9]+ is [0-9]+, the recorded one [0-9]+"`, id, id), logs)
+		}
+		assert.Equal(t, len(w.set.Tasks), mismatched)
+		assert.Equal(t, turnsByRollout(wantTurns), turnsByRollout(readTurns(t, w.st, res.Turns.Ref)))
+		assert.Equal(t, segmentsByRollout(wantSegs), segmentsByRollout(readSegments(t, w.st, res.Trajectories.Ref)))
 	})
 
 	// Only a turns version replays; nothing is written otherwise.
