@@ -16,6 +16,7 @@ import (
 	"runtime/debug"
 	"runtime/metrics"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -244,14 +245,17 @@ const (
 	loadChildTokDir  = "KILN_LOAD_TOKENIZER_DIR"
 	loadChildProf    = "KILN_LOAD_CPUPROFILE"
 	loadChildMemProf = "KILN_LOAD_MEMPROFILE"
+	loadChildTrace   = "KILN_LOAD_TRACE"
 )
 
 // loadChild is the adapter process of the load benchmark, driven over its
 // stdin and stdout by a line protocol: it prints its listen address, then
 // answers "cpu" (its own user+system CPU in ns), "gccpu" (the part of it
 // the runtime puts down to garbage collection, in ns), "heap" (live heap bytes
-// after GC) and "finish" (finishes every session and prints a loadSummary
-// as JSON); EOF ends it.
+// after GC), "mark" and "sched" (its scheduling latency and GC pauses since
+// the mark, a schedStats as JSON), "clock" (its turnTimings by session, as
+// JSON, forgotten once told) and "finish" (finishes every session and
+// prints a loadSummary as JSON); EOF ends it.
 type loadChild struct {
 	ad  *adapter.Server
 	srv *http.Server
@@ -279,8 +283,19 @@ func TestLoadAdapterChild(t *testing.T) {
 		t.Skip("the adapter process of BenchmarkAdapterLoad")
 	}
 	var ad *adapter.Server
+	var clock turnClock
 	if os.Getenv(loadChildMemProf) != "" {
 		runtime.MemProfileRate = 1
+	}
+	if p := os.Getenv(loadChildTrace); p != "" {
+		f, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := trace.Start(f); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { trace.Stop(); f.Close() }()
 	}
 	h := relayFromEnv(t)
 	if h == nil {
@@ -294,7 +309,11 @@ func TestLoadAdapterChild(t *testing.T) {
 			}
 			defer func() { pprof.StopCPUProfile(); f.Close() }()
 		}
-		ec, err := engine.New(engine.Options{BaseURL: os.Getenv(loadChildEngine), Mode: engine.ModeGenerate})
+		// The engine client's own HTTP client, its Transport timed
+		// (turnClock).
+		hc := engine.NewHTTPClient()
+		hc.Transport = clockTransport{base: hc.Transport}
+		ec, err := engine.New(engine.Options{BaseURL: os.Getenv(loadChildEngine), Mode: engine.ModeGenerate, HTTPClient: hc})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -307,7 +326,7 @@ func TestLoadAdapterChild(t *testing.T) {
 		}
 		ad = adapter.New(adapter.Options{Engine: ec, Special: sp, ReasoningParser: "qwen3", ToolParser: "qwen3_coder",
 			IDs: protocol.SeededIDs(7)})
-		h = ad
+		h = clock.wrap(ad)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -321,10 +340,23 @@ func TestLoadAdapterChild(t *testing.T) {
 	fmt.Fprintln(out, ln.Addr().String())
 	out.Flush()
 	in := bufio.NewScanner(os.Stdin)
+	var schedBase []metrics.Sample
 	for in.Scan() {
 		switch in.Text() {
+		case "mark":
+			_, schedBase = readSched(nil)
+			fmt.Fprintln(out, "ok")
+		case "sched":
+			st, _ := readSched(schedBase)
+			b, _ := json.Marshal(st)
+			fmt.Fprintf(out, "%s\n", b)
+		case "clock":
+			b, _ := json.Marshal(clock.take())
+			fmt.Fprintf(out, "%s\n", b)
 		case "cpu":
 			fmt.Fprintln(out, int64(processCPU()))
+		case "rqwait":
+			fmt.Fprintln(out, int64(runQueueWait()))
 		case "gccpu":
 			fmt.Fprintln(out, int64(gcCPU()))
 		case "heap":
@@ -394,7 +426,7 @@ type adapterProc struct {
 
 // startAdapterProc starts the adapter process (or, with the relay's
 // environment in env, the relay).
-func startAdapterProc(b *testing.B, engineURL, tokDir string, env ...string) *adapterProc {
+func startAdapterProc(b *testing.B, split *cpuSplit, engineURL, tokDir string, env ...string) *adapterProc {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestLoadAdapterChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), loadChildEnv+"=1", loadChildEngine+"="+engineURL, loadChildTokDir+"="+tokDir)
 	cmd.Env = append(cmd.Env, env...)
@@ -407,7 +439,7 @@ func startAdapterProc(b *testing.B, engineURL, tokDir string, env ...string) *ad
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	if err := split.start(cmd); err != nil {
 		b.Fatal(err)
 	}
 	p := &adapterProc{cmd: cmd, in: in, out: bufio.NewScanner(outR)}
@@ -475,6 +507,12 @@ func runLoad(b *testing.B, cfg loadConfig) {
 	// collects garbage less often, leaving more of the shared cores to the
 	// processes measured. Their own settings are untouched.
 	defer debug.SetGCPercent(debug.SetGCPercent(400))
+	split := splitCPUs()
+	if err := split.pinHarness(); err != nil {
+		b.Fatalf("pinning the harness: %v (%s=0 runs unpinned)", err, loadPinEnv)
+	}
+	defer split.unpin()
+	b.Logf("CPUs: %s", split.desc)
 	dir := b.TempDir()
 	if err := enginetest.WriteTokenizerFiles(dir); err != nil {
 		b.Fatal(err)
@@ -492,7 +530,7 @@ func runLoad(b *testing.B, cfg loadConfig) {
 		served = slowGenerate(eng, cfg.engineLatency)
 	}
 	engAddr := loopbackServer(b, log.wrap(served), &engConns)
-	ad := startAdapterProc(b, "http://"+engAddr, dir)
+	ad := startAdapterProc(b, split, "http://"+engAddr, dir)
 	defer ad.stop()
 	eng.Reset()
 	engConns.Store(0)
@@ -512,8 +550,49 @@ func runLoad(b *testing.B, cfg loadConfig) {
 	log.mu.Lock()
 	log.all = nil
 	log.mu.Unlock()
+	ad.ask(b, "mark")
 	run := driveLoad(b, cfg, ad, sess, false, between)
 	newConns := engConns.Load()
+	var sched schedStats
+	if err := json.Unmarshal([]byte(ad.ask(b, "sched")), &sched); err != nil {
+		b.Fatal(err)
+	}
+	var clock map[string][]turnTiming
+	if err := json.Unmarshal([]byte(ad.ask(b, "clock")), &clock); err != nil {
+		b.Fatal(err)
+	}
+	// The adapter's own added latency by its own clock: each turn's time
+	// in the handler, from its body read whole to its reply written, less
+	// its engine calls as the adapter saw them.
+	var own []time.Duration
+	for _, ts := range clock {
+		for _, t := range ts {
+			own = append(own, time.Duration(t.End-t.Read-t.Engine))
+		}
+	}
+	slices.Sort(own)
+	if len(own) != cfg.sessions*cfg.turns {
+		b.Fatalf("the adapter timed %d turns, want %d", len(own), cfg.sessions*cfg.turns)
+	}
+	reportClock := func() {
+		b.ReportMetric(pct(own, 0.50), "own-p50-ms")
+		b.ReportMetric(pct(own, 0.99), "own-p99-ms")
+		b.ReportMetric(sched.RunnableP99, "adapter-runnable-p99-ms")
+		b.ReportMetric(sched.GCPauseMax, "adapter-gc-pause-max-ms")
+		b.ReportMetric(float64(sched.GCs)/float64(cfg.sessions*cfg.turns), "adapter-gcs/turn")
+		pinned := 0.0
+		if split.on {
+			pinned = 1
+		}
+		b.ReportMetric(pinned, "pinned")
+		b.Logf("adapter process: goroutines runnable p99 %.3f ms, max %.3f ms; GC pauses p99 %.3f ms, max %.3f ms, %d GCs",
+			sched.RunnableP99, sched.RunnableMax, sched.GCPauseP99, sched.GCPauseMax, sched.GCs)
+		b.Logf("waiting for a core: adapter threads %.1f%% of the wall time (%v), harness threads %.1f%% (%v); machine: some task waiting %.1f%% of it; load %s",
+			100*float64(run.rqWait)/float64(run.wall), run.rqWait.Round(time.Millisecond),
+			100*float64(run.harnessRQWait)/float64(run.wall), run.harnessRQWait.Round(time.Millisecond),
+			100*float64(run.pressure)/float64(run.wall), loadAvg())
+		b.ReportMetric(float64(run.rqWait.Microseconds())/float64(cfg.sessions*cfg.turns), "adapter-rq-wait-µs/turn")
+	}
 
 	// Every response was 200 (checked per turn); now check that reuse
 	// happened: turn k's prompt starts with turn k-1's prompt+output.
@@ -548,6 +627,12 @@ func runLoad(b *testing.B, cfg loadConfig) {
 	if realistic {
 		added = addedLatencyBySession(sess, log.all)
 		told = float64(len(added)) / float64(nTurns)
+		phases, err := joinPhases(sess, clock, log.all)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Log(phaseBreakdown(phases))
+		reportClock()
 		cpu := run.cpu + sum.FinishCPU
 		var turnTime time.Duration
 		for _, l := range run.lat {
@@ -583,7 +668,8 @@ func runLoad(b *testing.B, cfg loadConfig) {
 	}
 
 	// The baseline: the relay makes the same exchanges with the same bytes.
-	relay, relayX := runRelay(b, cfg, &log, sess)
+	reportClock()
+	relay, relayX := runRelay(b, split, cfg, &log, sess)
 	relayCPU := relay.cpu
 	// Saturated, the relay runs several times the adapter's rate, and a
 	// process's CPU per turn falls as its rate rises (fewer idle gaps to
@@ -592,7 +678,7 @@ func runLoad(b *testing.B, cfg loadConfig) {
 	if cfg.rate == 0 {
 		paced := cfg
 		paced.rate = float64(nTurns) / run.wall.Seconds()
-		pacedRun, _ := runRelay(b, paced, &log, sess)
+		pacedRun, _ := runRelay(b, split, paced, &log, sess)
 		pacedCPU = pacedRun.cpu
 	}
 
@@ -642,7 +728,7 @@ func runLoad(b *testing.B, cfg loadConfig) {
 // process of its own, answering each turn with the adapter's recorded
 // reply, and returns the relay's CPU time and latencies and the exchanges
 // its engine saw.
-func runRelay(b *testing.B, cfg loadConfig, log *exchangeLog, sess []*loadSession) (loadRun, []exchange) {
+func runRelay(b *testing.B, split *cpuSplit, cfg loadConfig, log *exchangeLog, sess []*loadSession) (loadRun, []exchange) {
 	groups, err := log.turnsOf(cfg.sessions * cfg.turns)
 	if err != nil {
 		b.Fatal(err)
@@ -657,7 +743,7 @@ func runRelay(b *testing.B, cfg loadConfig, log *exchangeLog, sess []*loadSessio
 	}
 	var seen exchangeLog
 	faddr := loopbackServer(b, seen.wrap(fillerEngine(bytes.Repeat([]byte{'1'}, relayFillerSize))), nil)
-	rp := startAdapterProc(b, "", "", relayPlanEnv+"="+planFile, relayEngineEnv+"="+faddr)
+	rp := startAdapterProc(b, split, "", "", relayPlanEnv+"="+planFile, relayEngineEnv+"="+faddr)
 	defer rp.stop()
 	for _, s := range sess {
 		s.restart()
@@ -701,8 +787,12 @@ type loadRun struct {
 	// scripted engine, which share the machine with the measured process.
 	harness time.Duration
 	gc      time.Duration // of cpu, the garbage collector's (runtime estimate)
-	lat     []time.Duration
-	spans   []span
+	// rqWait and harnessRQWait are how long the measured process's and
+	// this process's threads waited for a core (runQueueWait); pressure
+	// the machine's time with some task waiting for one (cpuPressure).
+	rqWait, harnessRQWait, pressure time.Duration
+	lat                             []time.Duration
+	spans                           []span
 }
 
 func (r loadRun) pct(p float64) float64 { return pct(r.lat, p) }
@@ -852,6 +942,7 @@ func driveLoad(b *testing.B, cfg loadConfig, p *adapterProc, sess []*loadSession
 			pace = tk.C
 			defer tk.Stop()
 		}
+		q0, hq0, ps0 := p.num(b, "rqwait"), runQueueWait(), cpuPressure()
 		g0, c0, h0, w0 := p.num(b, "gccpu"), p.num(b, "cpu"), processCPU(), time.Now()
 		b.StartTimer()
 		var wg sync.WaitGroup
@@ -879,6 +970,9 @@ func driveLoad(b *testing.B, cfg loadConfig, p *adapterProc, sess []*loadSession
 		run.harness += processCPU() - h0
 		run.cpu += time.Duration(p.num(b, "cpu") - c0)
 		run.gc += time.Duration(p.num(b, "gccpu") - g0)
+		run.rqWait += time.Duration(p.num(b, "rqwait") - q0)
+		run.harnessRQWait += runQueueWait() - hq0
+		run.pressure += cpuPressure() - ps0
 		for _, s := range sess {
 			if s.err != nil {
 				b.Fatal(s.err)

@@ -68,7 +68,7 @@ type Options struct {
 	// Required; a trailing slash is dropped.
 	BaseURL string
 	// HTTPClient; nil means net/http's Transport tuned for the engine (see
-	// newHTTPClient): HTTP/1.1, up to 1024 idle connections, no proxy, no
+	// NewHTTPClient): HTTP/1.1, up to 1024 idle connections, no proxy, no
 	// redirects followed. Set it to route engine calls through a proxy or
 	// add TLS settings; the no-resend rule (see Client.do) then holds only
 	// as far as its Transport and CheckRedirect keep it.
@@ -134,7 +134,7 @@ func New(opts Options) (*Client, error) {
 	}
 	c := &Client{opts: opts, base: strings.TrimRight(u.String(), "/"), hc: opts.HTTPClient, contextLen: opts.ContextLength}
 	if c.hc == nil {
-		c.hc = newHTTPClient()
+		c.hc = NewHTTPClient()
 	}
 	switch opts.Mode {
 	case ModeGenerate:
@@ -167,8 +167,8 @@ const (
 	idleConnTimeout = 4 * time.Second
 )
 
-// newHTTPClient is the client used when Options.HTTPClient is nil: net/http's
-// default dialing and TLS settings with
+// NewHTTPClient returns the client New uses when Options.HTTPClient is nil
+// (a new one each call): net/http's default dialing and TLS settings with
 //
 //   - HTTP/1.1 only: vLLM (uvicorn) speaks nothing else, and HTTP/2's
 //     Transport re-sends a request after some stream resets (see Client.do);
@@ -178,7 +178,11 @@ const (
 //     idleConnTimeout);
 //   - redirects not followed: a 3xx is an *HTTPError, as any non-2xx, and a
 //     307/308 would otherwise send a generate body again elsewhere.
-func newHTTPClient() *http.Client {
+//
+// A caller that wants to observe the engine calls (the adapter's load
+// benchmark times them) wraps its Transport and passes the result as
+// Options.HTTPClient, keeping these settings.
+func NewHTTPClient() *http.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy = nil
 	tr.Protocols = new(http.Protocols)
@@ -219,7 +223,7 @@ type httpReply struct {
 // a POST that may have reached the engine — a server that read it and
 // dropped the connection may have acted on it — fails to the caller;
 // only the probe's GETs may be re-sent. HTTP/2, whose Transport also
-// re-sends after some stream resets, is not used (newHTTPClient).
+// re-sends after some stream resets, is not used (NewHTTPClient).
 func (c *Client) do(ctx context.Context, method, path string, body []byte, hdr map[string]string) (*httpReply, error) {
 	if c.opts.RequestTimeout > 0 {
 		var cancel context.CancelFunc
