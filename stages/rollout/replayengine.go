@@ -150,9 +150,10 @@ func (e *replayEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// replayRequest is what a generation request says that the replay reads:
-// the prompt, and the sampling fields that ask for more than the record
-// of a turn may hold. The generate route nests sampling under
+// replayRequest is what the replay reads of a generation request: the
+// prompt, and the sampling fields a recorded turn must satisfy (its output
+// within max_tokens) or cannot (top logprobs, routed experts; the mask
+// only when recorded). The generate route nests sampling under
 // sampling_params; the completions route puts it at the top level.
 type replayRequest struct {
 	TokenIDs       []int32         `json:"token_ids"`
@@ -162,11 +163,10 @@ type replayRequest struct {
 }
 
 type replaySampling struct {
-	MaxTokens                int   `json:"max_tokens"`
-	Logprobs                 *int  `json:"logprobs"`
-	ReturnSamplingMask       bool  `json:"return_sampling_mask"`
-	RoutedExpertsPromptStart *int  `json:"routed_experts_prompt_start"`
-	Stop                     []any `json:"stop"`
+	MaxTokens                int  `json:"max_tokens"`
+	Logprobs                 *int `json:"logprobs"`
+	ReturnSamplingMask       bool `json:"return_sampling_mask"`
+	RoutedExpertsPromptStart *int `json:"routed_experts_prompt_start"`
 }
 
 // serveGeneration answers one generation from the recording.
