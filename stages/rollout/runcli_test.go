@@ -26,7 +26,7 @@ import (
 
 // requireCLIs skips (fails under CI=true) unless the pinned CLIs of
 // scripts/install-test-deps.sh are installed.
-func requireCLIs(t *testing.T) {
+func requireCLIs(t testing.TB) {
 	t.Helper()
 	for _, name := range []string{harness.ClaudeCodeName, harness.CodexName} {
 		if _, err := harness.New(name, harness.Options{}); err != nil {
@@ -59,9 +59,60 @@ func cliScript(m *scriptedModel) enginetest.Script {
 	}
 }
 
+// firstCalls records when each session made its first model call at the
+// engine (the engine probe, with no session, is none of them), for the
+// time from a run's start to its first model call (TestRunCLIAgents,
+// BenchmarkRunCLIFirstCall).
+type firstCalls struct {
+	mu sync.Mutex
+	at map[string]time.Time // session -> its first call
+}
+
+func newFirstCalls() *firstCalls { return &firstCalls{at: map[string]time.Time{}} }
+
+// wrap is s, recording each session's first call before answering it.
+func (f *firstCalls) wrap(s enginetest.Script) enginetest.Script {
+	return func(r enginetest.Request) enginetest.Output {
+		if r.SessionID != "" {
+			f.mu.Lock()
+			if _, ok := f.at[r.SessionID]; !ok {
+				f.at[r.SessionID] = time.Now()
+			}
+			f.mu.Unlock()
+		}
+		return s(r)
+	}
+}
+
+// byAgent is, per agent, the time from each run's start (its row's
+// started_at, before the session opens and the sandbox boots) to its
+// session's first model call; runs that recorded no turn are left out.
+func (f *firstCalls) byAgent(rows []records.Rollout, turns []records.Turn) map[string][]time.Duration {
+	sessionOf := map[int64]string{}
+	for _, tr := range turns {
+		sessionOf[tr.RolloutID] = tr.Session
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string][]time.Duration{}
+	for _, r := range rows {
+		if at, ok := f.at[sessionOf[r.RolloutID]]; ok {
+			out[r.Agent] = append(out[r.Agent], at.Sub(r.StartedAt))
+		}
+	}
+	return out
+}
+
 // writeTasksWithAgents commits the tasks of w with agent columns cycling
 // through agents, as a new tasks version.
-func writeTasksWithAgents(t *testing.T, w *runWorld, name string, agents ...string) string {
+func writeTasksWithAgents(t testing.TB, w *runWorld, name string, agents ...string) string {
+	t.Helper()
+	return writeFirstTasksWithAgents(t, w, name, -1, agents...)
+}
+
+// writeFirstTasksWithAgents is writeTasksWithAgents keeping only the first
+// n tasks (all when n < 0), their task_index values unchanged.
+func writeFirstTasksWithAgents(t testing.TB, w *runWorld, name string, n int, agents ...string) string {
 	t.Helper()
 	ctx := context.Background()
 	v, err := dataset.OpenString(ctx, w.st, w.tasks)
@@ -70,6 +121,9 @@ func writeTasksWithAgents(t *testing.T, w *runWorld, name string, agents ...stri
 	require.NoError(t, v.EachShard(ctx, func(_ int, data []byte) error {
 		return records.EachTask(data, func(tk records.Task) error { rows = append(rows, tk); return nil })
 	}))
+	if n >= 0 && n < len(rows) {
+		rows = rows[:n]
+	}
 	for i := range rows {
 		rows[i].Agent = &agents[i%len(agents)]
 	}
@@ -106,17 +160,8 @@ func TestRunCLIAgents(t *testing.T) {
 		}
 		return lookAround
 	})
-	var firstMu sync.Mutex
-	first := map[string]time.Time{} // session -> its first model call
-	script := cliScript(model)
-	o := w.options(startEngine(t, func(r enginetest.Request) enginetest.Output {
-		firstMu.Lock()
-		if _, ok := first[r.SessionID]; !ok {
-			first[r.SessionID] = time.Now()
-		}
-		firstMu.Unlock()
-		return script(r)
-	}))
+	first := newFirstCalls()
+	o := w.options(startEngine(t, first.wrap(cliScript(model))))
 	o.Tasks = writeTasksWithAgents(t, w, "tasks-cli", harness.ClaudeCodeName, harness.CodexName)
 	o.Samples = 2
 	if !testing.Short() {
@@ -168,13 +213,7 @@ func TestRunCLIAgents(t *testing.T) {
 
 	// Time from run start (boot, workspace, CLI start) to the first model
 	// call, per agent, for the record (BENCHMARKS.md).
-	lat := map[string][]time.Duration{}
-	for _, r := range rows {
-		if f, ok := first[sessionOf[r.RolloutID]]; ok {
-			lat[r.Agent] = append(lat[r.Agent], f.Sub(r.StartedAt))
-		}
-	}
-	for a, ds := range lat {
+	for a, ds := range first.byAgent(rows, turns) {
 		slices.Sort(ds)
 		t.Logf("%s: run start to first model call over %d runs: p50 %s, max %s", a, len(ds),
 			ds[len(ds)/2].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond))
