@@ -47,7 +47,9 @@ const UnitBytes = "bytes"
 // Progress reports work done: a redrawn bar on a terminal, a structured log
 // line every Interval otherwise. Both carry the amount in the unit's own
 // terms (B/KiB/MiB..., or N rows), the rate, and, when the total is known,
-// the estimated time left. Safe for concurrent use.
+// the estimated time left. A stage may add live fields of its own to the
+// bar (SetStatus) and redraw it between Adds (Redraw). Safe for concurrent
+// use.
 type Progress struct {
 	mu       sync.Mutex
 	label    string
@@ -58,6 +60,8 @@ type Progress struct {
 	last     time.Time
 	tty      io.Writer // nil when not a terminal
 	log      *slog.Logger
+	status   func(elapsed time.Duration) string
+	ended    bool // Done was called: Redraw draws nothing
 	Interval time.Duration
 }
 
@@ -71,6 +75,38 @@ func NewProgress(stderr io.Writer, log *slog.Logger, label, unit string, total i
 	return p
 }
 
+// Terminal reports whether the report is a bar on a terminal (else log
+// lines).
+func (p *Progress) Terminal() bool { return p.tty != nil }
+
+// SetStatus makes the bar end with status(elapsed since the start): a
+// stage's live fields ("running 3, 2.5 turns/s"). It is called at every
+// redraw with the Progress's lock held, so it must not call the Progress.
+// Off a terminal it is not used: the stage logs such fields itself.
+func (p *Progress) SetStatus(status func(elapsed time.Duration) string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.status = status
+}
+
+// Redraw redraws the bar (on a terminal, at most every 100 ms, and not
+// after Done; otherwise nothing), for a status that changes while no unit
+// finishes.
+func (p *Progress) Redraw() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if now := time.Now(); p.tty != nil && !p.ended && now.Sub(p.last) >= 100*time.Millisecond {
+		p.draw(now, "")
+	}
+}
+
+// draw writes the bar on the terminal; end follows it ("" or "\n").
+func (p *Progress) draw(now time.Time, end string) {
+	p.last = now
+	// \x1b[K clears what a longer earlier bar left on the line.
+	fmt.Fprint(p.tty, "\r"+p.state(now).bar()+"\x1b[K"+end)
+}
+
 // Add records n more units done.
 func (p *Progress) Add(n int64) {
 	p.mu.Lock()
@@ -79,9 +115,7 @@ func (p *Progress) Add(n int64) {
 	now := time.Now()
 	switch {
 	case p.tty != nil && now.Sub(p.last) >= 100*time.Millisecond:
-		p.last = now
-		// \x1b[K clears what a longer earlier bar left on the line.
-		fmt.Fprint(p.tty, "\r"+p.state(now).bar()+"\x1b[K")
+		p.draw(now, "")
 	case p.tty == nil && now.Sub(p.last) >= p.Interval:
 		p.last = now
 		s := p.state(now)
@@ -98,17 +132,23 @@ func (p *Progress) Add(n int64) {
 func (p *Progress) Done() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := p.state(time.Now())
+	now := time.Now()
+	p.ended = true
 	if p.tty != nil {
-		fmt.Fprint(p.tty, "\r"+s.bar()+"\x1b[K\n")
+		p.draw(now, "\n")
 		return
 	}
+	s := p.state(now)
 	p.log.Info("done", "task", p.label, "done", p.done, "unit", p.unit, "seconds", s.elapsed.Seconds(),
 		"amount", formatAmount(p.unit, p.done), "rate", s.rateText(), "elapsed", formatDuration(s.elapsed))
 }
 
 func (p *Progress) state(now time.Time) progressState {
-	return progressState{label: p.label, unit: p.unit, done: p.done, total: p.total, elapsed: now.Sub(p.start)}
+	s := progressState{label: p.label, unit: p.unit, done: p.done, total: p.total, elapsed: now.Sub(p.start)}
+	if p.status != nil && p.tty != nil {
+		s.status = p.status(s.elapsed)
+	}
+	return s
 }
 
 // progressState is one moment of a Progress, formatted without a clock so
@@ -118,6 +158,7 @@ type progressState struct {
 	unit        string
 	done, total int64 // total <= 0: unknown
 	elapsed     time.Duration
+	status      string // the stage's live fields, after the rest ("" none)
 }
 
 func (s progressState) rate() float64 {
@@ -151,8 +192,17 @@ func (s progressState) amount() string {
 }
 
 // bar is the terminal line: the label, a bar when the total is known, the
-// amount, the rate, and the ETA (elapsed time once nothing is left).
+// amount, the rate, and the ETA (elapsed time once nothing is left), then
+// the status if any.
 func (s progressState) bar() string {
+	line := s.line()
+	if s.status != "" {
+		line += "  " + s.status
+	}
+	return line
+}
+
+func (s progressState) line() string {
 	if s.total <= 0 {
 		return fmt.Sprintf("%s %s  %s  %s", s.label, formatAmount(s.unit, s.done), s.rateText(), formatDuration(s.elapsed))
 	}

@@ -2,6 +2,7 @@ package stagecmd
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 	"time"
 
@@ -103,6 +104,9 @@ func TestProgressLine(t *testing.T) {
 		{"no time yet",
 			progressState{label: "import tasks", unit: "rows"},
 			"import tasks 0 rows  -  0ms", ""},
+		{"with a status",
+			progressState{label: "rollout", unit: "runs", done: 3, total: 12, elapsed: 30 * time.Second, status: "running 8, aborted 1"},
+			"rollout [=======                       ] 3 runs of 12 runs (25%)  0.1 runs/s  ETA 1m30s  running 8, aborted 1", "1m30s"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -129,4 +133,43 @@ func TestProgressLog(t *testing.T) {
 	assert.Contains(t, line, `msg=done task="layer 1/1" done=3145728 unit=bytes`)
 	assert.Contains(t, line, `amount="3.0 MiB"`)
 	assert.Regexp(t, `rate="[0-9.]+ [KMGTPE]?i?B/s" elapsed=[0-9.]+m?s`, line)
+}
+
+// TestProgressStatus: on a terminal the stage's status ends the bar, and
+// Redraw draws it without a unit done; off a terminal Redraw writes
+// nothing and the log lines carry no status.
+func TestProgressStatus(t *testing.T) {
+	var tty bytes.Buffer
+	p := NewProgress(&tty, NewLogger(&tty, false), "rollout", "runs", 4)
+	p.tty = &tty // a terminal
+	assert.True(t, p.Terminal())
+	calls := 0
+	p.SetStatus(func(elapsed time.Duration) string {
+		calls++
+		assert.Greater(t, elapsed, time.Duration(0))
+		return fmt.Sprintf("running %d", calls)
+	})
+	p.last = time.Time{} // past the redraw limit
+	p.Redraw()
+	assert.Regexp(t, `^\rrollout \[ +\] 0 runs of 4 runs \(0%\)  [0-9.]+ runs/s  ETA -  running 1\x1b\[K$`, tty.String())
+	p.Redraw() // within 100 ms of the last: not drawn
+	assert.Equal(t, 1, calls)
+	tty.Reset()
+	p.Add(4)
+	p.Done()
+	assert.Regexp(t, `^\rrollout \[=+\] 4 runs of 4 runs \(100%\)  [0-9.]+ runs/s  in [0-9.]+m?s  running 2\x1b\[K\n$`, tty.String())
+	tty.Reset()
+	p.last = time.Time{}
+	p.Redraw() // after Done: nothing
+	assert.Empty(t, tty.String())
+
+	var logs bytes.Buffer
+	q := NewProgress(&logs, NewLogger(&logs, false), "rollout", "runs", 4)
+	assert.False(t, q.Terminal())
+	q.SetStatus(func(time.Duration) string { t.Error("status called off a terminal"); return "" })
+	q.last = time.Time{}
+	q.Redraw()
+	assert.Empty(t, logs.String())
+	q.Done()
+	assert.NotContains(t, logs.String(), "running")
 }

@@ -642,18 +642,50 @@ type runProducer struct {
 	running, done, aborted, turns, tokens atomic.Int64
 }
 
-// statusEvery is how often a run stage logs its status.
-const statusEvery = 30 * time.Second
+// statusEvery is how often a run stage logs its status off a terminal;
+// barEvery how often it redraws the bar's live fields on one.
+const (
+	statusEvery = 30 * time.Second
+	barEvery    = time.Second
+)
 
-// logStatus logs runs done, running and aborted, and turns and tokens per
-// second since start, every statusEvery until stop is called.
-func (p *runProducer) logStatus(total int) (stop func()) {
+// liveStatus is a run stage's live counts at one moment (docs/rollout.md
+// §2.7): runs running and aborted so far, and the model calls and sampled
+// tokens of the finished runs, over the time since the start.
+type liveStatus struct {
+	running, aborted, turns, tokens int64
+	elapsed                         time.Duration
+}
+
+func (p *runProducer) live(elapsed time.Duration) liveStatus {
+	return liveStatus{running: p.running.Load(), aborted: p.aborted.Load(), turns: p.turns.Load(), tokens: p.tokens.Load(),
+		elapsed: elapsed}
+}
+
+func (s liveStatus) perSec(n int64) float64 { return float64(n) / max(s.elapsed.Seconds(), 1e-9) }
+
+// bar is the fields the terminal bar ends with (after runs done of the
+// total, runs/s and the ETA): "running 8, aborted 1, 3.20 turns/s, 1204
+// tokens/s".
+func (s liveStatus) bar() string {
+	return fmt.Sprintf("running %d, aborted %d, %.2f turns/s, %.0f tokens/s", s.running, s.aborted, s.perSec(s.turns), s.perSec(s.tokens))
+}
+
+// showStatus shows the live counts until stop is called: on a terminal in
+// the progress bar, redrawn every barEvery; otherwise as a `rollout status`
+// log line every statusEvery with runs done of total.
+func (p *runProducer) showStatus(prog *stagecmd.Progress, total int) (stop func()) {
 	start := time.Now()
+	every := statusEvery
+	if prog.Terminal() {
+		prog.SetStatus(func(elapsed time.Duration) string { return p.live(elapsed).bar() })
+		every = barEvery
+	}
 	quit := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(statusEvery)
+		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
@@ -661,10 +693,14 @@ func (p *runProducer) logStatus(total int) (stop func()) {
 				return
 			case <-t.C:
 			}
-			secs := time.Since(start).Seconds()
-			p.env.Log.Info("rollout status", "done", p.done.Load(), "total", total, "running", p.running.Load(),
-				"aborted", p.aborted.Load(), "turns_per_s", fmt.Sprintf("%.2f", float64(p.turns.Load())/secs),
-				"tokens_per_s", fmt.Sprintf("%.0f", float64(p.tokens.Load())/secs))
+			if prog.Terminal() {
+				prog.Redraw()
+				continue
+			}
+			s := p.live(time.Since(start))
+			p.env.Log.Info("rollout status", "done", p.done.Load(), "total", total, "running", s.running,
+				"aborted", s.aborted, "turns_per_s", fmt.Sprintf("%.2f", s.perSec(s.turns)),
+				"tokens_per_s", fmt.Sprintf("%.0f", s.perSec(s.tokens)))
 		}
 	}()
 	return func() { close(quit); <-done }
@@ -719,7 +755,7 @@ func (p *runProducer) run(ctx context.Context, todo []*runJob) (map[string]any, 
 	}()
 	go func() { wg.Wait(); close(results) }()
 
-	defer p.logStatus(len(todo))()
+	defer p.showStatus(prog, len(todo))()
 	var firstErr error
 	last := time.Now()
 	for res := range results {
