@@ -226,7 +226,7 @@ func TestRunSandboxCannotBoot(t *testing.T) {
 		want string // in the abort's log line: why the boot failed
 	}{
 		// The sandbox's init creates the agent user in /etc/passwd.
-		{"rootfs without /etc", func(t *testing.T, rootfs string) {}, `create user "agent"`},
+		{"rootfs without /etc", func(t *testing.T, rootfs string) {}, "open /etc/passwd"},
 		// bwrap mounts a tmpfs on /tmp, which is not a directory.
 		{"rootfs with /tmp a file", func(t *testing.T, rootfs string) {
 			require.NoError(t, os.WriteFile(filepath.Join(rootfs, "tmp"), []byte("not a directory\n"), 0o644))
