@@ -112,7 +112,8 @@ const slowCommand = "sleep 31"
 // the rerun runs only what no receipted batch holds (the receipted runs
 // keep their rows, started before the kill; every other row started
 // after it), commits the version ids --print-version named before the
-// first invocation, and the committed versions verify whole with every
+// first invocation (and an uninterrupted invocation into another name
+// commits), and the committed versions verify whole with every
 // run once in each. Until the rerun commits, no version of the three is
 // readable. The rerun releases the killed invocation's sandboxes.
 func TestRunSIGKILL(t *testing.T) {
@@ -269,6 +270,18 @@ func TestRunSIGKILL(t *testing.T) {
 			}
 			assert.Len(t, turnRuns, runs)
 			assert.Len(t, segRuns, runs)
+
+			// An uninterrupted invocation of the same arguments into another
+			// name commits the same version ids.
+			out, err = rolloutCommand(bin, w, url, name+"-clean", tmp, flags...).Output()
+			require.NoError(t, err)
+			clean := strings.Fields(string(out))
+			require.GreaterOrEqual(t, len(clean), 3, string(out))
+			for i, s := range clean[len(clean)-3:] {
+				ref, err := dataset.ParseRef(s)
+				require.NoError(t, err)
+				assert.Equal(t, refs[i].Version, ref.Version, "%s: the uninterrupted run's version differs", s)
+			}
 		})
 	}
 }
