@@ -473,6 +473,9 @@ func (nopWriter) Write(p []byte) (int, error) { return len(p), nil }
 const (
 	benchEngineChild = "KILN_BENCH_ENGINE_CHILD" // "1" in the engine process
 	benchEngineTurns = "KILN_BENCH_ENGINE_TURNS"
+	// benchEngineProfile, set by the caller, is where the engine process
+	// writes its CPU profile.
+	benchEngineProfile = "KILN_BENCH_ENGINE_PROFILE"
 )
 
 // TestRunBenchEngine is BenchmarkRun's scripted engine when the test binary
@@ -541,7 +544,11 @@ type benchEngine struct {
 // startBenchEngine starts the engine process, scripted for sessions of
 // turns model calls; it stops at the end of the benchmark.
 func startBenchEngine(b *testing.B, turns int) *benchEngine {
-	cmd := exec.Command(os.Args[0], "-test.run=^TestRunBenchEngine$", "-test.count=1")
+	args := []string{"-test.run=^TestRunBenchEngine$", "-test.count=1"}
+	if p := os.Getenv(benchEngineProfile); p != "" {
+		args = append(args, "-test.cpuprofile="+p)
+	}
+	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), benchEngineChild+"=1", benchEngineTurns+"="+strconv.Itoa(turns))
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
