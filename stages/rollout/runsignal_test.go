@@ -102,9 +102,9 @@ func TestRunSIGTERM(t *testing.T) {
 
 // slowCommand is the bash call of the runs that finish in the first
 // batch of TestRunSIGKILL: long enough that they finish after the stage's
-// 30 s batch timer (docs/rollout.md §2.5), so that their batch is written
-// while the other runs still hang.
-const slowCommand = "sleep 31"
+// batch timer (flushRunsEvery, docs/rollout.md §2.5), so that their batch
+// is written while the other runs still hang.
+func slowCommand() string { return fmt.Sprintf("sleep %d", int(flushRunsEvery/time.Second)+1) }
 
 // TestRunSIGKILL kills a built kiln-rollout binary with SIGKILL mid-run
 // (docs/rollout.md §2.6), once before any batch is receipted and once
@@ -147,7 +147,7 @@ func TestRunSIGKILL(t *testing.T) {
 				}
 				return c.first(nth)
 			})
-			model.snoop = func([]string) string { return slowCommand }
+			model.snoop = func([]string) string { return slowCommand() }
 			url := startEngine(t, model.script)
 			name := "rollout/sigkill-" + strings.ReplaceAll(c.name, " ", "-")
 			runs := c.samples * len(w.set.Tasks)
