@@ -2,6 +2,7 @@
 
     python -m kiln_gpu.serve --model DIR [--host 127.0.0.1] [--port N|0]
         [--port-file F] [--seed S] [--max-batch N] [--served-model-name NAME]
+        [--max-model-len N] [--device cpu|cuda] [--tokenizer-only]
 
 Routes (docs/serve.md §2): GET /health, /version, /v1/models, /is_paused;
 POST /tokenize, /detokenize, /inference/v1/generate, /v1/completions,
@@ -13,6 +14,11 @@ Logprobs are processed logprobs: log_softmax(logits / T) of the model's
 float32 logits (T = 1 for greedy), the quantity the trainer recomputes
 (docs/serve.md §4). One worker thread runs the model; HTTP threads queue
 requests to it (docs/serve.md §5).
+
+--tokenizer-only loads the checkpoint's tokenizer and config, never its
+weights, and serves the GETs, /tokenize and /detokenize through the same
+code as the full server; every generation route answers 503. It is the
+renderer of a replay, which needs no GPU (docs/serve.md §9).
 """
 
 from __future__ import annotations
@@ -189,6 +195,41 @@ def check_model_dir(path) -> None:
             "copy the base model's tokenizer files in (python -m kiln_gpu.tiny writes both)")
 
 
+TOKENIZER_ONLY = ("serve.py --tokenizer-only does not generate; it is a replay renderer: "
+                  "{route} needs the server started without --tokenizer-only (docs/serve.md §9)")
+
+
+class Renderer:
+    """A checkpoint's tokenizer, chat template and config, and no weights:
+    what /tokenize, /detokenize and the GETs read (docs/serve.md §2, §7).
+    Served alone by --tokenizer-only (docs/serve.md §9); Engine adds the
+    model, so both modes render through the same Server code."""
+
+    generates = False  # Server refuses the generation routes (503)
+
+    def __init__(self, model_dir: str, served_name: Optional[str] = None, max_model_len: Optional[int] = None):
+        from transformers import AutoConfig, AutoTokenizer
+
+        check_model_dir(model_dir)
+        self.model_dir = str(model_dir)
+        self.served_name = served_name or self.model_dir
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        # config.json only (no weights): the context length and vocabulary
+        # the full server reads from the loaded model's config, the same
+        # object (docs/serve.md §9).
+        self.config = AutoConfig.from_pretrained(self.model_dir)
+        self.max_model_len = int(max_model_len or getattr(self.config, "max_position_embeddings", 4096))
+        self.weight_version = 0
+        self.weights_path = self.model_dir
+        self.paused = False
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary (the embedding rows), at least the
+        tokenizer's: the ids /detokenize accepts."""
+        return max(len(self.tokenizer), int(getattr(self.config, "vocab_size", 0) or 0))
+
+
 class Job:
     def __init__(self, prompt: list[int], s: Sampling, seed: int):
         self.prompt = prompt
@@ -199,28 +240,21 @@ class Job:
         self.error: Optional[BaseException] = None
 
 
-class Engine:
-    """The model, its tokenizer and the worker that runs requests one at a
-    time, each with its own KV cache (docs/serve.md §5)."""
+class Engine(Renderer):
+    """The model over a Renderer, and the worker that runs requests one at
+    a time, each with its own KV cache (docs/serve.md §5)."""
+
+    generates = True
 
     def __init__(self, model_dir: str, served_name: Optional[str] = None, seed: int = 0, max_batch: int = 1,
-                 device: str = "cpu"):
-        from transformers import AutoTokenizer
-
-        check_model_dir(model_dir)
+                 device: str = "cpu", max_model_len: Optional[int] = None):
+        super().__init__(model_dir, served_name, max_model_len)
         self.device = torch.device(device)
         if self.device.type == "cuda":  # float32 logits, no TF32 rounding (docs/serve.md §4)
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
-        self.model_dir = str(model_dir)
-        self.served_name = served_name or self.model_dir
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.model = self._load(self.model_dir)
-        cfg = self.model.config
-        self.max_model_len = int(getattr(cfg, "max_position_embeddings", 4096))
         self.eos_ids = self._eos_ids(self.model_dir)
-        self.weight_version = 0
-        self.weights_path = self.model_dir
         self.max_batch = max(1, max_batch)
         self._seeds = torch.Generator().manual_seed(seed)
         self._seed_lock = threading.Lock()
@@ -253,6 +287,11 @@ class Engine:
                 if isinstance(i, int):
                     ids.add(i)
         return sorted(ids)
+
+    @property
+    def vocab_size(self) -> int:
+        """The served model's (a reload may change it), at least the tokenizer's."""
+        return max(len(self.tokenizer), int(self.model.config.vocab_size))
 
     def reload(self, path: str, version: Optional[int] = None) -> int:
         """Loads a new checkpoint directory (HF layout) in place of the served
@@ -460,11 +499,22 @@ def _tools_for_template(tools: Any) -> Optional[list]:
     return out
 
 
-class Server:
-    """The routes over an Engine (docs/serve.md §2)."""
+# The routes that need the model: --tokenizer-only answers them 503
+# (docs/serve.md §9).
+GENERATION_ROUTES = ("/inference/v1/generate", "/v1/completions", "/pause", "/resume", "/collective_rpc")
 
-    def __init__(self, engine: Engine):
+
+class Server:
+    """The routes over an Engine, or over a Renderer alone (--tokenizer-only:
+    the GETs, /tokenize and /detokenize; docs/serve.md §2, §9)."""
+
+    def __init__(self, engine: Renderer):
         self.e = engine
+
+    def check_route(self, path: str) -> None:
+        """503 for a generation route when no model is loaded."""
+        if not self.e.generates and path in GENERATION_ROUTES:
+            raise APIError(503, TOKENIZER_ONLY.format(route=f"POST {path}"), "ServiceUnavailableError")
 
     def check_model(self, body: dict) -> None:
         m = body.get("model")
@@ -517,9 +567,9 @@ class Server:
     def detokenize(self, body: dict) -> dict:
         self.check_model(body)
         ids = _ids(body.get("tokens"), "tokens")
-        vocab = len(self.e.tokenizer)
+        vocab = self.e.vocab_size
         for i, t in enumerate(ids):
-            if t >= max(vocab, self.e.model.config.vocab_size):
+            if t >= vocab:
                 raise bad(f"tokens[{i}] = {t} is out of vocabulary")
         return {"prompt": self.e.tokenizer.decode(ids, skip_special_tokens=False)}
 
@@ -629,9 +679,10 @@ def make_handler(srv: Server):
         def _error(self, e: APIError) -> None:
             self._send(e.status, {"error": {"message": e.message, "type": e.typ, "param": None, "code": e.status}})
 
-        def _body(self) -> dict:
+        def _body(self, path: str) -> dict:
             n = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(n) if n else b""
+            raw = self.rfile.read(n) if n else b""  # read whole: the connection is kept alive
+            srv.check_route(path)
             try:
                 body = json.loads(raw or b"{}")
             except ValueError as ex:
@@ -655,7 +706,7 @@ def make_handler(srv: Server):
         def do_POST(self):
             u = urlparse(self.path)
             try:
-                body = self._body()
+                body = self._body(u.path)
                 if u.path == "/tokenize":
                     return self._send(200, srv.tokenize(body))
                 if u.path == "/detokenize":
@@ -686,15 +737,28 @@ def make_handler(srv: Server):
     return Handler
 
 
-def serve(engine: Engine, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
-    """A started-not-serving HTTP server over engine (call serve_forever)."""
+def serve(engine: Renderer, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """A started-not-serving HTTP server over engine, an Engine or (for
+    --tokenizer-only) a Renderer; call serve_forever."""
     httpd = ThreadingHTTPServer((host, port), make_handler(Server(engine)))
     httpd.daemon_threads = True
     return httpd
 
 
+EXAMPLES = """examples:
+  # the policy server on a checkpoint, on a free port written to a file
+  python -m kiln_gpu.serve --model ckpt/ --port 0 --port-file port --served-model-name policy
+  # the renderer of a replay, with no GPU and no weights loaded (docs/serve.md §9):
+  # the recorded checkpoint's tokenizer, chat template and context length
+  python -m kiln_gpu.serve --model ckpt/ --tokenizer-only --port 8001 &
+  kiln-rollout run --engine replay://rollout/r1/turns@V --replay-renderer http://127.0.0.1:8001 ...
+"""
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kiln_gpu.serve", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m kiln_gpu.serve", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
     p.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port-file)")
@@ -703,10 +767,24 @@ def main(argv=None) -> int:
     p.add_argument("--max-batch", type=int, default=1, help="accepted for interface stability; requests run one at a time")
     p.add_argument("--served-model-name", help="the model name /v1/models reports (default: --model)")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cuda (float32 either way; docs/serve.md §1)")
+    p.add_argument("--max-model-len", type=int,
+                   help="the context length /v1/models and /tokenize report and requests are checked against "
+                        "(default: config.json's max_position_embeddings)")
+    p.add_argument("--tokenizer-only", action="store_true",
+                   help="load the tokenizer and config.json only, never the weights: serve GET /health, /version, "
+                        "/v1/models, /is_paused, POST /tokenize, /detokenize as the full server does and answer "
+                        "every generation route 503; the no-GPU renderer of a replay "
+                        "(kiln-rollout run --replay-renderer; docs/serve.md §9)")
     a = p.parse_args(argv)
+    if a.max_model_len is not None and a.max_model_len < 1:
+        print(f"kiln_gpu.serve: --max-model-len {a.max_model_len}: want a positive number of tokens", file=sys.stderr)
+        return 2
     torch.manual_seed(a.seed)
     try:
-        eng = Engine(a.model, a.served_model_name, a.seed, a.max_batch, a.device)
+        if a.tokenizer_only:
+            eng = Renderer(a.model, a.served_model_name, a.max_model_len)
+        else:
+            eng = Engine(a.model, a.served_model_name, a.seed, a.max_batch, a.device, a.max_model_len)
     except FileNotFoundError as ex:
         print(f"kiln_gpu.serve: {ex}", file=sys.stderr)
         return 2
@@ -717,7 +795,8 @@ def main(argv=None) -> int:
         with open(tmp, "w") as f:
             f.write(f"{port}\n")
         os.replace(tmp, a.port_file)
-    print(f"kiln_gpu.serve: serving {eng.served_name} on http://{a.host}:{port}", flush=True)
+    mode = " (--tokenizer-only: renders and decodes, never generates)" if a.tokenizer_only else ""
+    print(f"kiln_gpu.serve: serving {eng.served_name} on http://{a.host}:{port}{mode}", flush=True)
     try:
         httpd.serve_forever()
     except KeyboardInterrupt:

@@ -349,3 +349,161 @@ def test_pause_wait_lets_in_flight_finish(server):
     ch = got["r"]["choices"][0]
     assert ch["finish_reason"] == "length" and len(ch["token_ids"]) == 200
     assert call(base, "/resume", {})[0] == 200
+
+
+# ------------------------------------------------ --tokenizer-only (docs/serve.md §9)
+
+
+def weightless_copy(ckpt, dst):
+    """The checkpoint's tokenizer, chat template and config without any
+    weights file: what a replay renderer is given."""
+    import shutil
+
+    shutil.copytree(ckpt, dst)
+    for f in list(dst.iterdir()):
+        if f.suffix in (".safetensors", ".bin", ".pt") or f.name.endswith(".index.json"):
+            f.unlink()
+    assert not any(f.suffix == ".safetensors" for f in dst.iterdir())
+    return dst
+
+
+@pytest.fixture(scope="module")
+def renderer(tiny_checkpoint, tmp_path_factory):
+    from kiln_gpu.serve import Renderer
+
+    r = Renderer(str(weightless_copy(tiny_checkpoint, tmp_path_factory.mktemp("weightless") / "tiny")), served_name="tiny")
+    assert not hasattr(r, "model")
+    httpd = serve(r, "127.0.0.1", 0)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", r
+    httpd.shutdown()
+
+
+TOOLS = [{"type": "function", "function": {"name": "shell", "description": "run", "parameters": {
+    "type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}},
+    {"type": "function", "function": {"name": "done"}}]
+CONVERSATION = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": [{"type": "text", "text": "List files"}, {"type": "text", "text": "<b>é</b>"}]},
+    {"role": "assistant", "content": "", "reasoning": "use ls",
+     "tool_calls": [{"type": "function", "function": {"name": "shell", "arguments": "{\"cmd\": \"ls\"}"}},
+                    {"type": "function", "function": {"name": "done", "arguments": ""}}]},
+    {"role": "tool", "content": "a.txt"},
+    {"role": "tool", "content": ""},
+]
+
+# Same requests to both servers, same replies (status and body): the
+# rendering code path is one.
+RENDER_REQUESTS = [
+    ("/tokenize", {"messages": CONVERSATION, "tools": TOOLS}),
+    ("/tokenize", {"messages": CONVERSATION, "tools": TOOLS, "chat_template_kwargs": {"enable_thinking": False}}),
+    ("/tokenize", {"model": "tiny", "messages": CONVERSATION[:2], "add_generation_prompt": False}),
+    ("/tokenize", {"messages": CONVERSATION[:2] + [{"role": "assistant", "content": "<think>\nhm\n</think>\n\npart"}],
+                   "add_generation_prompt": False, "continue_final_message": True}),
+    ("/tokenize", {"messages": CONVERSATION[:2] + [{"role": "assistant", "content": "ok", "tool_calls": []}],
+                   "add_generation_prompt": False, "add_special_tokens": True}),
+    ("/tokenize", {"messages": CONVERSATION[:1], "chat_template": "{{ messages[0].content }}!"}),
+    ("/tokenize", {"prompt": "hello <|im_start|> world é", "add_special_tokens": True}),
+    ("/tokenize", {"prompt": ""}),
+    ("/detokenize", {"tokens": [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]}),
+    ("/detokenize", {"tokens": [151667, 198, 1, 2, 3, 151668]}),
+    ("/detokenize", {"tokens": []}),
+    # errors, same status and envelope
+    ("/tokenize", {}),
+    ("/tokenize", {"messages": []}),
+    ("/tokenize", {"messages": CONVERSATION, "tools": {"not": "a list"}}),
+    ("/tokenize", {"messages": CONVERSATION[:1], "chat_template": "{% if %}"}),
+    ("/tokenize", {"model": "other", "prompt": "x"}),
+    ("/detokenize", {"tokens": [10**7]}),
+    ("/detokenize", {"tokens": [1, -1]}),
+    ("/nope", {}),
+]
+
+
+@pytest.mark.parametrize("path,body", RENDER_REQUESTS, ids=[f"{i}{p}" for i, (p, _) in enumerate(RENDER_REQUESTS)])
+def test_tokenizer_only_renders_as_full_server(server, renderer, path, body):
+    want_st, want, _ = call(server[0], path, body)
+    got_st, got, _ = call(renderer[0], path, body)
+    assert (got_st, got) == (want_st, want)
+    if path == "/tokenize" and want_st == 200 and body.get("prompt") != "":
+        assert got["tokens"] and got["count"] == len(got["tokens"])
+
+
+def test_tokenizer_only_gets_as_full_server(server, renderer):
+    for path in ("/health", "/version", "/is_paused", "/nope"):
+        assert call(renderer[0], path)[:2] == call(server[0], path)[:2], path
+    st, got, hdr = call(renderer[0], "/v1/models")
+    _, want, _ = call(server[0], "/v1/models")
+    assert st == 200 and hdr["x-kiln-weight-version"] == "0"
+    g, w = dict(got["data"][0]), dict(want["data"][0])
+    # the root and weights path are each server's own checkpoint directory
+    assert g["root"] == renderer[1].model_dir and g["weights_path"] == renderer[1].model_dir
+    for d in (g, w):
+        for k in ("created", "root", "weights_path", "weight_version"):
+            d.pop(k)
+    assert g == w and g["max_model_len"] == 4096  # config.json's max_position_embeddings
+
+
+@pytest.mark.parametrize("path", ["/inference/v1/generate", "/v1/completions", "/pause?mode=wait", "/resume",
+                                  "/collective_rpc"])
+def test_tokenizer_only_refuses_generation(renderer, path):
+    base, _ = renderer
+    bodies = {"/inference/v1/generate": {"token_ids": PROMPT, "sampling_params": {"max_tokens": 2}},
+              "/v1/completions": {"prompt": PROMPT, "max_tokens": 2},
+              "/collective_rpc": {"method": "reload_weights", "kwargs": {"weights_path": "/tmp"}}}
+    st, r, _ = call(base, path, bodies.get(path.split("?")[0], {}))
+    assert st == 503, r
+    msg = r["error"]["message"]
+    assert "serve.py --tokenizer-only does not generate; it is a replay renderer" in msg
+    assert f"POST {path.split('?')[0]}" in msg and r["error"]["type"] == "ServiceUnavailableError"
+    assert r["error"]["code"] == 503
+    # whatever the body: the mode is the answer, not a parse error
+    req = urllib.request.Request(base + path, data=b"{nope", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 503
+    # the connection's next request is still read right
+    assert call(base, "/tokenize", {"prompt": "hi"})[0] == 200
+
+
+def test_tokenizer_only_cli_without_weights(server, tiny_checkpoint, tmp_path):
+    """The CLI on a checkpoint with no weights file starts within seconds,
+    serves the same /tokenize reply as the full server and refuses to
+    generate; --max-model-len is what /v1/models and /tokenize report."""
+    import subprocess
+    import sys
+    import time
+
+    ckpt = weightless_copy(tiny_checkpoint, tmp_path / "tiny")
+    port_file = tmp_path / "port"
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "kiln_gpu.serve", "--model", str(ckpt), "--tokenizer-only",
+                             "--port", "0", "--port-file", str(port_file), "--served-model-name", "tiny",
+                             "--max-model-len", "1024"],
+                            cwd=GPU_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        while not port_file.exists():
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() - t0 < 90, "no port file after 90 s"
+            time.sleep(0.05)
+        startup = time.monotonic() - t0
+        base = f"http://127.0.0.1:{int(port_file.read_text())}"
+        print(f"--tokenizer-only startup {startup:.2f}s")
+        body = {"messages": CONVERSATION, "tools": TOOLS}
+        st, got, _ = call(base, "/tokenize", body)
+        _, want, _ = call(server[0], "/tokenize", body)
+        assert st == 200 and got == dict(want, max_model_len=1024)
+        assert call(base, "/v1/models")[1]["data"][0]["max_model_len"] == 1024
+        st, r, _ = call(base, "/inference/v1/generate", {"token_ids": PROMPT, "sampling_params": {"max_tokens": 2}})
+        assert st == 503 and "--tokenizer-only" in r["error"]["message"]
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert "--tokenizer-only: renders and decodes, never generates" in out
+    r = subprocess.run([sys.executable, "-m", "kiln_gpu.serve", "--model", str(ckpt), "--tokenizer-only",
+                        "--max-model-len", "0"], capture_output=True, text=True, timeout=120, cwd=GPU_DIR)
+    assert r.returncode == 2 and "--max-model-len 0" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "kiln_gpu.serve", "--model", str(tmp_path / "missing"), "--tokenizer-only"],
+                       capture_output=True, text=True, timeout=120, cwd=GPU_DIR)
+    assert r.returncode == 2 and "is not a directory" in r.stderr

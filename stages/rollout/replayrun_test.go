@@ -16,6 +16,7 @@ import (
 	"github.com/kilnrl/kiln/fixtures"
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/formats/store"
 	"github.com/kilnrl/kiln/internal/agent/enginetest"
 	"github.com/kilnrl/kiln/internal/agent/harness"
 	"github.com/kilnrl/kiln/internal/stagecmd"
@@ -56,6 +57,29 @@ func rowsByRollout(rows []records.Rollout) map[int64]records.Rollout {
 		out[r.RolloutID] = r
 	}
 	return out
+}
+
+// assertReplayedAsRecorded checks that the replay res reproduced the
+// recorded run rec (docs/rollout.md §7.2): under another version id, the
+// same rows (abort reasons, patches, agent exit codes, turn and token
+// counts), the same turns (prompt and output ids, logprobs, finish reasons,
+// sampling masks, ...) and the same segments.
+func assertReplayedAsRecorded(t *testing.T, st store.Store, rec, res RunResults) {
+	t.Helper()
+	assert.NotEqual(t, rec.Turns.Ref.Version, res.Turns.Ref.Version, "a replay is another version")
+	assert.False(t, res.Trajectories.Existed)
+	recRows := rowsByRollout(readRollouts(t, st, rec.Rollouts.Ref))
+	rows := rowsByRollout(readRollouts(t, st, res.Rollouts.Ref))
+	require.Len(t, rows, len(recRows))
+	for id, want := range recRows {
+		got := rows[id]
+		assert.Equal(t, deref(want.AbortReason), deref(got.AbortReason), "rollout %d", id)
+		assert.Equal(t, want.Patch, got.Patch, "rollout %d", id)
+		assert.Equal(t, want.AgentExitCode, got.AgentExitCode, "rollout %d", id)
+		assert.Equal(t, [3]int64{want.Turns, want.PromptTokens, want.OutputTokens}, [3]int64{got.Turns, got.PromptTokens, got.OutputTokens}, "rollout %d", id)
+	}
+	assert.Equal(t, turnsByRollout(readTurns(t, st, rec.Turns.Ref)), turnsByRollout(readTurns(t, st, res.Turns.Ref)))
+	assert.Equal(t, segmentsByRollout(readSegments(t, st, rec.Trajectories.Ref)), segmentsByRollout(readSegments(t, st, res.Trajectories.Ref)))
 }
 
 // TestReplayRun is docs/rollout.md §7 end to end, in real bwrap sandboxes
@@ -99,19 +123,7 @@ func TestReplayRun(t *testing.T) {
 	t.Run("same", func(t *testing.T) {
 		res, err, logs := w.run(t, ctx, "rollout/replay", replay, nil)
 		require.NoError(t, err, logs)
-		assert.NotEqual(t, rec.Turns.Ref.Version, res.Turns.Ref.Version, "a replay is another version")
-		assert.False(t, res.Trajectories.Existed)
-		rows := rowsByRollout(readRollouts(t, w.st, res.Rollouts.Ref))
-		require.Len(t, rows, len(recRows))
-		for id, want := range recRows {
-			got := rows[id]
-			assert.Equal(t, deref(want.AbortReason), deref(got.AbortReason), "rollout %d", id)
-			assert.Equal(t, want.Patch, got.Patch, "rollout %d", id)
-			assert.Equal(t, want.AgentExitCode, got.AgentExitCode, "rollout %d", id)
-			assert.Equal(t, [3]int64{want.Turns, want.PromptTokens, want.OutputTokens}, [3]int64{got.Turns, got.PromptTokens, got.OutputTokens}, "rollout %d", id)
-		}
-		assert.Equal(t, recTurns, turnsByRollout(readTurns(t, w.st, res.Turns.Ref)))
-		assert.Equal(t, recSegs, segmentsByRollout(readSegments(t, w.st, res.Trajectories.Ref)))
+		assertReplayedAsRecorded(t, w.st, rec, res)
 		// The renderer rendered and decoded, and never generated.
 		assert.NotEmpty(t, renderer.RequestsTo("/tokenize"))
 		assert.NotEmpty(t, renderer.RequestsTo("/detokenize"))
