@@ -1,7 +1,11 @@
 package engine
 
 import (
+	"bytes"
+	"encoding/json"
+	"math"
 	"reflect"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -140,4 +144,93 @@ func BenchmarkReadTokenizeMemo(b *testing.B) {
 	b.ReportMetric(float64(skim.Nanoseconds())/1e3, "skim-µs")
 	b.ReportMetric(float64(steps.Nanoseconds())/1e3, "steps-µs")
 	b.ReportMetric(float64(steps)/float64(skim), "÷steps")
+}
+
+// decodeIDs reads what json.Unmarshal into []int64 reads as non-negative
+// int32s, null elements as 0, and refuses the rest.
+func TestDecodeIDs(t *testing.T) {
+	for _, raw := range []string{
+		`[1,22,333]`, ` [ 1 , 2 ] `, `[]`, `[null,5]`, `[-0]`, `[0,2147483647]`, `[2147483648]`, `[-1]`,
+		`[1.0]`, `[1e3]`, `[01]`, `[+1]`, `["1"]`, `[true]`, `[[1]]`, `[{}]`, `[1,]`, `[,1]`, `[1 2]`, `null`, `{}`,
+		`[1]x`, `[9223372036854775808]`, ``, `[`,
+	} {
+		got, ok := decodeIDs([]byte(raw))
+		var vals []int64
+		want := json.Unmarshal([]byte(raw), &vals) == nil && vals != nil &&
+			!slices.ContainsFunc(vals, func(v int64) bool { return v < 0 || v > math.MaxInt32 })
+		if !assert.Equal(t, want, ok, raw) || !ok {
+			continue
+		}
+		ids := make([]int32, len(vals))
+		for i, v := range vals {
+			ids[i] = int32(v)
+		}
+		assert.Equal(t, ids, got, raw)
+	}
+}
+
+// FuzzDecodeIDs: decodeIDs agrees with json.Unmarshal into []int64.
+func FuzzDecodeIDs(f *testing.F) {
+	f.Add([]byte(`[1,22,333]`))
+	f.Add([]byte(`[null, 5 ,0]`))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		got, ok := decodeIDs(raw)
+		var vals []int64
+		want := json.Unmarshal(raw, &vals) == nil && vals != nil &&
+			!slices.ContainsFunc(vals, func(v int64) bool { return v < 0 || v > math.MaxInt32 })
+		if ok != want {
+			t.Fatalf("decodeIDs ok %v, encoding/json %v: %q", ok, want, raw)
+		}
+		for i := range got {
+			if int64(got[i]) != vals[i] {
+				t.Fatalf("element %d: %d, encoding/json %d: %q", i, got[i], vals[i], raw)
+			}
+		}
+	})
+}
+
+// BenchmarkDecodeIDs reads a 300-id list (a turn's new ids past the
+// memo's): decodeIDs beside json.Unmarshal into []int64, its baseline, in
+// the same run; ÷unmarshal is the ratio of their times.
+func BenchmarkDecodeIDs(b *testing.B) {
+	ids := make([]int32, 300)
+	for i := range ids {
+		ids[i] = int32((i * 7919) % 151643)
+	}
+	raw := appendIDs(nil, ids)
+	const rounds = 1000
+	t0 := time.Now()
+	for range rounds {
+		var vals []int64
+		if json.Unmarshal(raw, &vals) != nil || len(vals) != len(ids) {
+			b.Fatal("not read")
+		}
+	}
+	base := time.Since(t0) / rounds
+	b.SetBytes(int64(len(raw)))
+	t0 = time.Now()
+	for b.Loop() {
+		if got, ok := decodeIDs(raw); !ok || len(got) != len(ids) {
+			b.Fatal("not read")
+		}
+	}
+	kiln := time.Since(t0) / time.Duration(b.N)
+	b.ReportMetric(float64(base.Nanoseconds())/1e3, "unmarshal-µs")
+	b.ReportMetric(float64(base)/float64(kiln), "÷unmarshal")
+}
+
+// tokenID reads every text as strconv.ParseInt followed by the int32
+// range check reads it.
+func FuzzTokenID(f *testing.F) {
+	for _, s := range []string{"0", "-0", "+5", "007", "2147483647", "2147483648", "-1", "1.0", "1e3", " 12 ", "", "-", "99999999999999999999", "0x1"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		got, ok := tokenID(raw)
+		v, err := strconv.ParseInt(string(bytes.TrimSpace(raw)), 10, 64)
+		want := err == nil && v >= 0 && v <= math.MaxInt32
+		if ok != want || ok && int64(got) != v {
+			t.Fatalf("tokenID %d %v, ParseInt %d %v: %q", got, ok, v, err, raw)
+		}
+	})
 }

@@ -277,13 +277,13 @@ func readGenerate(body []byte, req *GenerateRequest) (_ Generation, ok bool) {
 		}
 		r.seenContent = true
 		if wantTop {
-			r.topContent = []typedTopEntry{}
+			r.topContent = make([]typedTopEntry, 0, len(r.ids))
 			return ojson.WalkArray(body, v, func(i int) int {
 				r.topContent = append(r.topContent, typedTopEntry{})
 				return skimEntry(body, i, &r.topContent[len(r.topContent)-1])
 			})
 		}
-		r.content = []typedEntry{}
+		r.content = make([]typedEntry, 0, len(r.ids))
 		return ojson.WalkArray(body, v, func(i int) int {
 			r.content = append(r.content, typedEntry{})
 			return skimEntry(body, i, &r.content[len(r.content)-1])
@@ -403,6 +403,31 @@ func skimIDs(body []byte, v int, dst *[]wireID) int {
 	return e
 }
 
+// entryField is the logprob entry field key names, matched as
+// encoding/json matches it to a struct field (exactly, else
+// case-insensitively); "" for none. The exact names are tried first: they
+// are what engines write, and a switch on them costs less than folding.
+func entryField(key []byte) string {
+	switch string(key) {
+	case "token_id":
+		return "token_id"
+	case "logprob":
+		return "logprob"
+	case "token":
+		return "token"
+	case "top_logprobs":
+		return "top_logprobs"
+	case "rank", "bytes":
+		return ""
+	}
+	for _, f := range [...]string{"token_id", "logprob", "token", "top_logprobs"} {
+		if strings.EqualFold(string(key), f) {
+			return f
+		}
+	}
+	return ""
+}
+
 // skimEntry reads the logprob entry at body[v] into e (a *typedEntry or
 // *typedTopEntry) as encoding/json decodes it into that struct: fields by
 // key, exactly or case-insensitively, the last occurrence winning; null
@@ -431,14 +456,13 @@ func skimEntry[E typedEntry | typedTopEntry](body []byte, v int, e *E) int {
 			return -1
 		}
 		val := body[v:e]
-		k := string(key)
 		var err error
-		switch {
-		case strings.EqualFold(k, "token_id"):
+		switch entryField(key) {
+		case "token_id":
 			err = id.UnmarshalJSON(val)
-		case strings.EqualFold(k, "logprob"):
+		case "logprob":
 			err = lp.UnmarshalJSON(val)
-		case strings.EqualFold(k, "token"):
+		case "token":
 			switch val[0] {
 			case 'n':
 				*tok = nil
@@ -451,7 +475,10 @@ func skimEntry[E typedEntry | typedTopEntry](body []byte, v int, e *E) int {
 			default:
 				return -1
 			}
-		case top != nil && strings.EqualFold(k, "top_logprobs"):
+		case "top_logprobs":
+			if top == nil {
+				break
+			}
 			if isNullAt(body, v) {
 				*top = typedRow{}
 				break
