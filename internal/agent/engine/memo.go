@@ -117,17 +117,16 @@ func (m *Memo) scan(raw []byte) (_ []int32, ok bool) {
 
 // decodeIDs reads raw as a JSON list of non-negative int32 ids, as
 // json.Unmarshal into []int64 reads it (null elements read as 0). The list
-// is checked by json.Valid and its elements then parsed where they stand
+// is checked by ojson.Valid and its elements then parsed where they stand
 // (ojson.WalkArray, tokenID) rather than by json.Unmarshal's reflection,
 // which was a tenth of the adapter's CPU per turn once the /tokenize
 // replies were skimmed (BenchmarkDecodeIDs: ÷unmarshal).
 func decodeIDs(raw []byte) ([]int32, bool) {
-	raw = bytes.TrimSpace(raw)
-	if !json.Valid(raw) {
+	if !ojson.Valid(raw) {
 		return nil, false
 	}
 	ids := make([]int32, 0, bytes.Count(raw, []byte{','})+1)
-	end := ojson.WalkArray(raw, 0, func(i int) int {
+	end := ojson.WalkArray(raw, ojson.Space(raw, 0), func(i int) int {
 		e := ojson.ValueEnd(raw, i)
 		if e < 0 {
 			return -1
@@ -145,7 +144,7 @@ func decodeIDs(raw []byte) ([]int32, bool) {
 		ids = append(ids, id)
 		return e
 	})
-	if end != len(raw) {
+	if end < 0 || ojson.Space(raw, end) != len(raw) {
 		return nil, false
 	}
 	return ids, true
