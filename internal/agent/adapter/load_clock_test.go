@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -400,7 +401,7 @@ func (c *cpuSplit) start(cmd *exec.Cmd) error {
 		return err
 	}
 	if err := unix.SchedSetaffinity(0, &c.adapter); err != nil {
-		return fmt.Errorf("pinning the adapter process: %w", err)
+		return fmt.Errorf("pinning the adapter process (%s=0 runs it unpinned): %w", loadPinEnv, err)
 	}
 	err := cmd.Start()
 	if rerr := unix.SchedSetaffinity(0, &mine); err == nil && rerr != nil {
@@ -411,13 +412,19 @@ func (c *cpuSplit) start(cmd *exec.Cmd) error {
 
 // pinHarness moves every thread of this process to the harness's CPUs
 // (threads started later inherit it from the threads that start them) and
-// sets GOMAXPROCS to their number; unpin undoes both.
-func (c *cpuSplit) pinHarness() error {
+// sets GOMAXPROCS to their number; unpin undoes both. Where the kernel
+// refuses (a sandbox without sched_setaffinity), the split is turned off
+// and says so in desc: the benchmark runs unpinned.
+func (c *cpuSplit) pinHarness() {
 	if !c.on {
-		return nil
+		return
 	}
 	c.oldProcs = runtime.GOMAXPROCS(c.harness.Count())
-	return c.setAll(&c.harness)
+	if err := c.setAll(&c.harness); err != nil {
+		_ = c.setAll(&c.old)
+		runtime.GOMAXPROCS(c.oldProcs)
+		c.on, c.desc = false, "not pinned: "+err.Error()
+	}
 }
 
 func (c *cpuSplit) unpin() {
@@ -512,4 +519,46 @@ func loadAvg() string {
 		return "?"
 	}
 	return strings.Join(f[:3], " ")
+}
+
+// joinPhases splits a turn's client-side added latency into phases that
+// add up to it, and refuses a session whose turns the adapter did not all
+// time.
+func TestJoinPhases(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms float64) time.Time { return t0.Add(time.Duration(ms * float64(time.Millisecond))) }
+	ns := func(ms float64) int64 { return at(ms).UnixNano() }
+	s := &loadSession{id: "load-0001", spans: []span{{at(0), at(100)}}}
+	other := &loadSession{id: "load-0002"}
+	// The adapter had the head at 1 ms, the body at 1.5, replied at 99.5;
+	// its two engine calls took 90 ms as it saw them, 85 ms of it in the
+	// engine's handler.
+	clock := map[string][]turnTiming{s.id: {{Start: ns(1), Read: ns(1.5), End: ns(99.5), Engine: int64(90 * time.Millisecond), ConnWait: int64(time.Millisecond)}}}
+	xs := []exchange{
+		{Session: s.id, Start: at(2), End: at(12), Hold: 10 * time.Millisecond},
+		{Session: s.id, Start: at(14), End: at(89), Hold: 75 * time.Millisecond},
+		{Session: other.id, Start: at(3), End: at(50), Hold: 47 * time.Millisecond}, // another session's
+	}
+	ps, err := joinPhases([]*loadSession{s, other}, clock, xs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) != 1 {
+		t.Fatalf("%d turns, want 1", len(ps))
+	}
+	p := ps[0]
+	ms := func(v int64) float64 { return float64(v) / 1e6 }
+	want := map[string]float64{"added": 15, "in": 1, "body": 0.5, "own": 8, "wire": 5, "out": 0.5}
+	got := map[string]float64{"added": ms(p.added), "in": ms(p.in), "body": ms(p.body), "own": ms(p.own), "wire": ms(p.wire), "out": ms(p.out)}
+	for k, w := range want {
+		if d := got[k] - w; d > 1e-6 || d < -1e-6 {
+			t.Errorf("%s = %v ms, want %v", k, got[k], w)
+		}
+	}
+	if sum := p.in + p.body + p.own + p.wire + p.out; sum != p.added {
+		t.Errorf("phases add up to %d ns, added is %d", sum, p.added)
+	}
+	if _, err := joinPhases([]*loadSession{s}, map[string][]turnTiming{}, xs); err == nil {
+		t.Error("a session the adapter did not time: no error")
+	}
 }
