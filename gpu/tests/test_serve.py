@@ -458,13 +458,21 @@ def test_tokenizer_only_refuses_generation(renderer, path):
     assert "serve.py --tokenizer-only does not generate; it is a replay renderer" in msg
     assert f"POST {path.split('?')[0]}" in msg and r["error"]["type"] == "ServiceUnavailableError"
     assert r["error"]["code"] == 503
-    # whatever the body: the mode is the answer, not a parse error
-    req = urllib.request.Request(base + path, data=b"{nope", method="POST")
-    with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(req, timeout=30)
-    assert e.value.code == 503
-    # the connection's next request is still read right
-    assert call(base, "/tokenize", {"prompt": "hi"})[0] == 200
+    # whatever the body: the mode is the answer, not a parse error; the
+    # body is read all the same, so the kept-alive connection serves on
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", int(base.rsplit(":", 1)[1]), timeout=30)
+    try:
+        conn.request("POST", path, body=b"{nope", headers={"Content-Type": "application/json"})
+        r1 = conn.getresponse()
+        assert r1.status == 503 and "--tokenizer-only" in json.loads(r1.read())["error"]["message"]
+        conn.request("POST", "/tokenize", body=json.dumps({"prompt": "hi"}).encode(),
+                     headers={"Content-Type": "application/json"})
+        r2 = conn.getresponse()
+        assert r2.status == 200 and json.loads(r2.read())["tokens"] == renderer[1].tokenizer.encode("hi")
+    finally:
+        conn.close()
 
 
 def test_tokenizer_only_cli_without_weights(server, tiny_checkpoint, tmp_path):

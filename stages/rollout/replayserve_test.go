@@ -1,10 +1,7 @@
 package rollout
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -12,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kilnrl/kiln/internal/agent/engine"
 	"github.com/kilnrl/kiln/internal/testenv/gputest"
 )
 
@@ -81,15 +79,12 @@ func TestReplayServePy(t *testing.T) {
 	require.NoError(t, err, logs)
 	assertReplayedAsRecorded(t, w.st, rec, res)
 
-	// The renderer is serve.py --tokenizer-only: it never generates.
-	r, err := http.Post(renderer+"/inference/v1/generate", "application/json",
-		bytes.NewReader([]byte(`{"token_ids":[1],"sampling_params":{"max_tokens":1}}`)))
+	// The renderer is serve.py --tokenizer-only: it never generates, and
+	// kiln's engine client pointed at it as an engine says so.
+	c, err := engine.New(engine.Options{BaseURL: renderer, Mode: engine.ModeGenerate})
 	require.NoError(t, err)
-	defer r.Body.Close()
-	var body struct {
-		Error struct{ Message string } `json:"error"`
-	}
-	require.NoError(t, json.NewDecoder(r.Body).Decode(&body))
-	assert.Equal(t, http.StatusServiceUnavailable, r.StatusCode)
-	assert.Contains(t, body.Error.Message, "serve.py --tokenizer-only does not generate; it is a replay renderer")
+	_, err = c.Probe(ctx)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "503")
+	assert.Contains(t, err.Error(), "serve.py --tokenizer-only does not generate; it is a replay renderer")
 }
