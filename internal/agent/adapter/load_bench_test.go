@@ -131,15 +131,16 @@ import (
 // runnable p99 34–235 ms at load 6–11), which its CPU per turn drives:
 // 2.4–2.7 ms, 61% of it encoding/json reading the engine's /tokenize and
 // generate replies (CPU profile). Reading those by ojson skimming (engine:
-// readTokenizeSkim, readGenerate, decodeIDs, ojson.Valid) cut it to
-// 1.4–1.6 ms (saturated: 2.4 → 1.2 ms); at load 1 the own p50 to 0.5–0.6
-// ms and p99 to 0.83–0.96 ms (goal ≤ 2 ms), at load 6–9 p99 1.9–5.4 ms.
-// The client-side p99 (33–67 ms at load 1) is still the harness's: "wire"
-// is most of it, and the harness's goroutines wait to run (runnable p99
-// 5 ms, max 59 ms: one CPU for the load client and the scripted engine,
-// whose renders hold it). Unpinned (KILN_LOAD_PIN=0) the harness has both
-// CPUs and the adapter shares them: client-side p99 12–20 ms, own p99
-// 1.4–2.1 ms.
+// readTokenizeSkim, readGenerate, decodeIDs, ojson.Valid) and replies into
+// buffers of their Content-Length cut it to 1.2–1.6 ms (saturated: 2.4 →
+// 1.2–1.3 ms); at load 1 the own p50 to 0.47–0.60 ms and p99 to
+// 0.67–0.96 ms (goal ≤ 2 ms); at load 6–9, with the skimming alone, own
+// p99 1.9–5.4 ms. The client-side p99 (25–67 ms at load 1) is still the
+// harness's: "wire" is most of it, and the harness's goroutines wait to
+// run (runnable p99 5 ms, max 59 ms: one CPU for the load client and the
+// scripted engine, whose renders hold it). Unpinned (KILN_LOAD_PIN=0) the
+// harness has both CPUs and the adapter shares them: client-side p99
+// 12–20 ms, own p99 1.4–2.1 ms.
 func BenchmarkAdapterLoad(b *testing.B) {
 	realistic := loadConfig{sessions: 256, turns: 8, engineLatency: [2]time.Duration{200 * time.Millisecond, 2 * time.Second}}
 	cases := []loadConfig{{sessions: 64, turns: 20}, {sessions: 256, turns: 20}, {sessions: 64, turns: 20, rate: 100}, {sessions: 16, turns: 100},
