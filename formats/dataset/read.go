@@ -84,7 +84,7 @@ func openVersion(ctx context.Context, st store.Store, name, version string) (*Ve
 	if err != nil {
 		return nil, fmt.Errorf("dataset %s: %w: this kiln cannot read it (written by %s %s)", ref, err, v.Producer.Stage, v.Producer.Build)
 	}
-	if kind.Fingerprint() != v.Manifest.Schema {
+	if !kind.Reads(v.Manifest.Schema) {
 		return nil, fmt.Errorf("dataset %s: %s schema %s differs from this kiln's %s: read it with the kiln that wrote it (%s)",
 			ref, kind.Name, v.Manifest.Schema, kind.Fingerprint(), v.Producer.Build)
 	}

@@ -98,7 +98,7 @@ func TestRolloutsRoundTrip(t *testing.T) {
 		}
 		return nil
 	}))
-	assert.Contains(t, string(first), `"abort_reason":null,"turns":3,"prompt_tokens":100,"output_tokens":40,"started_at":"2026-11-29T22:00:00.123Z"`)
+	assert.Contains(t, string(first), `"abort_reason":null,"abort_detail":null,"turns":3,"prompt_tokens":100,"output_tokens":40,"started_at":"2026-11-29T22:00:00.123Z"`)
 
 	err := NewRolloutEncoder(&bytes.Buffer{}).Write(Rollout{RolloutID: 3, TaskID: "t", StartedAt: start, EndedAt: start.Add(-time.Second)})
 	assert.ErrorContains(t, err, "is before started_at")

@@ -27,14 +27,35 @@ type Kind struct {
 	// Schema is the canonical text of the schema; Fingerprint hashes it, so
 	// a reader can refuse data written under another schema before decoding.
 	Schema string
+	// Older are the schema texts of earlier versions of the kind that this
+	// kiln still reads: each lacks only optional columns added since, which
+	// decode as null (docs/records.md: extend a kind, never rename).
+	Older []string
 	// EachJSON decodes one shard and calls fn with each row as a JSON object,
 	// fields in schema order; JSON-valued columns are embedded, not quoted.
 	EachJSON func(shard []byte, fn func(row json.RawMessage) error) error
 }
 
 // Fingerprint is "sha256:" and the hex digest of the kind's schema text.
-func (k Kind) Fingerprint() string {
-	sum := sha256.Sum256([]byte(k.Schema))
+func (k Kind) Fingerprint() string { return fingerprint(k.Schema) }
+
+// Reads reports whether versions whose manifest names the schema
+// fingerprint fp hold shards this kind decodes: the kind's own schema or
+// one of its Older ones.
+func (k Kind) Reads(fp string) bool {
+	if fp == k.Fingerprint() {
+		return true
+	}
+	for _, s := range k.Older {
+		if fp == fingerprint(s) {
+			return true
+		}
+	}
+	return false
+}
+
+func fingerprint(schema string) string {
+	sum := sha256.Sum256([]byte(schema))
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"time"
+	"unicode/utf8"
 
 	"github.com/parquet-go/parquet-go"
 )
@@ -30,7 +31,12 @@ type Rollout struct {
 	// AbortReason is set when the run was aborted (missing_image_or_workdir,
 	// unevaluatable:<why>, adapter_session_empty, wall_clock_timeout,
 	// exception:<type>); such runs are not graded.
-	AbortReason  *string   `parquet:"abort_reason,optional" json:"abort_reason"`
+	AbortReason *string `parquet:"abort_reason,optional" json:"abort_reason"`
+	// AbortDetail says why, in words: the error, the missing path, the
+	// replay mismatch (docs/rollout.md §2.4). kiln-rollout sets it exactly
+	// when AbortReason is set, bounded by BoundAbortDetail. Rows of
+	// versions written before the column read it as nil.
+	AbortDetail  *string   `parquet:"abort_detail,optional" json:"abort_detail"`
 	Turns        int64     `parquet:"turns" json:"turns"`
 	PromptTokens int64     `parquet:"prompt_tokens" json:"prompt_tokens"`
 	OutputTokens int64     `parquet:"output_tokens" json:"output_tokens"`
@@ -49,6 +55,7 @@ var rolloutsKind = Kind{
 	Encoding: Parquet,
 	Ext:      ".parquet",
 	Schema:   parquet.SchemaOf(Rollout{}).String(),
+	Older:    []string{rolloutsSchemaV1},
 	EachJSON: func(shard []byte, fn func(json.RawMessage) error) error {
 		return EachRollout(shard, func(r Rollout) error {
 			row, err := r.MarshalRow()
@@ -60,6 +67,56 @@ var rolloutsKind = Kind{
 	},
 }
 
+// rolloutsSchemaV1 is the rollouts schema before abort_detail: its
+// shards lack only that optional column, which reads as null, so versions
+// written under it stay readable (docs/records.md §4).
+const rolloutsSchemaV1 = `message Rollout {
+	required int64 rollout_id (INT(64,true));
+	required int64 index (INT(64,true));
+	required int64 group_index (INT(64,true));
+	required int64 sample (INT(64,true));
+	required binary task_id (STRING);
+	required binary agent (STRING);
+	required binary weights_version (STRING);
+	required binary patch (STRING);
+	required int64 agent_exit_code (INT(64,true));
+	optional binary abort_reason (STRING);
+	required int64 turns (INT(64,true));
+	required int64 prompt_tokens (INT(64,true));
+	required int64 output_tokens (INT(64,true));
+	required int64 started_at (TIMESTAMP(isAdjustedToUTC=true,unit=MILLIS));
+	required int64 ended_at (TIMESTAMP(isAdjustedToUTC=true,unit=MILLIS));
+	optional binary artifacts (STRING);
+}`
+
+// MaxAbortDetail bounds a row's abort_detail in bytes, so a huge error
+// (an agent's whole stderr, a long wrapped chain) cannot bloat the rows.
+const MaxAbortDetail = 2048
+
+// BoundAbortDetail returns s if it fits MaxAbortDetail bytes, else its head
+// and tail around a marker saying how many bytes were cut, MaxAbortDetail
+// bytes at most and cut at rune boundaries: the head names what failed, the
+// tail is where an error's cause and a command's last output lines are.
+func BoundAbortDetail(s string) string {
+	if len(s) <= MaxAbortDetail {
+		return s
+	}
+	// The marker's digits are at most those of len(s).
+	room := MaxAbortDetail - len(fmt.Sprintf(abortDetailCut, len(s)))
+	head, tail := room/2, room-room/2
+	for head > 0 && !utf8.RuneStart(s[head]) {
+		head--
+	}
+	start := len(s) - tail
+	for start < len(s) && !utf8.RuneStart(s[start]) {
+		start++
+	}
+	return s[:head] + fmt.Sprintf(abortDetailCut, start-head) + s[start:]
+}
+
+// abortDetailCut is the marker in place of the bytes BoundAbortDetail cut.
+const abortDetailCut = " [... %d bytes cut ...] "
+
 // Validate checks the invariants a rollouts row must hold on write.
 func (r *Rollout) Validate() error {
 	switch {
@@ -67,6 +124,11 @@ func (r *Rollout) Validate() error {
 		return fmt.Errorf("rollout %d: empty task_id", r.RolloutID)
 	case r.Sample < 0 || r.Turns < 0 || r.PromptTokens < 0 || r.OutputTokens < 0:
 		return fmt.Errorf("rollout %d (task %q): negative sample, turns or token count", r.RolloutID, r.TaskID)
+	case r.AbortDetail != nil && r.AbortReason == nil:
+		return fmt.Errorf("rollout %d (task %q): abort_detail is set but abort_reason is not: a detail says why a run aborted", r.RolloutID, r.TaskID)
+	case r.AbortDetail != nil && len(*r.AbortDetail) > MaxAbortDetail:
+		return fmt.Errorf("rollout %d (task %q): abort_detail is %d bytes, over the %d-byte bound: shorten it (records.BoundAbortDetail)",
+			r.RolloutID, r.TaskID, len(*r.AbortDetail), MaxAbortDetail)
 	case !r.StartedAt.IsZero() && !r.EndedAt.IsZero() && r.EndedAt.Before(r.StartedAt):
 		return fmt.Errorf("rollout %d (task %q): ended_at %s is before started_at %s", r.RolloutID, r.TaskID,
 			r.EndedAt.Format(time.RFC3339Nano), r.StartedAt.Format(time.RFC3339Nano))
