@@ -26,7 +26,7 @@ func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request, body 
 	}
 	var prompts [][]int
 	raw := m["prompt"]
-	var one []int
+	one, oneOK := ojson.DecodeInts(raw)
 	var many [][]int
 	var str string
 	var strs []string
@@ -34,7 +34,7 @@ func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request, body 
 	case len(raw) == 0:
 		writeError(w, schemaError("prompt", "1 validation error:\n  prompt: Field required"))
 		return
-	case json.Unmarshal(raw, &one) == nil && one != nil:
+	case oneOK && one != nil:
 		prompts = [][]int{one}
 	case json.Unmarshal(raw, &many) == nil && many != nil:
 		prompts = many

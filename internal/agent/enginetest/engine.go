@@ -1,7 +1,6 @@
 package enginetest
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kilnrl/kiln/internal/ojson"
 )
@@ -383,12 +383,54 @@ func readBody(r *http.Request) ([]byte, error) {
 // duplicate keys wins). Like json.Decoder, it reads the first value only
 // and ignores what follows it.
 func decodeBody(body []byte) (map[string]json.RawMessage, *apiError) {
-	var m map[string]json.RawMessage
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(&m); err != nil || m == nil {
+	m, ok := objectFields(body, true)
+	if !ok {
 		return nil, schemaError("body", "1 validation error:\n  body: Input should be a valid JSON object")
 	}
 	return m, nil
+}
+
+// objectFields reads the JSON object b holds, white space around it aside,
+// into its raw fields, as encoding/json reads it into a
+// map[string]json.RawMessage (keys unescaped, the last of duplicate keys
+// winning, values as written): by json.Decoder's Decode when trailing is
+// true (what follows the first value is not read), by Unmarshal when false.
+// ok is false where that decoding fails or leaves the map nil (null). The
+// text is checked by ojson.Valid and walked in place: json.Decoder's
+// scanning of the whole body, a prompt's thousands of ids included, was a
+// sixth of the engine's CPU (docs/rollout.md §6.2). The values alias b.
+func objectFields(b []byte, trailing bool) (map[string]json.RawMessage, bool) {
+	s := ojson.Space(b, 0)
+	if s >= len(b) || b[s] != '{' {
+		return nil, false
+	}
+	e := ojson.ValueEnd(b, s)
+	if e < 0 || !ojson.Valid(b[s:e]) || !trailing && ojson.Space(b, e) != len(b) {
+		return nil, false
+	}
+	m := make(map[string]json.RawMessage, 8)
+	ok := ojson.WalkObject(b, s, func(key []byte, v int) int {
+		k, ok := fieldKey(key)
+		end := ojson.ValueEnd(b, v)
+		if !ok || end < 0 {
+			return -1
+		}
+		m[k] = b[v:end:end]
+		return end
+	}) >= 0
+	return m, ok
+}
+
+// fieldKey is the text of an object key given between its quotes, as
+// encoding/json decodes it (escapes undone, invalid UTF-8 replaced).
+func fieldKey(key []byte) (string, bool) {
+	for _, c := range key {
+		if c == '\\' || c >= utf8.RuneSelf {
+			q := make([]byte, 0, len(key)+2)
+			return ojson.Unquote(append(append(append(q, '"'), key...), '"'))
+		}
+	}
+	return string(key), true
 }
 
 // checkModel enforces the optional model field (docs/engine-wire.md §1: unknown model → 404).

@@ -377,8 +377,8 @@ func (e *Engine) handleGenerate(w http.ResponseWriter, r *http.Request, body []b
 		writeError(w, aerr)
 		return
 	}
-	var prompt []int
-	if raw, ok := m["token_ids"]; !ok || json.Unmarshal(raw, &prompt) != nil {
+	prompt, ok := ojson.DecodeInts(m["token_ids"])
+	if !ok {
 		writeError(w, schemaError("token_ids", "1 validation error:\n  token_ids: Field required (a list of integers)"))
 		return
 	}
@@ -394,8 +394,8 @@ func (e *Engine) handleGenerate(w http.ResponseWriter, r *http.Request, body []b
 		}
 		return
 	}
-	var spRaw map[string]json.RawMessage
-	if raw, ok := m["sampling_params"]; !ok || json.Unmarshal(raw, &spRaw) != nil || spRaw == nil {
+	spRaw, ok := objectFields(m["sampling_params"], false)
+	if !ok {
 		writeError(w, schemaError("sampling_params", "1 validation error:\n  sampling_params: Field required (an object)"))
 		return
 	}

@@ -91,9 +91,8 @@ func (e *Engine) handleDetokenize(w http.ResponseWriter, body []byte) {
 		writeError(w, aerr)
 		return
 	}
-	var ids []int
-	raw, ok := m["tokens"]
-	if !ok || json.Unmarshal(raw, &ids) != nil || ids == nil {
+	ids, ok := ojson.DecodeInts(m["tokens"])
+	if !ok || ids == nil {
 		writeError(w, schemaError("tokens", "1 validation error:\n  tokens: Field required (a list of integers)"))
 		return
 	}
