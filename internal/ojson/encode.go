@@ -42,15 +42,7 @@ func Append(b []byte, v any) []byte {
 	case int64:
 		return strconv.AppendInt(b, t, 10)
 	case float64:
-		switch {
-		case math.IsNaN(t):
-			return append(b, "NaN"...)
-		case math.IsInf(t, 1):
-			return append(b, "Infinity"...)
-		case math.IsInf(t, -1):
-			return append(b, "-Infinity"...)
-		}
-		return strconv.AppendFloat(b, t, 'g', -1, 64)
+		return AppendFloat(b, t)
 	case string:
 		return AppendString(b, t)
 	case json.RawMessage:
@@ -109,6 +101,22 @@ func Append(b []byte, v any) []byte {
 		panic("ojson: cannot encode: " + err.Error())
 	}
 	return append(b, bytes.TrimSuffix(buf.Bytes(), []byte("\n"))...)
+}
+
+// AppendFloat appends f as Append writes a float64: shortest ('g'), a
+// non-finite one as Python's json module writes it (NaN, Infinity,
+// -Infinity). Writers of large replies call it beside Append to write
+// numbers without boxing them in an any.
+func AppendFloat(b []byte, f float64) []byte {
+	switch {
+	case math.IsNaN(f):
+		return append(b, "NaN"...)
+	case math.IsInf(f, 1):
+		return append(b, "Infinity"...)
+	case math.IsInf(f, -1):
+		return append(b, "-Infinity"...)
+	}
+	return strconv.AppendFloat(b, f, 'g', -1, 64)
 }
 
 // appendInts appends ids as a JSON array; token ids are small non-negative

@@ -2,6 +2,7 @@ package ojson
 
 import (
 	"encoding/json"
+	"math"
 	"testing"
 )
 
@@ -123,5 +124,17 @@ func TestObjectIndex(t *testing.T) {
 			t.Fatalf("key %d = %q", i, k)
 		}
 		i++
+	}
+}
+
+func TestAppendFloat(t *testing.T) {
+	for f, want := range map[float64]string{0: "0", -0.5: "-0.5", 1e-7: "1e-07", 1.5e16: "1.5e+16", -2.45: "-2.45",
+		123.456: "123.456", math.Inf(1): "Infinity", math.Inf(-1): "-Infinity"} {
+		if got := string(AppendFloat([]byte("x"), f)); got != "x"+want {
+			t.Errorf("AppendFloat(%v) = %s, want x%s", f, got, want)
+		}
+	}
+	if got := string(AppendFloat(nil, math.NaN())); got != "NaN" {
+		t.Errorf("AppendFloat(NaN) = %s", got)
 	}
 }
