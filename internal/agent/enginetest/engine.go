@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -130,6 +131,8 @@ type Engine struct {
 	inflight int
 	aborted  int
 	ids      int // response ids handed out
+
+	bufs sync.Pool // *[]byte reply buffers (writeJSON)
 }
 
 // New returns an engine; serve it with httptest.NewServer(New(opts)).
@@ -289,41 +292,51 @@ func (e *Engine) route(w *countingWriter, r *http.Request, body []byte, info *re
 			return
 		}
 	}
-	type route struct {
-		method string
-		h      func()
-	}
-	routes := map[string]route{
-		"/tokenize":       {http.MethodPost, func() { e.handleTokenize(w, body) }},
-		"/detokenize":     {http.MethodPost, func() { e.handleDetokenize(w, body) }},
-		"/v1/completions": {http.MethodPost, func() { e.handleCompletions(w, r, body, info) }},
-		"/v1/models":      {http.MethodGet, func() { e.handleModels(w) }},
-		"/health":         {http.MethodGet, func() { e.handleHealth(w) }},
-		"/version":        {http.MethodGet, func() { writeJSONResponse(w, 200, ojson.Obj("version", e.opts.Version)) }},
-		"/load": {http.MethodGet, func() {
+	// A switch, not a map of handlers built per request: the engine's own
+	// overhead is taken from the benchmarks it stands in for a GPU
+	// server in (docs/rollout.md §6.2).
+	method := http.MethodPost
+	var h func()
+	switch p {
+	case "/tokenize":
+		h = func() { e.handleTokenize(w, body) }
+	case "/detokenize":
+		h = func() { e.handleDetokenize(w, body) }
+	case "/v1/completions":
+		h = func() { e.handleCompletions(w, r, body, info) }
+	case "/v1/models":
+		method, h = http.MethodGet, func() { e.handleModels(w) }
+	case "/health":
+		method, h = http.MethodGet, func() { e.handleHealth(w) }
+	case "/version":
+		method, h = http.MethodGet, func() { writeJSONResponse(w, 200, ojson.Obj("version", e.opts.Version)) }
+	case "/load":
+		method, h = http.MethodGet, func() {
 			e.mu.Lock()
 			n := e.inflight
 			e.mu.Unlock()
 			writeJSONResponse(w, 200, ojson.Obj("server_load", n))
-		}},
-		"/openapi.json": {http.MethodGet, func() { e.handleOpenAPI(w) }},
+		}
+	case "/openapi.json":
+		method, h = http.MethodGet, func() { e.handleOpenAPI(w) }
+	case "/inference/v1/generate":
+		if e.opts.Generate != GenerateDisabled {
+			h = func() { e.handleGenerate(w, r, body, info) }
+		}
+	case "/tokenizer_info":
+		if e.opts.EnableTokenizerInfo {
+			method, h = http.MethodGet, func() { e.handleTokenizerInfo(w) }
+		}
 	}
-	if e.opts.Generate != GenerateDisabled {
-		routes["/inference/v1/generate"] = route{http.MethodPost, func() { e.handleGenerate(w, r, body, info) }}
-	}
-	if e.opts.EnableTokenizerInfo {
-		routes["/tokenizer_info"] = route{http.MethodGet, func() { e.handleTokenizerInfo(w) }}
-	}
-	rt, ok := routes[p]
-	if !ok {
+	if h == nil {
 		writeRaw(w, http.StatusNotFound, []byte(`{"detail":"Not Found"}`))
 		return
 	}
-	if r.Method != rt.method {
+	if r.Method != method {
 		writeRaw(w, http.StatusMethodNotAllowed, []byte(`{"detail":"Method Not Allowed"}`))
 		return
 	}
-	rt.h()
+	h()
 }
 
 func (e *Engine) routePaths() []string {
@@ -362,9 +375,23 @@ func writeJSONResponse(w http.ResponseWriter, status int, v any) {
 	writeRaw(w, status, ojson.Marshal(v))
 }
 
+// writeJSON is writeJSONResponse through a buffer of e's pool: the large
+// replies (generations, /tokenize's id lists) are written without a
+// buffer grown from nothing and copied out per reply. The buffer is reused
+// once Write returns; http.ResponseWriter does not keep it.
+func (e *Engine) writeJSON(w http.ResponseWriter, status int, v any) {
+	bp, _ := e.bufs.Get().(*[]byte)
+	if bp == nil {
+		bp = new([]byte)
+	}
+	*bp = ojson.Append((*bp)[:0], v)
+	writeRaw(w, status, *bp)
+	e.bufs.Put(bp)
+}
+
 func writeRaw(w http.ResponseWriter, status int, body []byte) {
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
 }

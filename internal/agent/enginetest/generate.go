@@ -447,7 +447,7 @@ func (e *Engine) handleGenerate(w http.ResponseWriter, r *http.Request, body []b
 	if writeFaultResponse(w, f) {
 		return
 	}
-	writeJSONResponse(w, 200, e.generateResponse(res, prompt, reqID, returnTokenIDs, f))
+	e.writeJSON(w, 200, e.generateResponse(res, prompt, reqID, returnTokenIDs, f))
 }
 
 func (e *Engine) nextID() string {

@@ -76,7 +76,7 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, body []byte) {
 		}
 		strs = s
 	}
-	writeJSONResponse(w, 200, ojson.Obj("count", len(ids), "max_model_len", e.opts.MaxModelLen, "tokens", ids, "token_strs", strs))
+	e.writeJSON(w, 200, ojson.Obj("count", len(ids), "max_model_len", e.opts.MaxModelLen, "tokens", ids, "token_strs", strs))
 }
 
 // handleDetokenize serves POST /detokenize (docs/engine-wire.md §3): special tokens are kept;
@@ -104,5 +104,5 @@ func (e *Engine) handleDetokenize(w http.ResponseWriter, body []byte) {
 		}
 		return
 	}
-	writeJSONResponse(w, 200, ojson.Obj("prompt", Decode(ids)))
+	e.writeJSON(w, 200, ojson.Obj("prompt", Decode(ids)))
 }
