@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -459,55 +460,13 @@ func (e *Engine) nextID() string {
 
 func (e *Engine) generateResponse(res *genResult, prompt []int, reqID string, returnTokenIDs bool, f Fault) *ojson.Object {
 	shape := e.opts.Shape
-	label := func(id int) any {
-		if shape == ShapeTokenIDs {
-			return id
-		}
-		return fmt.Sprintf("token_id:%d", id)
-	}
 	var logprobs any
 	if res.k >= -1 && f != FaultMissingLogprobs {
-		var content []any
-		for i, id := range res.ids {
-			lp := res.lps[i]
-			if f == FaultNaNLogprob && i == 0 {
-				lp = math.NaN()
-			}
-			if f == FaultMismatchedTokenID && i == 0 {
-				id = (id + 1) % VocabSize
-			}
-			cands := topCandidates(id, lp, res.ranks[i], res.k)
-			cands = cands[:min(len(cands), max(res.k, 1))]
-			if res.k == -1 {
-				cands = topCandidates(id, lp, res.ranks[i], -1)
-			}
-			var tops []any
-			for _, c := range cands {
-				switch shape {
-				case ShapeTokenIDs:
-					tops = append(tops, ojson.Obj("token_id", c.id, "logprob", c.lp, "rank", c.rank))
-				case ShapeScaleOut:
-					tops = append(tops, ojson.Obj("token", label(c.id), "logprob", c.lp, "bytes", nil))
-				case ShapeDisagg:
-					tops = append(tops, ojson.Obj("token", label(id), "logprob", c.lp, "bytes", nil))
-				}
-			}
-			if shape == ShapeTokenIDs {
-				content = append(content, ojson.Obj("token_id", id, "logprob", lp, "rank", res.ranks[i], "top_logprobs", tops))
-			} else {
-				content = append(content, ojson.Obj("token", label(id), "logprob", lp, "bytes", nil, "top_logprobs", tops))
-			}
+		if shape == ShapeTokenIDs {
+			logprobs = ojson.Obj("content", json.RawMessage(appendContentC(make([]byte, 0, 2+128*len(res.ids)), res, f)))
+		} else {
+			logprobs = ojson.Obj("content", logprobsContent(res, shape, f))
 		}
-		switch {
-		case f == FaultFewerLogprobs && len(content) > 0:
-			content = content[:len(content)-1]
-		case f == FaultExtraLogprob && len(content) > 0:
-			content = append(content, content[len(content)-1])
-		}
-		if content == nil {
-			content = []any{}
-		}
-		logprobs = ojson.Obj("content", content)
 	}
 	n := len(res.ids)
 	usageN := n
@@ -562,6 +521,116 @@ func (e *Engine) generateResponse(res *genResult, prompt []int, reqID string, re
 			"prompt_logprobs", nil, "prompt_token_id_logprobs", nil,
 			"kv_transfer_params", nil, "ec_transfer_params", nil)
 	}
+}
+
+// logprobsContent builds logprobs.content of a generate reply as values
+// for ojson.Append: the shapes (A) and (B), and for (C) the reference
+// appendContentC is held to (TestAppendContentC).
+func logprobsContent(res *genResult, shape ResponseShape, f Fault) []any {
+	label := func(id int) any {
+		if shape == ShapeTokenIDs {
+			return id
+		}
+		return fmt.Sprintf("token_id:%d", id)
+	}
+	var content []any
+	for i, id := range res.ids {
+		lp, id := entryFault(res, i, id, f)
+		var tops []any
+		for _, c := range entryCandidates(res, i, id, lp) {
+			switch shape {
+			case ShapeTokenIDs:
+				tops = append(tops, ojson.Obj("token_id", c.id, "logprob", c.lp, "rank", c.rank))
+			case ShapeScaleOut:
+				tops = append(tops, ojson.Obj("token", label(c.id), "logprob", c.lp, "bytes", nil))
+			case ShapeDisagg:
+				tops = append(tops, ojson.Obj("token", label(id), "logprob", c.lp, "bytes", nil))
+			}
+		}
+		if shape == ShapeTokenIDs {
+			content = append(content, ojson.Obj("token_id", id, "logprob", lp, "rank", res.ranks[i], "top_logprobs", tops))
+		} else {
+			content = append(content, ojson.Obj("token", label(id), "logprob", lp, "bytes", nil, "top_logprobs", tops))
+		}
+	}
+	switch {
+	case f == FaultFewerLogprobs && len(content) > 0:
+		content = content[:len(content)-1]
+	case f == FaultExtraLogprob && len(content) > 0:
+		content = append(content, content[len(content)-1])
+	}
+	if content == nil {
+		content = []any{}
+	}
+	return content
+}
+
+// entryFault is output position i's reported logprob and id under fault f.
+func entryFault(res *genResult, i, id int, f Fault) (float64, int) {
+	lp := res.lps[i]
+	if f == FaultNaNLogprob && i == 0 {
+		lp = math.NaN()
+	}
+	if f == FaultMismatchedTokenID && i == 0 {
+		id = (id + 1) % VocabSize
+	}
+	return lp, id
+}
+
+// entryCandidates is position i's top_logprobs: max(k, 1) candidates, the
+// whole vocabulary for k = -1.
+func entryCandidates(res *genResult, i, id int, lp float64) []candidate {
+	if res.k == -1 {
+		return topCandidates(id, lp, res.ranks[i], -1)
+	}
+	cands := topCandidates(id, lp, res.ranks[i], res.k)
+	return cands[:min(len(cands), max(res.k, 1))]
+}
+
+// appendContentC appends shape (C)'s logprobs.content list, the bytes
+// ojson.Append writes for logprobsContent's values, without an object per
+// entry and candidate: with a hundred output tokens a reply, building and
+// walking those was most of the engine's reply writing (docs/rollout.md §6.2).
+func appendContentC(b []byte, res *genResult, f Fault) []byte {
+	b = append(b, '[')
+	n := len(res.ids)
+	if f == FaultFewerLogprobs && n > 0 {
+		n--
+	}
+	last := len(b)
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		last = len(b)
+		lp, id := entryFault(res, i, res.ids[i], f)
+		b = append(b, `{"token_id":`...)
+		b = strconv.AppendInt(b, int64(id), 10)
+		b = append(b, `,"logprob":`...)
+		b = ojson.AppendFloat(b, lp)
+		b = append(b, `,"rank":`...)
+		b = strconv.AppendInt(b, int64(res.ranks[i]), 10)
+		b = append(b, `,"top_logprobs":[`...)
+		for j, c := range entryCandidates(res, i, id, lp) {
+			if j > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"token_id":`...)
+			b = strconv.AppendInt(b, int64(c.id), 10)
+			b = append(b, `,"logprob":`...)
+			b = ojson.AppendFloat(b, c.lp)
+			b = append(b, `,"rank":`...)
+			b = strconv.AppendInt(b, int64(c.rank), 10)
+			b = append(b, '}')
+		}
+		b = append(b, "]}"...)
+	}
+	if f == FaultExtraLogprob && n > 0 {
+		end := len(b)
+		b = append(b, ',')
+		b = append(b, b[last:end]...) // the last entry once more
+	}
+	return append(b, ']')
 }
 
 func engineRequestID(reqID string, e *Engine) string {

@@ -105,6 +105,7 @@ func DecodeSkipSpecial(ids []int) string { return decode(ids, true) }
 
 func decode(ids []int, skipSpecial bool) string {
 	var b strings.Builder
+	b.Grow(len(ids)) // one byte a token, most of them: a prompt's text without regrowing
 	for _, id := range ids {
 		switch {
 		case id >= 0 && id < 256:
