@@ -74,6 +74,7 @@ func assertReplayedAsRecorded(t *testing.T, st store.Store, rec, res RunResults)
 	for id, want := range recRows {
 		got := rows[id]
 		assert.Equal(t, deref(want.AbortReason), deref(got.AbortReason), "rollout %d", id)
+		assert.Equal(t, want.AbortDetail == nil, got.AbortDetail == nil, "rollout %d: an abort detail exactly when the recording has one", id)
 		assert.Equal(t, want.Patch, got.Patch, "rollout %d", id)
 		assert.Equal(t, want.AgentExitCode, got.AgentExitCode, "rollout %d", id)
 		assert.Equal(t, [3]int64{want.Turns, want.PromptTokens, want.OutputTokens}, [3]int64{got.Turns, got.PromptTokens, got.OutputTokens}, "rollout %d", id)
@@ -173,6 +174,7 @@ func TestReplayRun(t *testing.T) {
 		for id, r := range rows {
 			if recRows[id].Patch != "" {
 				assert.Nil(t, r.AbortReason, "fixing rollout %d: %s", id, deref(r.AbortReason))
+				assert.Nil(t, r.AbortDetail, "fixing rollout %d", id)
 				assert.Equal(t, recRows[id].Patch, r.Patch, "rollout %d", id)
 				for _, tr := range recTurns {
 					if tr.RolloutID == id {
@@ -189,6 +191,8 @@ func TestReplayRun(t *testing.T) {
 			mismatched++
 			assert.Equal(t, AbortReplayMismatch, deref(r.AbortReason), "rollout %d", id)
 			assert.Regexp(t, fmt.Sprintf(`rollout=%d reason=replay_mismatch detail="replay: rollout %d turn 1: prompt token [0-9]+ is [0-9]+, the recorded one [0-9]+"`, id, id), logs)
+			// The row's abort_detail is that mismatch message (docs/rollout.md §7.3).
+			assert.Regexp(t, fmt.Sprintf(`^replay: rollout %d turn 1: prompt token [0-9]+ is [0-9]+, the recorded one [0-9]+$`, id), deref(r.AbortDetail))
 		}
 		assert.Equal(t, len(w.set.Tasks), mismatched)
 		assert.Equal(t, turnsByRollout(wantTurns), turnsByRollout(readTurns(t, w.st, res.Turns.Ref)))
@@ -229,6 +233,8 @@ func TestReplayRun(t *testing.T) {
 			// The abort's detail (the stage's "run aborted" warning) names
 			// the rollout, the turn and the first differing prompt token.
 			assert.Regexp(t, fmt.Sprintf(`rollout=%d reason=replay_mismatch detail="replay: rollout %d turn 0: prompt token [0-9]+ is [0-9]+, the recorded one [0-9]+"`, id, id), logs)
+			// So does the row: its abort_detail is the mismatch message.
+			assert.Regexp(t, fmt.Sprintf(`^replay: rollout %d turn 0: prompt token [0-9]+ is [0-9]+, the recorded one [0-9]+$`, id), deref(r.AbortDetail))
 			assert.Zero(t, r.Turns, "rollout %d", id)
 			for _, tr := range turns {
 				assert.NotEqual(t, id, tr.RolloutID, "turns of mismatched rollout %d", id)

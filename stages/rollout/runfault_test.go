@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -34,6 +35,7 @@ func TestRunFaults(t *testing.T) {
 		do     behaviour
 		adjust func(*RunOptions)
 		abort  string // "" = not aborted
+		detail string // in an aborted row's abort_detail
 		exit   int64
 		turns  bool                                      // the run's turns are kept
 		fault  func(enginetest.Request) enginetest.Fault // engine replies corrupted
@@ -42,12 +44,15 @@ func TestRunFaults(t *testing.T) {
 		// in flight (startDyingEngine), instead of failing its replies.
 		engineGone bool
 	}{
-		{name: "engine fails mid-run", do: failLater, abort: AbortEngineError, exit: 1},
+		{name: "engine fails mid-run", do: failLater, abort: AbortEngineError, exit: 1,
+			detail: `model calls failed with a server error (the first: 500 {"error":{"message":"vllm upstream 500: scripted engine failure"`},
 		// Health checks are off: the runs end by their calls failing alone
 		// (TestRunEngineUnhealthy has the health check's path).
 		{name: "engine process goes away mid-run", do: lookAround, abort: AbortEngineError, exit: 1, engineGone: true,
+			detail: "model calls failed with a server error (the first: 500 ",
 			adjust: func(o *RunOptions) { o.HealthInterval = -1 }},
 		{name: "engine returns bad logprobs", do: lookAround, abort: AbortEngineError, exit: 1,
+			detail: "invalid reply from /inference/v1/generate (non-finite-logprob)",
 			fault: func(r enginetest.Request) enginetest.Fault {
 				if r.SessionID != "" && r.Turn >= 1 {
 					return enginetest.FaultNaNLogprob
@@ -60,7 +65,7 @@ func TestRunFaults(t *testing.T) {
 		// is an exception:patch_capture row, which is a right outcome too.
 		{name: "agent fork-bombs", do: forkBomb, turns: true, exit: 0, alsoOK: abortExceptionPref + "patch_capture",
 			adjust: func(o *RunOptions) { o.Budget, o.Sandbox.PidsMax = 5*time.Second, 64 }},
-		{name: "whole-run deadline", do: hang, abort: AbortDeadline, exit: -1,
+		{name: "whole-run deadline", do: hang, abort: AbortDeadline, exit: -1, detail: "the run passed its deadline of 4.000000001s: ",
 			adjust: func(o *RunOptions) { o.Budget, o.SetupTimeout, o.Margin = 4*time.Second, time.Nanosecond, 0 }},
 	}
 	for _, c := range cases {
@@ -88,11 +93,24 @@ func TestRunFaults(t *testing.T) {
 			turns := readTurns(t, w.st, res.Turns.Ref)
 			segs := readSegments(t, w.st, res.Trajectories.Ref)
 			for _, r := range rows {
+				// The row says why it aborted, as the log does (docs/rollout.md §2.4).
+				if r.AbortReason == nil {
+					assert.Nil(t, r.AbortDetail, r.TaskID)
+				} else {
+					require.NotNil(t, r.AbortDetail, "%s: an aborted row without its detail", r.TaskID)
+					assert.NotEmpty(t, *r.AbortDetail, r.TaskID)
+					d := *r.AbortDetail
+					assert.True(t, strings.Contains(logs, "detail="+strconv.Quote(d)) || strings.Contains(logs, "detail="+d+"\n"),
+						"%s: the row's detail %q is the log's:\n%s", r.TaskID, d, logs)
+				}
 				if c.alsoOK != "" && deref(r.AbortReason) == c.alsoOK {
 					continue
 				}
 				assert.Equal(t, c.abort, deref(r.AbortReason), "%s: %s", r.TaskID, logs)
 				assert.Equal(t, c.exit, r.AgentExitCode, r.TaskID)
+				if c.abort != "" {
+					assert.Contains(t, deref(r.AbortDetail), c.detail, r.TaskID)
+				}
 			}
 			if c.turns {
 				per := map[int64]int64{}
@@ -200,9 +218,13 @@ func TestRunMissingBundle(t *testing.T) {
 	for _, r := range rows {
 		if r.TaskID == w.set.Tasks[0].ID {
 			assert.Equal(t, AbortMissingImage, deref(r.AbortReason))
+			// The detail names the image and the path looked for.
+			assert.Contains(t, deref(r.AbortDetail), fmt.Sprintf("the bundle of image %q is not on this node (%s%c", w.set.Tasks[0].Image,
+				o.Bundles, filepath.Separator))
 			assert.Zero(t, r.Turns)
 		} else {
 			assert.Nil(t, r.AbortReason, "%s: %v\n%s", r.TaskID, deref(r.AbortReason), logs)
+			assert.Nil(t, r.AbortDetail, r.TaskID)
 		}
 	}
 }
@@ -277,6 +299,7 @@ func TestRunSandboxCannotBoot(t *testing.T) {
 				if imageOf[row.TaskID] == broken.Image {
 					aborted++
 					assert.Equal(t, abortExceptionPref+"sandbox_boot", deref(row.AbortReason), row.TaskID)
+					assert.Contains(t, deref(row.AbortDetail), c.want, "%s: the row says why the boot failed", row.TaskID)
 					assert.EqualValues(t, -1, row.AgentExitCode, row.TaskID)
 					assert.Zero(t, row.Turns, row.TaskID)
 					assert.Zero(t, perTurns[row.RolloutID], "%s: turns of a run that never booted", row.TaskID)
@@ -285,6 +308,7 @@ func TestRunSandboxCannotBoot(t *testing.T) {
 					continue
 				}
 				assert.Nil(t, row.AbortReason, "%s: %v\n%s", row.TaskID, deref(row.AbortReason), r.Stderr)
+				assert.Nil(t, row.AbortDetail, row.TaskID)
 				assert.EqualValues(t, 0, row.AgentExitCode, row.TaskID)
 				assert.Positive(t, perTurns[row.RolloutID], row.TaskID)
 				assert.Positive(t, perSegs[row.RolloutID], row.TaskID)
@@ -450,6 +474,9 @@ func TestRunEngineUnhealthy(t *testing.T) {
 	reasons := map[string]int{}
 	for _, r := range rows {
 		reasons[deref(r.AbortReason)]++
+		if r.AbortReason != nil {
+			assert.Regexp(t, `^engine 0 failed its health check: `, deref(r.AbortDetail), r.TaskID)
+		}
 	}
 	assert.Equal(t, map[string]int{AbortEngineError: 2, "": len(rows) - 2}, reasons, logs)
 }

@@ -30,9 +30,9 @@ type front struct {
 }
 
 type frontSession struct {
-	srv          *adapter.Server
-	engine       int
-	serverErrors int
+	srv    *adapter.Server
+	engine int
+	errs   sessionErrors
 	// abort ends the session's run (its context) when its engine fails.
 	abort context.CancelCauseFunc
 }
@@ -122,16 +122,27 @@ func (f *front) engineDown(i int, why string) (anyLeft bool) {
 	return len(f.down) < len(f.adapters)
 }
 
+// sessionErrors counts a session's model calls answered with a server
+// error and keeps the first one's status and body, for its run's
+// engine_error detail (docs/rollout.md §2.4).
+type sessionErrors struct {
+	n     int
+	first string
+}
+
+// maxErrorBody bounds the body kept of a server error.
+const maxErrorBody = 512
+
 // close ends a session: later requests with its token are 401.
-func (f *front) close(id string) (serverErrors int) {
+func (f *front) close(id string) sessionErrors {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s := f.sessions[id]
 	delete(f.sessions, id)
 	if s == nil {
-		return 0
+		return sessionErrors{}
 	}
-	return s.serverErrors
+	return s.errs
 }
 
 // token is the request's credential as the adapter resolves a session
@@ -163,19 +174,28 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	sw := &statusWriter{ResponseWriter: w}
 	s.srv.ServeHTTP(sw, r)
-	// 503 is the adapter's "session closed" (the run is ending), not a
-	// failure of the engine.
-	if sw.status >= 500 && sw.status != http.StatusServiceUnavailable {
+	if sw.failed() {
 		f.mu.Lock()
-		s.serverErrors++
+		s.errs.n++
+		if s.errs.n == 1 {
+			s.errs.first = fmt.Sprintf("%d %s", sw.status, strings.TrimSpace(string(sw.body)))
+		}
 		f.mu.Unlock()
 	}
 }
 
-// statusWriter remembers the status a handler answered.
+// statusWriter remembers the status a handler answered, and the start of
+// the body of a server error.
 type statusWriter struct {
 	http.ResponseWriter
 	status int
+	body   []byte
+}
+
+// failed: the call was answered with a server error. 503 is the adapter's
+// "session closed" (the run is ending), not a failure of the engine.
+func (s *statusWriter) failed() bool {
+	return s.status >= 500 && s.status != http.StatusServiceUnavailable
 }
 
 func (s *statusWriter) WriteHeader(code int) {
@@ -188,6 +208,9 @@ func (s *statusWriter) WriteHeader(code int) {
 func (s *statusWriter) Write(p []byte) (int, error) {
 	if s.status == 0 {
 		s.status = http.StatusOK
+	}
+	if s.failed() && len(s.body) < maxErrorBody {
+		s.body = append(s.body, p[:min(len(p), maxErrorBody-len(s.body))]...)
 	}
 	return s.ResponseWriter.Write(p)
 }

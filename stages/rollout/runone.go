@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kilnrl/kiln/formats/dataset"
@@ -38,7 +39,13 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 		if m := p.rt.replay.failure(sid); m != "" && reason != AbortPreempted {
 			reason, detail = AbortReplayMismatch, m
 		}
-		row.AbortReason = &reason
+		// The row says why (docs/rollout.md §2.4), as the log does; a
+		// command's output cut at a byte count may end mid-rune.
+		if detail == "" {
+			detail = reason
+		}
+		kept := records.BoundAbortDetail(strings.ToValidUTF8(detail, "\uFFFD"))
+		row.AbortReason, row.AbortDetail = &reason, &kept
 		res.turns, res.segments = nil, nil
 		row.EndedAt = time.Now().UTC()
 		p.env.Log.Warn("run aborted", "task", row.TaskID, "rollout", row.RolloutID, "reason", reason, "detail", detail)
@@ -83,7 +90,7 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 		return abort(abortExceptionPref+"adapter", err.Error())
 	}
 	sessionOpen := true
-	finishSession := func() ([]records.Turn, int, error) {
+	finishSession := func() ([]records.Turn, sessionErrors, error) {
 		sessionOpen = false
 		errs := p.rt.front.close(sid)
 		turns, err := p.rt.front.adapters[eng].Finish(sid)
@@ -200,10 +207,11 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 	switch {
 	case p.rt.replay.failure(sid) != "":
 		return abort(AbortReplayMismatch, "") // abort fills in the mismatch
-	case serverErrors > 0 && ares.ExitCode != 0:
-		return abort(AbortEngineError, fmt.Sprintf("%d model calls failed with a server error; the agent exited %d", serverErrors, ares.ExitCode))
+	case serverErrors.n > 0 && ares.ExitCode != 0:
+		return abort(AbortEngineError, fmt.Sprintf("%d model calls failed with a server error (the first: %s); the agent exited %d: %s",
+			serverErrors.n, serverErrors.first, ares.ExitCode, lastLines(ares.Stderr)))
 	case !ares.TimedOut && ares.ExitCode >= 126:
-		return abort(AbortAgentCrash, fmt.Sprintf("the agent exited %d (not runnable, or killed by a signal): %s", ares.ExitCode, lastLines(ares.Stderr)))
+		return abort(AbortAgentCrash, fmt.Sprintf("the agent exited %d (%s): %s", ares.ExitCode, crashCause(ares.ExitCode), lastLines(ares.Stderr)))
 	case len(turns) == 0:
 		return abort(AbortSessionEmpty, fmt.Sprintf("the agent made no model call (exit %d): %s", ares.ExitCode, lastLines(ares.Stderr)))
 	}
@@ -218,6 +226,20 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 
 // errDeadline is the cause of a run context that passed its deadline.
 var errDeadline = errors.New("whole-run deadline")
+
+// crashCause reads an agent_crash exit status the shell's way: 126 and
+// 127 say the command could not run, 128+n that signal n killed it.
+func crashCause(code int) string {
+	switch {
+	case code == 126:
+		return "not executable"
+	case code == 127:
+		return "command not found"
+	case code > 128 && code < 128+65:
+		return fmt.Sprintf("killed by signal %d, %s", code-128, syscall.Signal(code-128))
+	}
+	return "not runnable, or killed by a signal"
+}
 
 // lastLines is the end of a command's output, for a log line.
 func lastLines(b []byte) string {
