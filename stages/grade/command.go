@@ -76,7 +76,8 @@ row per patch with reward 1 (the tests pass) or 0, and why not.
 
 What to grade (exactly one):
    --rollouts REF   the patch of every rollouts row (aborted rollouts get a row
-                    with failure "aborted" and are not graded)
+                    with failure "aborted", their abort_reason and abort_detail
+                    in its error, and are not graded)
    --patches FILE   JSON lines {"task_id", "patch", "sample"?}, or SWE-bench
                     predictions {"instance_id", "model_patch"} as JSON lines or
                     a JSON array, so external predictions can be graded
@@ -366,6 +367,9 @@ func planJobs(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles
 				j := &job{key: fmt.Sprintf("rollout-%d", r.Index), patch: r.Patch}
 				if r.AbortReason != nil {
 					j.abort = *r.AbortReason
+					if r.AbortDetail != nil {
+						j.abortDetail = *r.AbortDetail
+					}
 				}
 				j.row.RolloutID, j.row.Index, j.row.Sample = r.RolloutID, r.Index, r.Sample
 				if err := add(j, t); err != nil {
@@ -497,6 +501,17 @@ func (p *producer) run(ctx context.Context, all []*job, part dataset.Part) (map[
 // gradeOne grades a job and saves its log. The error is non-nil only when
 // the run must stop (the log cannot be stored, ctx cancelled): a grading
 // that fails is a row.
+// abortedError is the error of an aborted rollout's grade: its reason and,
+// when the rollouts row has one, its abort_detail on the same line (the
+// error column is one line; docs/records.md §7).
+func abortedError(reason, detail string) string {
+	s := "the rollout was aborted: " + reason
+	if detail = strings.Join(strings.Fields(detail), " "); detail != "" {
+		s += ": " + detail
+	}
+	return s
+}
+
 func (p *producer) gradeOne(ctx context.Context, j *job) (records.Grade, error) {
 	row := j.row
 	t := j.target
@@ -508,7 +523,7 @@ func (p *producer) gradeOne(ctx context.Context, j *job) (records.Grade, error) 
 	}
 	if j.abort != "" {
 		row.ExitCode, row.Failure = -1, records.FailureAborted
-		row.Error = optional("the rollout was aborted: " + j.abort)
+		row.Error = optional(abortedError(j.abort, j.abortDetail))
 		return row, nil
 	}
 	o := p.g.Grade(ctx, t, j.patch)

@@ -258,10 +258,12 @@ func TestRunRollouts(t *testing.T) {
 	w := newHostWorld(t, "a", "b")
 	start := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	abort := "wall_clock_timeout"
+	detail := "the run passed its deadline of 1m0s:\n  sandbox 0e7c3b754306: context deadline exceeded"
 	rows := []records.Rollout{
 		{RolloutID: 10, Index: 10, GroupIndex: 5, Sample: 0, TaskID: "a", Agent: "shell", Patch: fixPatch, StartedAt: start, EndedAt: start},
 		{RolloutID: 11, Index: 11, GroupIndex: 5, Sample: 1, TaskID: "a", Agent: "shell", Patch: "", StartedAt: start, EndedAt: start},
-		{RolloutID: 12, Index: 12, GroupIndex: 6, Sample: 0, TaskID: "b", Agent: "shell", Patch: fixPatch, AbortReason: &abort, StartedAt: start, EndedAt: start},
+		{RolloutID: 12, Index: 12, GroupIndex: 6, Sample: 0, TaskID: "b", Agent: "shell", Patch: fixPatch, AbortReason: &abort,
+			AbortDetail: &detail, StartedAt: start, EndedAt: start},
 	}
 	ref := commit(t, w.st, "rollouts", records.RolloutsKind(), len(rows), func(out io.Writer) error {
 		enc := records.NewRolloutEncoder(out)
@@ -283,6 +285,10 @@ func TestRunRollouts(t *testing.T) {
 	assert.Equal(t, 0.0, got[11].Reward)
 	assert.Equal(t, int64(1), got[11].Sample)
 	assert.Equal(t, records.FailureAborted, got[12].Failure)
+	require.NotNil(t, got[12].Error)
+	// The grade's one-line error carries the rollout's abort_detail.
+	assert.Equal(t, "the rollout was aborted: wall_clock_timeout: the run passed its deadline of 1m0s: sandbox 0e7c3b754306: context deadline exceeded",
+		*got[12].Error)
 	assert.Nil(t, got[12].Log)
 	assert.Equal(t, 2, boots.n, "the aborted rollout is not graded")
 	assert.Contains(t, w.stderr.String(), "grade: 3 graded: reward 1: 1, reward 0: 2 (tests_failed 1, aborted 1)\n")

@@ -327,6 +327,8 @@ func TestFixturesGradeRollouts(t *testing.T) {
 		if g.RolloutID == 999 {
 			assert.Equal(t, records.FailureAborted, g.Failure)
 			assert.Nil(t, g.Log, "an aborted rollout is not graded")
+			// A row without abort_detail (as older versions have) gives the reason alone.
+			assert.Equal(t, "the rollout was aborted: wall_clock_timeout", deref(g.Error))
 			continue
 		}
 		assert.Equal(t, want, g.Reward, "%s sample %d: %s %s", g.TaskID, g.Sample, g.Failure, deref(g.Error))

@@ -20,11 +20,14 @@ import (
 type job struct {
 	// key names the row in receipts and its log: stable across reruns of
 	// the same version.
-	key    string
-	row    records.Grade // ids, task_id and baseline filled in
-	patch  string
-	abort  string // the rollout's abort_reason ("" = graded)
-	target *Target
+	key   string
+	row   records.Grade // ids, task_id and baseline filled in
+	patch string
+	abort string // the rollout's abort_reason ("" = graded)
+	// abortDetail is the rollout's abort_detail, "" when it has none (a
+	// version written before the column).
+	abortDetail string
+	target      *Target
 }
 
 // taskTable is the tasks version, by id.
