@@ -29,8 +29,9 @@ harness as agent within --budget; capture the patch (tree diff against the
 baseline); finish the session into turn records; assemble them into segments.
 The whole run ends by --budget + --setup-timeout + --deadline-margin.
 
-A run that cannot give a trainable sample is a rollouts row with abort_reason
-and no turns or segments: missing_image_or_workdir (no image, no workdir, or
+A run that cannot give a trainable sample is a rollouts row with abort_reason,
+abort_detail (why, in words: the error, the missing path, the mismatch) and no
+turns or segments: missing_image_or_workdir (no image, no workdir, or
 the bundle is not on this node), adapter_session_empty (no model call),
 wall_clock_timeout (the whole-run deadline), engine_error (model calls failed
 with a server error and the agent gave up, or the run's engine failed its
@@ -65,8 +66,8 @@ prompt ids of R's nth recorded turn, and is answered its recorded output ids,
 logprobs and finish reason. --replay-renderer URL (required with replay://) is
 an engine with the recorded checkpoint's tokenizer and chat template; only
 GET, /tokenize and /detokenize go to it, never a generation. A call that
-differs ends its run as abort replay_mismatch, the detail naming the rollout,
-the turn and the first differing prompt token. The replayed version is part
+differs ends its run as abort replay_mismatch, the row's abort_detail naming
+the rollout, the turn and the first differing prompt token. The replayed version is part
 of the version id (docs/rollout.md §7).
 
 Resumable: runs are committed in batches with row receipts, so a rerun of the
