@@ -13,6 +13,12 @@ func Valid(data []byte) bool {
 	return i >= 0 && Space(data, i) == len(data)
 }
 
+// ValidValue returns the index after the JSON value at b[i] as Valid
+// checks it, nested inside depth containers (which count towards
+// MaxDepth), or -1. Readers that walk an object themselves (WalkObject)
+// check its values with it, and may leave out one they check otherwise.
+func ValidValue(b []byte, i, depth int) int { return validValue(b, i, depth) }
+
 // validValue returns the index after the value at data[i], or -1. depth
 // is how many containers enclose it.
 func validValue(b []byte, i, depth int) int {

@@ -81,3 +81,19 @@ func BenchmarkValid(b *testing.B) {
 	b.ReportMetric(float64(base.Nanoseconds())/1e3, "json-µs")
 	b.ReportMetric(float64(base)/float64(kiln), "÷json")
 }
+
+func TestValidValue(t *testing.T) {
+	deep := strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth)
+	for _, c := range []struct {
+		in       string
+		i, depth int
+		want     int
+	}{
+		{`{"a":[1,2]} x`, 5, 1, 10}, {`{"a":[1,]}`, 5, 1, -1}, {`"x\q"`, 0, 0, -1}, {`true,`, 0, 0, 4},
+		{deep, 0, 0, len(deep)}, {deep, 0, 1, -1},
+	} {
+		if got := ValidValue([]byte(c.in), c.i, c.depth); got != c.want {
+			t.Errorf("ValidValue(%.20q, %d, %d) = %d, want %d", c.in, c.i, c.depth, got, c.want)
+		}
+	}
+}

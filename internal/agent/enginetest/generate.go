@@ -370,15 +370,15 @@ func (e *Engine) handleGenerate(w http.ResponseWriter, r *http.Request, body []b
 		writeError(w, &apiError{status: 501, typ: "NotImplementedError", message: "The model does not support generate tokens API"})
 		return
 	}
-	m, aerr := decodeBody(body)
-	if aerr == nil {
+	m, prompt, ok, bodyOK := objectFields(body, true, "token_ids")
+	aerr := bodyError()
+	if bodyOK {
 		aerr = e.checkModel(m)
 	}
 	if aerr != nil {
 		writeError(w, aerr)
 		return
 	}
-	prompt, ok := ojson.DecodeInts(m["token_ids"])
 	if !ok {
 		writeError(w, schemaError("token_ids", "1 validation error:\n  token_ids: Field required (a list of integers)"))
 		return
@@ -395,7 +395,7 @@ func (e *Engine) handleGenerate(w http.ResponseWriter, r *http.Request, body []b
 		}
 		return
 	}
-	spRaw, ok := objectFields(m["sampling_params"], false)
+	spRaw, _, _, ok := objectFields(m["sampling_params"], false, "")
 	if !ok {
 		writeError(w, schemaError("sampling_params", "1 validation error:\n  sampling_params: Field required (an object)"))
 		return
