@@ -125,8 +125,8 @@ index.`,
 			help: `Reads rollouts as kiln export writes them, one JSON object per line with the
 rollouts columns as keys (docs/records.md): rollout_id, index, group_index,
 sample, task_id, agent, weights_version, patch, agent_exit_code,
-abort_reason, turns, token counts, started_at and ended_at (RFC 3339),
-artifacts.`,
+abort_reason, abort_detail, turns, token counts, started_at and ended_at
+(RFC 3339), artifacts.`,
 			example: "kiln import rollouts --out rollouts/external runs.jsonl",
 			newParser: func() func(int, []byte, int64) (any, error) {
 				return func(_ int, line []byte, _ int64) (any, error) { return records.RolloutFromJSON(line) }
