@@ -74,22 +74,29 @@ func IsSpecial(id int) bool { return id >= 256 && id < VocabSize && addedTokens[
 func Encode(text string) []int {
 	ids := make([]int, 0, len(text))
 	for i := 0; i < len(text); {
-		if text[i] == '<' {
-			matched := false
-			for _, t := range matchOrder {
-				if strings.HasPrefix(text[i:], t.Content) {
-					ids = append(ids, t.ID)
-					i += len(t.Content)
-					matched = true
-					break
-				}
-			}
-			if matched {
-				continue
+		// The bytes up to the next '<' are their own ids, copied in one
+		// loop; only at a '<' can an added token start.
+		j := strings.IndexByte(text[i:], '<')
+		if j < 0 {
+			j = len(text) - i
+		}
+		n := len(ids)
+		ids = ids[:n+j]
+		for k, c := range []byte(text[i : i+j]) {
+			ids[n+k] = int(c)
+		}
+		if i += j; i == len(text) {
+			break
+		}
+		id, size := int('<'), 1
+		for _, t := range matchOrder {
+			if strings.HasPrefix(text[i:], t.Content) {
+				id, size = t.ID, len(t.Content)
+				break
 			}
 		}
-		ids = append(ids, int(text[i]))
-		i++
+		ids = append(ids, id)
+		i += size
 	}
 	return ids
 }

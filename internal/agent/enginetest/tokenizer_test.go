@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -98,3 +99,44 @@ func TestWriteTokenizerFiles(t *testing.T) {
 }
 
 func jsonInt(i int) string { b, _ := json.Marshal(i); return string(b) }
+
+// referenceEncode is Encode as first written, a position at a time: the
+// oracle the faster Encode is held to.
+func referenceEncode(text string) []int {
+	ids := make([]int, 0, len(text))
+	for i := 0; i < len(text); {
+		matched := false
+		for _, t := range matchOrder {
+			if strings.HasPrefix(text[i:], t.Content) {
+				ids, i, matched = append(ids, t.ID), i+len(t.Content), true
+				break
+			}
+		}
+		if !matched {
+			ids, i = append(ids, int(text[i])), i+1
+		}
+	}
+	return ids
+}
+
+var encodeCases = []string{"", "<", "<<", "a<", "<|im_end|>", "<|im_end", "x<|im_start|>user\nhi<|im_end|>\n", "<think></think><tool_call>",
+	"</tool_response><tool_response>", "<<|endoftext|>>", "é<think>\xff", "<tool_call", "a < b <= c"}
+
+func TestEncodeReference(t *testing.T) {
+	for _, in := range encodeCases {
+		checkEncode(t, in)
+	}
+}
+
+func checkEncode(t *testing.T, in string) {
+	if got, want := Encode(in), referenceEncode(in); !slices.Equal(got, want) {
+		t.Fatalf("Encode(%q) = %v, want %v", in, got, want)
+	}
+}
+
+func FuzzEncode(f *testing.F) {
+	for _, in := range encodeCases {
+		f.Add(in)
+	}
+	f.Fuzz(checkEncode)
+}
