@@ -58,7 +58,8 @@ func chat(t *testing.T, url, token string) int {
 
 // The front admits only open sessions' tokens (an unknown, missing or
 // finished token is 401 and reaches no adapter), sends each session to the
-// engine its id hashes to, and counts the server errors a session got.
+// engine its id hashes to, and counts the server errors a session got,
+// keeping the first one.
 func TestFrontSessions(t *testing.T) {
 	fr, url, engines := newTestFront(t, 3, false)
 	ids := make([]string, 12)
@@ -102,7 +103,11 @@ func TestFrontSessions(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusInternalServerError, chat(t, url2, id))
 	assert.Equal(t, http.StatusInternalServerError, chat(t, url2, id))
-	assert.Equal(t, 2, fr2.close(id))
+	errs := fr2.close(id)
+	assert.Equal(t, 2, errs.n)
+	// The first one's status and body, for the run's engine_error detail.
+	assert.Regexp(t, `^500 \{"error":\{"message":".+`, errs.first)
+	assert.LessOrEqual(t, len(errs.first), len("500 ")+maxErrorBody)
 	_, _ = fr2.adapters[0].Finish(id)
 }
 
