@@ -133,6 +133,7 @@ type Engine struct {
 	ids      int // response ids handed out
 
 	bufs sync.Pool // *[]byte reply buffers (writeJSON)
+	ints sync.Pool // *[]int /tokenize id lists (encode)
 }
 
 // New returns an engine; serve it with httptest.NewServer(New(opts)).

@@ -58,7 +58,7 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, body []byte) {
 			writeError(w, badRequest("%v", err))
 			return
 		}
-		ids = Encode(text)
+		ids = e.encode(text)
 	} else {
 		raw, ok := m["prompt"]
 		var prompt string
@@ -66,8 +66,9 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, body []byte) {
 			writeError(w, schemaError("prompt", "1 validation error:\n  prompt: Field required (a string)"))
 			return
 		}
-		ids = Encode(prompt)
+		ids = e.encode(prompt)
 	}
+	defer e.ints.Put(&ids)
 	var strs any
 	if retStrs {
 		s := make([]string, len(ids))
@@ -77,6 +78,17 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, body []byte) {
 		strs = s
 	}
 	e.writeJSON(w, 200, ojson.Obj("count", len(ids), "max_model_len", e.opts.MaxModelLen, "tokens", ids, "token_strs", strs))
+}
+
+// encode is Encode into a list from e's pool; handleTokenize returns it
+// once the reply is written (a prompt's ids were a third of its reading
+// and tokenizing of a render, allocated and collected per call).
+func (e *Engine) encode(text string) []int {
+	p, _ := e.ints.Get().(*[]int)
+	if p == nil {
+		return Encode(text)
+	}
+	return appendEncode((*p)[:0], text)
 }
 
 // handleDetokenize serves POST /detokenize (docs/engine-wire.md §3): special tokens are kept;
