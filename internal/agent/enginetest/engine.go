@@ -134,6 +134,9 @@ type Engine struct {
 
 	bufs sync.Pool // *[]byte reply buffers (writeJSON)
 	ints sync.Pool // *[]int /tokenize id lists (encode)
+
+	msgMu sync.Mutex
+	msgs  map[string]tmplMessage // parsed chat messages by their JSON (render)
 }
 
 // New returns an engine; serve it with httptest.NewServer(New(opts)).
@@ -162,6 +165,7 @@ func New(opts Options) *Engine {
 		turns:   map[string]int{},
 		history: map[string][][]int{},
 		healthy: true,
+		msgs:    map[string]tmplMessage{},
 	}
 }
 
