@@ -50,7 +50,7 @@ func TestIndependentReadersGradesRollouts(t *testing.T) {
 				records.Rollout{RolloutID: 0, Index: 0, TaskID: "t0", Agent: "shell", WeightsVersion: "w1", Patch: "diff --git a/x b/x\n",
 					Turns: 3, PromptTokens: 100, OutputTokens: 40, StartedAt: start, EndedAt: start.Add(1500 * time.Millisecond), Artifacts: ptr("a/0")},
 				records.Rollout{RolloutID: 1, Index: 1, Sample: 1, TaskID: "t0", AgentExitCode: -1, AbortReason: ptr("wall_clock_timeout"),
-					StartedAt: start, EndedAt: start},
+					AbortDetail: ptr("the run passed its deadline of 1m0s: sändbox 0e7c: context deadline exceeded"), StartedAt: start, EndedAt: start},
 			); err != nil {
 				return err
 			}

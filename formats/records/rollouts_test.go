@@ -19,8 +19,9 @@ import (
 	"github.com/kilnrl/kiln/formats/store"
 )
 
-// v1Shard is a rollouts shard kiln wrote before abort_detail existed (two
-// rows: a run kept, and one aborted wall_clock_timeout).
+// v1Shard is a rollouts shard kiln wrote before abort_detail existed (at
+// c1c3303, with NewRolloutEncoder; two rows: a run kept, and one aborted
+// wall_clock_timeout).
 const v1Shard = "testdata/rollouts-v1.parquet"
 
 func TestRolloutsAbortDetailRoundTrip(t *testing.T) {
@@ -55,6 +56,14 @@ func TestRolloutsAbortDetailRoundTrip(t *testing.T) {
 	n, err := records.RolloutsKind().CheckShard(buf.Bytes())
 	require.NoError(t, err)
 	assert.EqualValues(t, 2, n)
+	// A row exported by a kiln before the column has no abort_detail key:
+	// it imports with a nil detail.
+	old := strings.Replace(js[0], `"abort_detail":"replay: rollout 7 turn 1: prompt token 4 is 99, the recorded one 11",`, "", 1)
+	require.NotContains(t, old, "abort_detail")
+	back, err = records.RolloutFromJSON([]byte(old))
+	require.NoError(t, err)
+	assert.Equal(t, "replay_mismatch", *back.AbortReason)
+	assert.Nil(t, back.AbortDetail)
 }
 
 func TestRolloutsAbortDetailValidate(t *testing.T) {
