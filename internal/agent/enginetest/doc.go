@@ -57,4 +57,13 @@
 // within the session). Every request is logged (Requests) with counters of
 // calls and bytes per path (Stats); faults can be injected (Fault,
 // InjectFault) and latency added (Options.Latency).
+//
+// Cost: the load benchmarks run the engine on the cores kiln runs on, so
+// its CPU is taken from what they measure (docs/rollout.md §6.2). It reads
+// bodies by ojson skimming as strictly as encoding/json reads them
+// (objectFields, ojson.DecodeInts: a prompt's ids are read once), writes
+// shape (C)'s logprobs straight into pooled reply buffers, tokenizes into
+// pooled lists and parses chat messages through a cache by their bytes;
+// each shortcut has a test holding it to the plain code it stands for.
+// BenchmarkEngineTurn is one agent turn's handler CPU.
 package enginetest
