@@ -19,6 +19,39 @@ func Valid(data []byte) bool {
 // check its values with it, and may leave out one they check otherwise.
 func ValidValue(b []byte, i, depth int) int { return validValue(b, i, depth) }
 
+// ValidArrayTail checks the rest of an array from just after one of its
+// elements (b[i]: white space, then ',' and an element, again, or the
+// closing ']') and returns the index after the array, or -1; depth is
+// that of its elements. A reader that has already checked an array's
+// first elements (kiln-rollout's turns reader, whose prompt_messages
+// extend the previous line's) checks only the rest with it.
+func ValidArrayTail(b []byte, i, depth int) int {
+	for {
+		if i = Space(b, i); i >= len(b) {
+			return -1
+		}
+		switch b[i] {
+		case ']':
+			return i + 1
+		case ',':
+			if i = validValue(b, Space(b, i+1), depth); i < 0 {
+				return -1
+			}
+		default:
+			return -1
+		}
+	}
+}
+
+// NumberEnd returns the index after the JSON number at b[i]
+// (-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?), or -1.
+func NumberEnd(b []byte, i int) int {
+	if i >= len(b) {
+		return -1
+	}
+	return validNumber(b, i)
+}
+
 // validValue returns the index after the value at data[i], or -1. depth
 // is how many containers enclose it.
 func validValue(b []byte, i, depth int) int {
@@ -67,22 +100,10 @@ func validValue(b []byte, i, depth int) int {
 		if i < len(b) && b[i] == ']' {
 			return i + 1
 		}
-		for {
-			if i = validValue(b, i, depth+1); i < 0 {
-				return -1
-			}
-			if i = Space(b, i); i >= len(b) {
-				return -1
-			}
-			switch b[i] {
-			case ',':
-				i = Space(b, i+1)
-			case ']':
-				return i + 1
-			default:
-				return -1
-			}
+		if i = validValue(b, i, depth+1); i < 0 {
+			return -1
 		}
+		return ValidArrayTail(b, i, depth+1)
 	case c == '"':
 		return validString(b, i)
 	case c == 't':
@@ -108,6 +129,14 @@ func validWord(b []byte, i int, w string) int {
 // or -1: no control byte, escapes among \" \\ \/ \b \f \n \r \t \uXXXX.
 func validString(b []byte, i int) int {
 	for i++; i < len(b); i++ {
+		// Message text is most of the bytes a turns file holds: run over
+		// the plain ones before looking at one (AssembleJSONL).
+		for i < len(b) && strPlain[b[i]] {
+			i++
+		}
+		if i >= len(b) {
+			break
+		}
 		switch c := b[i]; {
 		case c == '"':
 			return i + 1
@@ -136,6 +165,16 @@ func validString(b []byte, i int) int {
 	}
 	return -1
 }
+
+// strPlain marks the bytes a JSON string holds as they are: not a quote,
+// a backslash or a control byte (UTF-8 is not checked, as encoding/json's
+// Valid does not). Read only.
+var strPlain = func() (t [256]bool) {
+	for c := 0x20; c < 256; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
 
 // validNumber returns the index after the number at b[i], or -1:
 // -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?

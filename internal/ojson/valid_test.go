@@ -97,3 +97,31 @@ func TestValidValue(t *testing.T) {
 		}
 	}
 }
+
+// ValidArrayTail checks an array's rest from after an element, as Valid
+// would check the whole array; NumberEnd ends a number where the grammar
+// does, bounds included.
+func TestValidArrayTailNumberEnd(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		i    int
+		want int
+	}{
+		{`[1, {"a":"b\n"} ] x`, 2, 17}, {`[1]`, 2, 3}, {`[1 ,2]`, 2, 6}, {`[1,]`, 2, -1}, {`[1 2]`, 2, -1},
+		{`[1,"\x"]`, 2, -1}, {`[1,2`, 2, -1}, {`[1`, 2, -1},
+	} {
+		if got := ValidArrayTail([]byte(c.in), c.i, 1); got != c.want {
+			t.Errorf("ValidArrayTail(%q, %d) = %d, want %d", c.in, c.i, got, c.want)
+		}
+	}
+	for _, c := range []struct {
+		in   string
+		want int
+	}{
+		{`0`, 1}, {`-0,`, 2}, {`12.5e-3]`, 7}, {`1E+2`, 4}, {`01`, 1}, {`-`, -1}, {`1.`, -1}, {`1e`, -1}, {`1e+`, -1}, {`.5`, -1}, {``, -1},
+	} {
+		if got := NumberEnd([]byte(c.in), 0); got != c.want {
+			t.Errorf("NumberEnd(%q) = %d, want %d", c.in, got, c.want)
+		}
+	}
+}

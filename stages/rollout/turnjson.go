@@ -167,7 +167,7 @@ func (d *turnDecoder) decode(line []byte) (t records.Turn, hasTurn, ok bool) {
 				}
 			case "response_message":
 				bit = keyResponseMessage
-				if i = validValue(b, v, 0); i >= 0 {
+				if i = ojson.ValidValue(b, v, 0); i >= 0 {
 					resp = b[v:i]
 				}
 			case "max_context_tokens":
@@ -314,9 +314,9 @@ func (d *turnDecoder) promptIDs(b []byte, i int) ([]int32, int) {
 // where that text ends.
 func (d *turnDecoder) messages(b []byte, i int) int {
 	if j, ok := extends(b, i, d.msgsText); ok && len(d.msgsText) > 2 {
-		return validTail(b, j, 1)
+		return ojson.ValidArrayTail(b, j, 1)
 	}
-	return validValue(b, i, 0)
+	return ojson.ValidValue(b, i, 0)
 }
 
 // extends reports whether the text at b[i:] begins with prev (a JSON array
@@ -513,49 +513,10 @@ general:
 	return append(dst, int32(x)), end, true
 }
 
-// numberEnd returns the index after the JSON number at b[i]
-// (-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?), or -1.
-func numberEnd(b []byte, i int) int {
-	if i < len(b) && b[i] == '-' {
-		i++
-	}
-	switch {
-	case i >= len(b):
-		return -1
-	case b[i] == '0':
-		i++
-	case b[i] >= '1' && b[i] <= '9':
-		for i++; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
-		}
-	default:
-		return -1
-	}
-	if i < len(b) && b[i] == '.' {
-		i++
-		if i >= len(b) || b[i] < '0' || b[i] > '9' {
-			return -1
-		}
-		for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
-		}
-	}
-	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
-		i++
-		if i < len(b) && (b[i] == '+' || b[i] == '-') {
-			i++
-		}
-		if i >= len(b) || b[i] < '0' || b[i] > '9' {
-			return -1
-		}
-		for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
-		}
-	}
-	return i
-}
-
 // parseFloat reads the JSON number at b[i] as encoding/json decodes it into
 // a float of bits bits (strconv.ParseFloat; out of range is declined).
 func parseFloat(b []byte, i, bits int) (float64, int) {
-	end := numberEnd(b, i)
+	end := ojson.NumberEnd(b, i)
 	if end < 0 {
 		return 0, -1
 	}
@@ -597,150 +558,6 @@ func parseFloat32s(b []byte, i int) ([]float32, int) {
 			i = ojson.Space(b, i+1)
 		default:
 			return nil, -1
-		}
-	}
-}
-
-// maxDepth bounds the nesting validValue follows; deeper text is declined
-// (encoding/json's own limit is 10,000).
-const maxDepth = 1000
-
-// strPlain marks the bytes a JSON string holds as they are: not a quote, a
-// backslash or a control byte. encoding/json's scanner, as json.Valid,
-// does not check UTF-8.
-var strPlain = func() (t [256]bool) {
-	for c := 0x20; c < 256; c++ {
-		t[c] = c != '"' && c != '\\'
-	}
-	return t
-}()
-
-// validString returns the index after the valid JSON string at b[i] (a
-// '"'), or -1.
-func validString(b []byte, i int) int {
-	for i++; ; {
-		for i < len(b) && strPlain[b[i]] {
-			i++
-		}
-		if i >= len(b) {
-			return -1
-		}
-		switch b[i] {
-		case '"':
-			return i + 1
-		case '\\':
-			if i+1 >= len(b) {
-				return -1
-			}
-			switch b[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i += 2
-			case 'u':
-				if len(b)-i < 6 {
-					return -1
-				}
-				for _, c := range b[i+2 : i+6] {
-					if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
-						return -1
-					}
-				}
-				i += 6
-			default:
-				return -1
-			}
-		default:
-			return -1 // a control byte
-		}
-	}
-}
-
-// validValue returns the index after the JSON value at b[i], checked as
-// json.Valid checks it, or -1.
-func validValue(b []byte, i, depth int) int {
-	if i >= len(b) {
-		return -1
-	}
-	switch c := b[i]; {
-	case c == '"':
-		return validString(b, i)
-	case c == '{':
-		if depth >= maxDepth {
-			return -1
-		}
-		i = ojson.Space(b, i+1)
-		if i < len(b) && b[i] == '}' {
-			return i + 1
-		}
-		for {
-			if i >= len(b) || b[i] != '"' {
-				return -1
-			}
-			if i = validString(b, i); i < 0 {
-				return -1
-			}
-			if i = ojson.Space(b, i); i >= len(b) || b[i] != ':' {
-				return -1
-			}
-			if i = validValue(b, ojson.Space(b, i+1), depth+1); i < 0 {
-				return -1
-			}
-			if i = ojson.Space(b, i); i >= len(b) {
-				return -1
-			}
-			switch b[i] {
-			case '}':
-				return i + 1
-			case ',':
-				i = ojson.Space(b, i+1)
-			default:
-				return -1
-			}
-		}
-	case c == '[':
-		if depth >= maxDepth {
-			return -1
-		}
-		i = ojson.Space(b, i+1)
-		if i < len(b) && b[i] == ']' {
-			return i + 1
-		}
-		if i = validValue(b, i, depth+1); i < 0 {
-			return -1
-		}
-		return validTail(b, i, depth+1)
-	case c == 't':
-		if len(b)-i >= 4 && string(b[i:i+4]) == "true" {
-			return i + 4
-		}
-	case c == 'f':
-		if len(b)-i >= 5 && string(b[i:i+5]) == "false" {
-			return i + 5
-		}
-	case c == 'n':
-		return literalNull(b, i)
-	case c == '-' || c >= '0' && c <= '9':
-		return numberEnd(b, i)
-	}
-	return -1
-}
-
-// validTail checks the rest of an array from after an element (b[i]: white
-// space, then ',' and an element, again, or the closing ']') and returns
-// the index after the array, or -1; depth is that of its elements.
-func validTail(b []byte, i, depth int) int {
-	for {
-		if i = ojson.Space(b, i); i >= len(b) {
-			return -1
-		}
-		switch b[i] {
-		case ']':
-			return i + 1
-		case ',':
-			if i = validValue(b, ojson.Space(b, i+1), depth); i < 0 {
-				return -1
-			}
-		default:
-			return -1
 		}
 	}
 }

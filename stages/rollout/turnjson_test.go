@@ -3,7 +3,6 @@ package rollout
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -190,56 +189,6 @@ func TestTurnDecoderBenchLines(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, decodeAgrees(t, &d, l), "line %d declined", i+1)
 	}
-}
-
-func TestValidValue(t *testing.T) {
-	for _, s := range []string{
-		`0`, `-0`, `1.5`, `-1.5e10`, `1E+2`, `1e-2`, `01`, `1.`, `.5`, `-`, `1e`, `1e+`, `+1`, `0x1`, `NaN`, `Infinity`,
-		`true`, `false`, `null`, `tru`, `nul`, `True`, `""`, `"a\"b\\c\/d\b\f\n\r\t"`, `"\u00e9\uD83D\uDE00"`, `"\u12"`, `"\u12g4"`,
-		`"\x"`, "\"\x01\"", "\"\x7f\xff\"", `"`, `"abc`, `[]`, `[ ]`, `[1,2]`, `[1,]`, `[,1]`, `[1 2]`, `{}`, `{ }`, `{"a":1}`,
-		`{"a":1,}`, `{"a" 1}`, `{a:1}`, `{"a":1 "b":2}`, `{"a":[{"b":[null]}]}`, `[{]`, `[}`, `{]`, `[[[[]]]]`, `[[[[]]]`,
-		strings.Repeat("[", 999) + strings.Repeat("]", 999),
-	} {
-		b := []byte(s)
-		end := validValue(b, 0, 0)
-		ok := end == len(b)
-		if ok != json.Valid(b) && !(end < 0 && json.Valid(b) && bytes.Count(b, []byte("[")) >= maxDepth) {
-			t.Errorf("validValue(%q) = %d, json.Valid %v", s, end, json.Valid(b))
-		}
-	}
-	// Deeper than maxDepth is declined, not accepted.
-	deep := []byte(strings.Repeat("[", maxDepth+1) + strings.Repeat("]", maxDepth+1))
-	assert.Equal(t, -1, validValue(deep, 0, 0))
-}
-
-// validAgrees holds validValue to json.Valid: it accepts no text
-// json.Valid refuses, and refuses valid text only past maxDepth.
-func validAgrees(t *testing.T, b []byte) {
-	t.Helper()
-	i := 0
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	end := validValue(b, i, 0)
-	if end >= 0 {
-		for end < len(b) && (b[end] == ' ' || b[end] == '\t' || b[end] == '\n' || b[end] == '\r') {
-			end++
-		}
-	}
-	ok, want := end == len(b), json.Valid(b)
-	if ok && !want {
-		t.Fatalf("validValue accepts %q, json.Valid refuses it", b)
-	}
-	if !ok && want && !(end < 0 && bytes.Count(b, []byte("["))+bytes.Count(b, []byte("{")) > maxDepth) {
-		t.Fatalf("validValue refuses %q, json.Valid accepts it", b)
-	}
-}
-
-func FuzzValidValue(f *testing.F) {
-	for _, s := range []string{`{"role":"user","content":"a\nb"}`, `[1,-2.5e3,true,null,"x"]`, `"\u00e9"`, `{"a":[{}]}`, `01`, `[1,]`} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(validAgrees)
 }
 
 // FuzzTurnLines decodes two lines in turn (the second may extend the first's
