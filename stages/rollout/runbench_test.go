@@ -87,18 +87,7 @@ func BenchmarkRun(b *testing.B) {
 
 	ctx := context.Background()
 	env := &stagecmd.Env{Stdout: nopWriter{}, Stderr: nopWriter{}, Log: stagecmd.NewLogger(nopWriter{}, false)}
-	inputs, err := stagecmd.ResolveInputs(ctx, w.st, []string{o.Tasks, o.Images}, dataset.Part{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	bundles, err := filepath.Abs(o.Bundles)
-	if err != nil {
-		b.Fatal(err)
-	}
-	jobs, err := planRuns(ctx, w.st, inputs, bundles, o, dataset.Part{})
-	if err != nil {
-		b.Fatal(err)
-	}
+	jobs := planBenchRuns(b, w, o)
 
 	// The sandboxes' processes are counted by a cpuacct cgroup of this
 	// process (created after the engine started, so the engine is not in
@@ -610,4 +599,23 @@ func (e *benchEngine) firstCalls(b *testing.B) map[string]time.Time {
 		out[k] = time.Unix(0, v)
 	}
 	return out
+}
+
+// planBenchRuns plans the runs of o as the stage does, for a benchmark's
+// baseline to do the same runs' sandbox work.
+func planBenchRuns(b *testing.B, w *runWorld, o RunOptions) []*runJob {
+	ctx := context.Background()
+	inputs, err := stagecmd.ResolveInputs(ctx, w.st, []string{o.Tasks, o.Images}, dataset.Part{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	bundles, err := filepath.Abs(o.Bundles)
+	if err != nil {
+		b.Fatal(err)
+	}
+	jobs, err := planRuns(ctx, w.st, inputs, bundles, o, dataset.Part{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return jobs
 }

@@ -4,12 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
-	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/internal/agent/enginetest"
 	"github.com/kilnrl/kiln/internal/agent/harness"
 	"github.com/kilnrl/kiln/internal/sandbox"
@@ -70,18 +68,7 @@ func BenchmarkRunCLIFirstCall(b *testing.B) {
 		o := w.options(url)
 		o.Tasks = writeFirstTasksWithAgents(b, w, fmt.Sprintf("tasks-first-call-%s-%d", name, tasks), tasks, name)
 		o.Samples, o.Jobs, o.MaxTurns = samples, runs, 4
-		inputs, err := stagecmd.ResolveInputs(ctx, w.st, []string{o.Tasks, o.Images}, dataset.Part{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		bundles, err := filepath.Abs(o.Bundles)
-		if err != nil {
-			b.Fatal(err)
-		}
-		jobs, err := planRuns(ctx, w.st, inputs, bundles, o, dataset.Part{})
-		if err != nil {
-			b.Fatal(err)
-		}
+		jobs := planBenchRuns(b, w, o)
 		agents = append(agents, &agentBench{name: name, o: o, jobs: jobs})
 	}
 
