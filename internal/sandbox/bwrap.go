@@ -207,10 +207,16 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 	if err := writeLeftovers(s.state, s.ov, s.cg); err != nil {
 		return nil, err
 	}
-	if o.Endpoint != "" {
+	switch {
+	case o.Endpoint != "":
 		if s.endpoint, err = listenEndpoint(s.sockPath("endpoint.sock"), o.Endpoint); err != nil {
 			return nil, err
 		}
+	case o.ServeEndpoint != nil:
+		if s.endpoint, err = listenEndpointSocket(s.sockPath("endpoint.sock")); err != nil {
+			return nil, err
+		}
+		go o.ServeEndpoint(s.endpoint)
 	}
 
 	args := []string{
@@ -227,7 +233,7 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 		"--tmpfs", "/run", "--dir", "/run/kiln",
 		"--ro-bind", helper, sandboxinit.HelperPath,
 	}
-	if o.Endpoint != "" {
+	if s.endpoint != nil {
 		args = append(args, "--ro-bind", filepath.Join(s.state, "endpoint.sock"), sandboxinit.EndpointSocket)
 	}
 	if err := checkMounts(o.Mounts); err != nil {
@@ -240,7 +246,7 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 	}
 	args = append(append(args, "--cap-drop", "ALL"), rootCaps()...)
 	initArgs := []string{"--chdir", "/", sandboxinit.HelperPath, "init", "--agent", Agent}
-	if o.Endpoint != "" {
+	if s.endpoint != nil {
 		initArgs = append(initArgs, "--listen", strconv.Itoa(o.EndpointPort))
 	}
 	// Init's descriptors: fd 3 its request socket (listening here, served
@@ -361,7 +367,7 @@ func listenCtl(path string) (*os.File, error) {
 func (s *bwrapSandbox) ID() string { return s.id }
 
 func (s *bwrapSandbox) Endpoint() string {
-	if s.opts.Endpoint == "" {
+	if s.endpoint == nil {
 		return ""
 	}
 	return "127.0.0.1:" + strconv.Itoa(s.opts.EndpointPort)
@@ -503,6 +509,17 @@ func (s *bwrapSandbox) ReadFile(ctx context.Context, p string) ([]byte, error) {
 		return nil, fmt.Errorf("sandbox %s: read %q: larger than %d bytes", s.id, p, maxReadFile)
 	}
 	return resp.Stdout, nil
+}
+
+func (s *bwrapSandbox) Kill(ctx context.Context, user string) error {
+	resp, err := s.call(ctx, &sandboxinit.Request{Op: sandboxinit.OpKill, User: user}, DefaultTimeout)
+	if err != nil {
+		return err
+	}
+	if resp.Error != "" {
+		return fmt.Errorf("sandbox %s: %s", s.id, resp.Error)
+	}
+	return nil
 }
 
 func userName(u string) string {

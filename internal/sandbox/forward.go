@@ -17,14 +17,9 @@ func listenEndpoint(sock, addr string) (net.Listener, error) {
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return nil, fmt.Errorf("sandbox endpoint %q: want host:port: %w", addr, err)
 	}
-	ln, err := net.Listen("unix", sock)
+	ln, err := listenEndpointSocket(sock)
 	if err != nil {
-		return nil, fmt.Errorf("sandbox endpoint socket: %w", err)
-	}
-	// Root only: in the sandbox, only init's forwarder (root) dials it.
-	if err := os.Chmod(sock, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("sandbox endpoint socket: %w", err)
+		return nil, err
 	}
 	go func() {
 		for {
@@ -35,6 +30,22 @@ func listenEndpoint(sock, addr string) (net.Listener, error) {
 			go joinTCP(c, addr)
 		}
 	}()
+	return ln, nil
+}
+
+// listenEndpointSocket listens on the host end of a sandbox's way out, the
+// unix socket at sock: its connections are those of the in-sandbox
+// forwarder (Options.ServeEndpoint serves them as they are).
+func listenEndpointSocket(sock string) (net.Listener, error) {
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox endpoint socket: %w", err)
+	}
+	// Root only: in the sandbox, only init's forwarder (root) dials it.
+	if err := os.Chmod(sock, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("sandbox endpoint socket: %w", err)
+	}
 	return ln, nil
 }
 

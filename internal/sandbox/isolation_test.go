@@ -185,6 +185,43 @@ func TestIsolation(t *testing.T) {
 			t.Fatalf("%d processes left after the fork bomb", n)
 		}
 	})
+	t.Run("Kill empties the agent's processes, a fork bomb's too", func(t *testing.T) {
+		// Left running in the background, as an agent may: a sleeper and a
+		// fork bomb holding the sandbox at its pids limit, so no new
+		// process (a kill shell) could start. Root's sleeper stays.
+		if _, err := sb.Exec(ctx, sandbox.Cmd{Shell: "setsid sleep 1000 >/dev/null 2>&1 </dev/null &", Check: true}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sb.Exec(ctx, sandbox.Cmd{Shell: "setsid sleep 1000 >/dev/null 2>&1 </dev/null & " +
+			"setsid bash -c 'bomb() { bomb | bomb & }; bomb' >/dev/null 2>&1 </dev/null &", User: sandbox.Agent, Check: true}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		if res, err := sb.Exec(ctx, sandbox.Cmd{Shell: "true", User: sandbox.Agent}); err == nil && !res.PidsLimited && res.ExitCode == 0 {
+			t.Log("the fork bomb has not reached the pids limit yet")
+		}
+		start := time.Now()
+		if err := sb.Kill(ctx, sandbox.Agent); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("Kill took %s", time.Since(start))
+		count := `n=0; r=0; for s in /proc/[0-9]*/status; do u=$(awk '/^Uid:/{print $2}' "$s" 2>/dev/null); st=$(awk '/^State:/{print $2}' "$s" 2>/dev/null); ` +
+			`[ "$st" = Z ] && continue; [ "$u" = "$(id -u agent)" ] && n=$((n+1)); done; ` +
+			`for c in /proc/[0-9]*/cmdline; do tr '\0' ' ' <"$c" 2>/dev/null | grep -q '^sleep 1000' && r=$((r+1)); done; echo $n $r`
+		res, err := sb.Exec(ctx, sandbox.Cmd{Shell: count, Check: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.TrimSpace(string(res.Stdout)); got != "0 1" {
+			t.Fatalf("agent processes and sleepers left after Kill: %q, want \"0 1\" (none of agent's, root's sleeper)", got)
+		}
+		if err := sb.Kill(ctx, sandbox.Root); err == nil || !strings.Contains(err.Error(), "refusing") {
+			t.Fatalf("Kill of root: %v, want a refusal", err)
+		}
+		if err := sb.Kill(ctx, "nosuchuser"); err == nil || !strings.Contains(err.Error(), `"nosuchuser"`) {
+			t.Fatalf("Kill of an unknown user: %v", err)
+		}
+	})
 	t.Run("memory hog hits the memory limit", func(t *testing.T) {
 		res, err := sb.Exec(ctx, sandbox.Cmd{Shell: "python3 -c \"x = 'a' * (512 << 20); print(len(x))\"", User: sandbox.Agent, Timeout: 60 * time.Second})
 		if err != nil {

@@ -26,6 +26,9 @@ type localSandbox struct {
 	state string
 	rec   *recorder
 
+	mu   sync.Mutex
+	sids []int // the sessions of the commands started, for Kill
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -33,6 +36,9 @@ type localSandbox struct {
 func bootLocal(_ context.Context, o Options) (_ Sandbox, err error) {
 	if len(o.Mounts) > 0 {
 		return nil, errors.New("the local sandbox provider cannot bind mounts (Options.Mounts); use bwrap")
+	}
+	if o.ServeEndpoint != nil {
+		return nil, errors.New("the local sandbox provider has no endpoint socket to serve (Options.ServeEndpoint); use Endpoint, or bwrap")
 	}
 	dir, err := filepath.Abs(o.Rootfs)
 	if err != nil {
@@ -94,6 +100,9 @@ func (s *localSandbox) Exec(ctx context.Context, cmd Cmd) (Result, error) {
 		s.rec.add(cmd, argv, started, Result{ExitCode: 127}, err)
 		return Result{}, err
 	}
+	s.mu.Lock()
+	s.sids = append(s.sids, c.Process.Pid)
+	s.mu.Unlock()
 	done := make(chan struct{})
 	go func() { _ = c.Wait(); close(done) }()
 	timer := time.NewTimer(timeout)
@@ -151,6 +160,17 @@ func (s *localSandbox) ReadFile(_ context.Context, p string) ([]byte, error) {
 		return nil, fmt.Errorf("sandbox %s: read %q: %w", s.id, p, err)
 	}
 	return b, nil
+}
+
+// Kill kills the process groups of the commands' sessions (each command
+// leads one, Setsid), whatever user is asked: there is one user here.
+func (s *localSandbox) Kill(context.Context, string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, sid := range s.sids {
+		_ = syscall.Kill(-sid, syscall.SIGKILL)
+	}
+	return nil
 }
 
 func (s *localSandbox) Close() error {

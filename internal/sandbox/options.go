@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -33,6 +34,13 @@ type Options struct {
 	// Endpoint is a host TCP address (host:port) that commands may reach, the
 	// sandbox's only way out; Sandbox.Endpoint() says where it appears inside.
 	Endpoint string
+	// ServeEndpoint, set instead of Endpoint, serves the sandbox's way out
+	// in this process (bwrap only): Boot hands it a listener on a unix
+	// socket only root can reach, whose connections are the commands'
+	// connections to Endpoint(), with no relay to a TCP port between, and
+	// Close closes it. It must return once Accept fails
+	// (http.Server.Serve does).
+	ServeEndpoint func(net.Listener)
 	// EndpointPort is the in-sandbox loopback port of Endpoint
 	// (DefaultEndpointPort if 0).
 	EndpointPort int
@@ -45,13 +53,13 @@ type Options struct {
 	Mounts []Mount
 	// Artifacts, if set, receives the sandbox's records: sandbox.json at boot
 	// (if that fails the sandbox is destroyed and Boot fails), and at Close
-	// commands.jsonl plus a copy of each readable ArtifactFiles entry under
-	// files/<base name>.
+	// commands.jsonl plus a copy of each readable ArtifactFiles entry
+	// (regular files only) under files/<base name>.
 	Artifacts     ArtifactSink
 	ArtifactFiles []string
 	// ArtifactTimeout bounds the time Close spends reading ArtifactFiles out
 	// of the sandbox, all of them together (DefaultArtifactTimeout if 0 or
-	// less), so that a stuck sandbox (a FIFO, a hung filesystem) cannot hold
+	// less), so that a stuck sandbox (a huge file, a hung filesystem) cannot hold
 	// Close up: the files not read by then are not saved, with a warning in
 	// the log, and Close goes on to kill the sandbox. Writes to Artifacts are
 	// not bounded by it; a sink bounds its own.
@@ -124,6 +132,9 @@ func (o *Options) withDefaults() Options {
 // Boot creates a sandbox with the provider opts.Provider names.
 func Boot(ctx context.Context, opts Options) (Sandbox, error) {
 	o := opts.withDefaults()
+	if o.Endpoint != "" && o.ServeEndpoint != nil {
+		return nil, errors.New("sandbox options: set Endpoint or ServeEndpoint, not both")
+	}
 	var boot func(context.Context, Options) (Sandbox, error)
 	switch o.Provider {
 	case "bwrap":

@@ -70,8 +70,14 @@ type Sandbox interface {
 	// parent directories as that user; the file ends up owned by user with
 	// mode perm.
 	WriteFile(ctx context.Context, path string, data []byte, perm uint32, user string) error
-	// ReadFile returns the content of path, read as root.
+	// ReadFile returns the content of the regular file path, read as root.
 	ReadFile(ctx context.Context, path string) ([]byte, error)
+	// Kill sends SIGKILL to every process user (not root) runs in the
+	// sandbox, those that commands left running in the background and
+	// their descendants included, until none is left; it starts no process,
+	// so it works in a sandbox at its pids limit. The local provider, which
+	// has no users, kills the process groups its commands led.
+	Kill(ctx context.Context, user string) error
 	// Endpoint is the in-sandbox address (host:port) of the forwarded
 	// Options.Endpoint, e.g. "127.0.0.1:18080", or "" when there is none.
 	Endpoint() string

@@ -6,7 +6,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -215,6 +217,17 @@ func TestFiles(t *testing.T) {
 	if _, err := sb.ReadFile(ctx, "/no/such/file"); err == nil {
 		t.Fatal("read of a missing file succeeded")
 	}
+	// Only regular files are read: a FIFO (which would block) and a device
+	// (which would never end) are refused at once.
+	if _, err := sb.Exec(ctx, sandbox.Cmd{Shell: "mkfifo /tmp/fifo", Check: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"/tmp/fifo", "/dev/zero", "/tmp"} {
+		start := time.Now()
+		if _, err := sb.ReadFile(ctx, p); err == nil || !strings.Contains(err.Error(), "not a regular file") || time.Since(start) > 5*time.Second {
+			t.Errorf("read of %s: %v after %s, want \"not a regular file\" at once", p, err, time.Since(start))
+		}
+	}
 	if err := sb.WriteFile(ctx, "relative", nil, 0o644, ""); err == nil {
 		t.Fatal("relative path accepted")
 	}
@@ -288,19 +301,20 @@ func TestArtifacts(t *testing.T) {
 		}
 		assertNoLeak(t, state)
 	})
-	t.Run("a stuck file does not hold close up", func(t *testing.T) {
-		// Reading a FIFO nobody writes blocks until ArtifactTimeout ends it;
-		// Close warns, skips the rest and still kills the sandbox.
+	t.Run("a slow file does not hold close up", func(t *testing.T) {
+		// A FIFO is skipped at once (not a regular file: reading it would
+		// block); a file too big to move within ArtifactTimeout is cut off
+		// by it: Close warns, skips the rest and still kills the sandbox.
 		adir := filepath.Join(t.TempDir(), "a")
 		var log bytes.Buffer
 		state := t.TempDir()
 		sb, err := sandbox.Boot(ctx, sandbox.Options{Rootfs: sandboxtest.Require(t), HelperPath: helper, StateDir: state,
-			Artifacts: sandbox.DirSink(adir), ArtifactFiles: []string{"/tmp/stuck", "/tmp/after"}, ArtifactTimeout: time.Second,
-			Log: slog.New(slog.NewTextHandler(&log, nil))})
+			Artifacts: sandbox.DirSink(adir), ArtifactFiles: []string{"/tmp/fifo", "/tmp/ok", "/tmp/big", "/tmp/after"},
+			ArtifactTimeout: 200 * time.Millisecond, Log: slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := sb.Exec(ctx, sandbox.Cmd{Shell: "mkfifo /tmp/stuck && echo x > /tmp/after", Check: true}); err != nil {
+		if _, err := sb.Exec(ctx, sandbox.Cmd{Shell: "mkfifo /tmp/fifo && echo x > /tmp/ok && truncate -s 240M /tmp/big && echo x > /tmp/after", Check: true}); err != nil {
 			t.Fatal(err)
 		}
 		start := time.Now()
@@ -308,16 +322,22 @@ func TestArtifacts(t *testing.T) {
 			t.Fatalf("close: %v", err)
 		}
 		if d := time.Since(start); d > 30*time.Second {
-			t.Fatalf("close took %s with a 1s ArtifactTimeout", d)
+			t.Fatalf("close took %s with a 200ms ArtifactTimeout", d)
 		}
 		assertNoLeak(t, state)
 		if _, err := os.Stat(filepath.Join(adir, "commands.jsonl")); err != nil {
 			t.Fatal(err)
 		}
-		for _, f := range []string{"stuck", "after"} {
+		if b, err := os.ReadFile(filepath.Join(adir, "files", "ok")); err != nil || string(b) != "x\n" {
+			t.Errorf("files/ok: %q %v, want it saved", b, err)
+		}
+		for _, f := range []string{"fifo", "big", "after"} {
 			if _, err := os.Stat(filepath.Join(adir, "files", f)); !os.IsNotExist(err) {
-				t.Errorf("files/%s saved after the timeout: %v", f, err)
+				t.Errorf("files/%s saved: %v", f, err)
 			}
+		}
+		if !strings.Contains(log.String(), "not a regular file") {
+			t.Errorf("no debug line on the FIFO: %s", log.String())
 		}
 		if !strings.Contains(log.String(), "ArtifactTimeout ran out") || !strings.Contains(log.String(), "/tmp/after") {
 			t.Errorf("no warning naming the files left: %s", log.String())
@@ -434,6 +454,27 @@ func TestProviders(t *testing.T) {
 		if b, err := sb.ReadFile(ctx, p); err != nil || string(b) != "x" {
 			t.Fatalf("read %q %v", b, err)
 		}
+		// Kill: what a command left running in its session is killed.
+		res, err = sb.Exec(ctx, sandbox.Cmd{Shell: "sleep 1000 >/dev/null 2>&1 & echo $!"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(res.Stdout)))
+		if err != nil {
+			t.Fatalf("pid %q: %v", res.Stdout, err)
+		}
+		if err := sb.Kill(ctx, sandbox.Agent); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			if err != nil || strings.Contains(string(b), ") Z ") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("local Kill left pid %d running: %s", pid, b)
+			}
+		}
 	})
 }
 
@@ -517,5 +558,59 @@ func TestMinimalImage(t *testing.T) {
 	// The image itself is untouched.
 	if b, _ := os.ReadFile(filepath.Join(root, "etc/passwd")); string(b) != files["etc/passwd"] {
 		t.Fatalf("image passwd changed: %q", b)
+	}
+}
+
+// TestServeEndpoint: with Options.ServeEndpoint the commands' connections
+// to Endpoint() are served in this process from the unix socket, with no
+// TCP port between; Close closes the listener, so the server returns; a
+// sandbox given both ways out, or the local provider given this one, is
+// refused.
+func TestServeEndpoint(t *testing.T) {
+	ctx := context.Background()
+	served := make(chan string, 4)
+	done := make(chan error, 1)
+	serve := func(ln net.Listener) {
+		served <- ln.Addr().Network()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				done <- err
+				return
+			}
+			fmt.Fprintf(c, "hello from this process\n")
+			c.Close()
+		}
+	}
+	sb := sandboxtest.Boot(t, helper, sandbox.Options{ServeEndpoint: serve})
+	if got := <-served; got != "unix" {
+		t.Fatalf("listener network %q, want unix", got)
+	}
+	if sb.Endpoint() != "127.0.0.1:18080" {
+		t.Fatalf("endpoint %q", sb.Endpoint())
+	}
+	res, err := sb.Exec(ctx, sandbox.Cmd{Shell: "exec 3<>/dev/tcp/127.0.0.1/18080 && head -n1 <&3", User: sandbox.Agent, Timeout: 10 * time.Second, Check: true})
+	if err != nil || string(res.Stdout) != "hello from this process\n" {
+		t.Fatalf("through the endpoint: %q %v", res.Stdout, err)
+	}
+	if err := sb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("Accept after Close: %v, want net.ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server still accepts after Close")
+	}
+
+	both := sandbox.Options{Rootfs: sandboxtest.Require(t), HelperPath: helper, Endpoint: "127.0.0.1:1", ServeEndpoint: serve}
+	if _, err := sandbox.Boot(ctx, both); err == nil || !strings.Contains(err.Error(), "not both") {
+		t.Fatalf("both ways out: %v", err)
+	}
+	local := sandbox.Options{Provider: "local", Rootfs: t.TempDir(), ServeEndpoint: serve}
+	if _, err := sandbox.Boot(ctx, local); err == nil || !strings.Contains(err.Error(), "ServeEndpoint") {
+		t.Fatalf("local provider: %v", err)
 	}
 }

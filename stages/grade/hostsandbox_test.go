@@ -108,6 +108,9 @@ func (h *hostSandbox) ReadFile(_ context.Context, path string) ([]byte, error) {
 	return os.ReadFile(path)
 }
 
+// Kill kills nothing: grading never calls it.
+func (h *hostSandbox) Kill(context.Context, string) error { return nil }
+
 // hostGrader returns a grader whose sandboxes are hostSandboxes, with its
 // scratch directories under a test directory, and a pointer to the boot
 // count and the last sandbox booted.

@@ -100,8 +100,120 @@ func serveConn(conn *os.File, sp *spawner) {
 		_, _ = br.ReadByte() // returns when the host closes its end
 		cancel()
 	}()
-	resp := run(ctx, sp, &req)
+	var resp Response
+	switch req.Op {
+	case OpReadFile:
+		resp = readFile(&req)
+	case OpKill:
+		resp = killUser(req.User)
+	default:
+		resp = run(ctx, sp, &req)
+	}
 	_ = json.NewEncoder(conn).Encode(resp)
+}
+
+// readFile answers OpReadFile from init itself: reading as root needs no
+// process of its own. Only regular files are read, so a FIFO or a device
+// a command put at the path cannot block or flood init.
+func readFile(req *Request) Response {
+	if len(req.Argv) != 1 {
+		return Response{Error: "readfile: want PATH"}
+	}
+	if req.User != "" && req.User != "root" {
+		return Response{Error: fmt.Sprintf("readfile %q: as root only, not as %q", req.Argv[0], req.User)}
+	}
+	start := time.Now()
+	fail := func(err error) Response {
+		msg := err.Error() + "\n"
+		return Response{ExitCode: 1, Stderr: []byte(msg), StderrBytes: int64(len(msg)), DurationNs: int64(time.Since(start))}
+	}
+	f, err := os.OpenFile(req.Argv[0], os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	if err != nil {
+		return fail(err)
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return fail(err)
+	} else if !fi.Mode().IsRegular() {
+		return fail(fmt.Errorf("%s: not a regular file (%s)", req.Argv[0], fi.Mode().Type()))
+	}
+	out := NewCappedBuffer(req.OutputLimit)
+	if _, err := io.Copy(out, f); err != nil {
+		return fail(err)
+	}
+	return Response{Stdout: out.Bytes(), StdoutBytes: out.Total(), StdoutTruncated: out.Truncated(), DurationNs: int64(time.Since(start))}
+}
+
+// killUser answers OpKill: SIGKILL to every process whose real, effective
+// or saved uid is name's (the processes "kill -KILL -1" run as that user
+// reaches), repeated until a scan of /proc finds none alive, since a fork
+// bomb keeps forking while it is being killed. Root is refused: init and
+// the sandbox's own processes are root's.
+func killUser(name string) Response {
+	u, err := lookupUser(name)
+	if err != nil {
+		return Response{Error: err.Error()}
+	}
+	if u.uid == 0 {
+		return Response{Error: fmt.Sprintf("kill: refusing to kill the processes of %q (uid 0)", u.name)}
+	}
+	start := time.Now()
+	if !killMatching(200, func(pid int) bool { return uidOf(pid, u.uid) }) {
+		return Response{Error: fmt.Sprintf("kill: processes of %q still running after 200 rounds of SIGKILL", u.name)}
+	}
+	return Response{DurationNs: int64(time.Since(start))}
+}
+
+// killMatching sends SIGKILL to every process but init itself that match
+// selects, and scans /proc again, 5 ms later, until a scan finds none (a
+// fork bomb keeps forking while it is being killed), at most rounds
+// scans; it reports whether the last scan found none.
+func killMatching(rounds int, match func(pid int) bool) bool {
+	for range rounds {
+		found := false
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil || pid == os.Getpid() {
+				continue
+			}
+			if match(pid) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				found = true
+			}
+		}
+		if !found {
+			return true
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return false
+}
+
+// uidOf reports whether pid is alive (not a zombie) and has uid as its
+// real, effective or saved uid, from /proc/PID/status.
+func uidOf(pid int, uid uint32) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return false
+	}
+	want := strconv.FormatUint(uint64(uid), 10)
+	match := false
+	for line := range bytes.Lines(b) {
+		if rest, ok := bytes.CutPrefix(line, []byte("State:")); ok {
+			if f := bytes.Fields(rest); len(f) > 0 && (f[0][0] == 'Z' || f[0][0] == 'X') {
+				return false
+			}
+		}
+		if rest, ok := bytes.CutPrefix(line, []byte("Uid:")); ok {
+			f := strings.Fields(string(rest))
+			for _, id := range f[:min(3, len(f))] {
+				match = match || id == want
+			}
+			return match // Uid: follows State: in the file
+		}
+	}
+	return false
 }
 
 // run starts the command in its own session (so the whole tree it creates
@@ -223,25 +335,11 @@ func exitCode(ps *os.ProcessState) int {
 // it is being killed). Processes that started a session of their own (setsid,
 // as exec_and_wait's detached commands do) survive until the sandbox closes.
 func killSession(sid int) {
-	for range 100 {
-		_ = syscall.Kill(-sid, syscall.SIGKILL)
-		found := false
-		ents, _ := os.ReadDir("/proc")
-		for _, e := range ents {
-			pid, err := strconv.Atoi(e.Name())
-			if err != nil || pid == os.Getpid() {
-				continue
-			}
-			if s, pg, ok := sessionOf(pid); ok && (s == sid || pg == sid) {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-				found = true
-			}
-		}
-		if !found {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	_ = syscall.Kill(-sid, syscall.SIGKILL)
+	killMatching(100, func(pid int) bool {
+		s, pg, ok := sessionOf(pid)
+		return ok && (s == sid || pg == sid)
+	})
 }
 
 // sessionOf reads the session and process group of pid from /proc/PID/stat.
@@ -297,22 +395,6 @@ func childMain(args []string, stderr io.Writer) int {
 			return 2
 		}
 		if err := writeFile(argv[0], argv[1]); err != nil {
-			fmt.Fprintln(stderr, err)
-			return 1
-		}
-		return 0
-	case OpReadFile:
-		if len(argv) != 1 {
-			fmt.Fprintln(stderr, "readfile: want PATH")
-			return 2
-		}
-		f, err := os.Open(argv[0])
-		if err != nil {
-			fmt.Fprintln(stderr, err)
-			return 1
-		}
-		defer f.Close()
-		if _, err := io.Copy(os.Stdout, f); err != nil {
 			fmt.Fprintln(stderr, err)
 			return 1
 		}

@@ -1,8 +1,8 @@
 // Package sandboxinit is the code that runs inside a bwrap sandbox: the
 // long-lived init that serves command requests from the host over a unix
 // socket and starts every command inside the sandbox's cgroup, the forwarder
-// that gives the sandbox's loopback its one way out, and the file reader and
-// writer that run as the requested user.
+// that gives the sandbox's loopback its one way out, and the file writer
+// that runs as the requested user.
 //
 // It is built into the static binary cmd/kiln-sandbox-helper, which the bwrap
 // provider bind-mounts read-only at HelperPath. The package must not import
@@ -27,11 +27,14 @@ const (
 	ReadyLine = "kiln-sandbox-ready"
 )
 
-// Child operations (Request.Op).
+// Operations (Request.Op). Exec and writefile start a process as User;
+// readfile and kill are init's own work, so they start none and still work
+// in a sandbox at its pids limit.
 const (
 	OpExec      = "exec"      // run Argv
 	OpWriteFile = "writefile" // write Stdin to Argv[0] with mode Argv[1] (octal)
-	OpReadFile  = "readfile"  // copy file Argv[0] to stdout
+	OpReadFile  = "readfile"  // the regular file Argv[0] as stdout (as root only)
+	OpKill      = "kill"      // SIGKILL every process of User (not root) until none is left
 )
 
 // Request is one command request, one JSON object per connection.
