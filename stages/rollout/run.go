@@ -481,8 +481,10 @@ func produceRuns(ctx context.Context, env *stagecmd.Env, st store.Store, ws [3]*
 // runRuntime is what the runs share: the adapters (one per engine) behind one
 // front on a loopback port, every sandbox's one endpoint.
 type runRuntime struct {
-	front   *front
-	addr    string // host:port the sandboxes' endpoints forward to
+	front *front
+	// serve serves the front on a sandbox's endpoint socket
+	// (sandbox.Options.ServeEndpoint): the front listens on no port.
+	serve   func(net.Listener)
 	hs      interface{ Close() error }
 	boots   *sandbox.Limiter
 	engines []string // the base URLs health checks reach
@@ -548,18 +550,13 @@ func startRuntime(ctx context.Context, env *stagecmd.Env, st store.Store, o RunO
 		return nil, fmt.Errorf("engine probe failed, so no run was started: %s", strings.Join(failed, "; "))
 	}
 	fr := newFront(adapters)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		replay.close()
-		return nil, fmt.Errorf("adapter listener: %w", err)
-	}
 	hs := adapter.NewHTTPServer(fr, adapter.HTTPLimits{}, slog.NewLogLogger(env.Log.Handler(), slog.LevelWarn))
-	go func() { _ = hs.Serve(ln) }()
 	boots := o.BootConcurrency
 	if boots <= 0 {
 		boots = o.Jobs
 	}
-	return &runRuntime{front: fr, addr: ln.Addr().String(), hs: hs, boots: sandbox.NewLimiter(boots), engines: engines, replay: replay}, nil
+	return &runRuntime{front: fr, serve: func(ln net.Listener) { _ = hs.Serve(ln) }, hs: hs, boots: sandbox.NewLimiter(boots),
+		engines: engines, replay: replay}, nil
 }
 
 func (rt *runRuntime) close() { _ = rt.hs.Close(); rt.replay.close() }

@@ -60,9 +60,10 @@ func benchCommand(turn int) string { return benchCommands[turn%len(benchCommands
 // the CPU ratios; the p50 of each phase of a run; the time from run start
 // to the first model call (p50/p99); and the growth of this process's RSS
 // per concurrent run (goal ≤ 10 MB) (docs/rollout.md §6). KILN_BENCH_RUNS
-// and KILN_BENCH_TURNS override the size.
+// and KILN_BENCH_TURNS override the size. Each op runs both sides, so
+// -benchtime 5x averages five alternations, steadier on a shared machine.
 //
-//	go test ./stages/rollout -run '^$' -bench '^BenchmarkRun$' -benchtime 1x
+//	go test ./stages/rollout -run '^$' -bench '^BenchmarkRun$' -benchtime 5x
 func BenchmarkRun(b *testing.B) {
 	runs, turns := 32, 10
 	if testing.Short() {

@@ -108,7 +108,7 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 	artifacts := dataset.AttachmentKey(p.ws[0].Ref(), fmt.Sprintf("runs/%s/%s/", j.key, sid[len(sid)-8:]))
 	logFile := path.Join(j.workdir, workspace.HarnessDir, agentLogName)
 	opts := p.o.Sandbox
-	opts.Rootfs, opts.Env, opts.Endpoint = j.rootfs, j.env, p.rt.addr
+	opts.Rootfs, opts.Env, opts.ServeEndpoint = j.rootfs, j.env, p.rt.serve
 	opts.Mounts = append(append([]sandbox.Mount(nil), opts.Mounts...), j.harness.Mounts()...)
 	opts.Artifacts = storeSink{ctx: context.WithoutCancel(ctx), st: p.st, prefix: artifacts}
 	opts.ArtifactFiles = []string{logFile}
@@ -144,13 +144,6 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 	}
 	spec := harness.RunSpec{SessionID: sid, BaseURL: "http://" + sb.Endpoint(), Model: agentModel, Workdir: j.workdir,
 		TaskFile: path.Join(j.workdir, workspace.ProblemFile), Budget: p.o.Budget, LogFile: logFile}
-	if _, err := sb.Exec(rctx, sandbox.Cmd{Argv: []string{"mkdir", "-p", path.Join(j.workdir, workspace.HarnessDir)}, User: sandbox.Agent,
-		Timeout: 30 * time.Second, Check: true}); err != nil {
-		if rctx.Err() != nil {
-			return interrupted(err)
-		}
-		return abort(abortExceptionPref+"workspace", err.Error())
-	}
 	for _, f := range j.harness.Files(spec) {
 		if err := sb.WriteFile(rctx, f.Path, f.Data, f.Perm, f.User); err != nil {
 			if rctx.Err() != nil {
@@ -173,15 +166,11 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 	}
 	// The agent is gone (its process tree is killed at the budget); what
 	// it left running in the background is killed too, so the workspace no
-	// longer changes under the capture. A sandbox at its pids limit (a
-	// fork bomb) may fail to start the kill: it is tried again for a few
-	// seconds, then the capture goes ahead (and may fail the same way).
-	for try := 0; try < 30 && rctx.Err() == nil; try++ {
-		_, err := sb.Exec(rctx, sandbox.Cmd{Shell: "kill -KILL -1 2>/dev/null; kill -KILL -1 2>/dev/null; true", User: sandbox.Agent, Timeout: 10 * time.Second})
-		if err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
+	// longer changes under the capture. Kill starts no process, so a
+	// sandbox at its pids limit (a fork bomb) is emptied as well; if it
+	// fails, the capture goes ahead (and may fail too).
+	if err := sb.Kill(rctx, sandbox.Agent); err != nil && rctx.Err() == nil {
+		p.env.Log.Warn("killing what the agent left running failed", "task", row.TaskID, "rollout", row.RolloutID, "err", err)
 	}
 	patch, err := workspace.Diff(rctx, sb, j.workdir, baseline)
 	if err != nil {

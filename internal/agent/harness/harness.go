@@ -44,7 +44,8 @@ type RunSpec struct {
 	Budget time.Duration
 	// LogFile is the in-sandbox path where the agent writes its own
 	// transcript (saved with the run's artifacts); under
-	// Workdir/.harness, which patch capture excludes.
+	// Workdir/.harness, which patch capture excludes. Its directory may
+	// not exist yet: the command a harness gives makes it.
 	LogFile string
 }
 

@@ -168,10 +168,11 @@ func known(name string) error {
 
 // promptWrapper runs "$@" with the task file's content as its last
 // argument, stdin from /dev/null (Codex reads more input from an open
-// stdin) and stdout (the CLI's JSON event stream) into the log file. The
-// prompt is read inside the sandbox, so the host never handles it and the
-// argv of the CLI carries no secret. $1 is the task file, $2 the log.
-const promptWrapper = `task="$1"; log="$2"; shift 2; prompt="$(cat "$task")" || exit 125; exec "$@" "$prompt" </dev/null >"$log"`
+// stdin) and stdout (the CLI's JSON event stream) into the log file, whose
+// directory it makes (RunSpec.LogFile). The prompt is read inside the
+// sandbox, so the host never handles it and the argv of the CLI carries no
+// secret. $1 is the task file, $2 the log.
+const promptWrapper = `task="$1"; log="$2"; shift 2; prompt="$(cat "$task")" || exit 125; mkdir -p "${log%/*}" || exit 125; exec "$@" "$prompt" </dev/null >"$log"`
 
 // wrap is the argv that runs cli with the prompt of r appended.
 func wrap(r RunSpec, cli []string) []string {
