@@ -2,6 +2,7 @@ package pipelines
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -257,7 +258,9 @@ const VerifyHelp = `With a pipeline: kiln verify FILE.kiln TARGET [VAR=value...]
 --pipeline FILE TARGET) reruns a done target whose output is a dataset
 into a scratch dataset (NAME-verify) and compares the two versions'
 shard content hashes; a difference means the stage is not deterministic
-(exit 4).`
+(exit 4). The scratch dataset is removed before the rerun (so a leftover
+one cannot stand in for it) and after a match; after a difference it is
+kept for inspection (kiln forget, or the next verify, removes it).`
 
 // Verify reruns the done target of a pipeline into a scratch dataset and
 // compares content hashes with its recorded output.
@@ -302,6 +305,11 @@ func Verify(c *cli.Context, env *stagecmd.Env, file string) error {
 	for i, l := range t.Recipe {
 		vt.Recipe[i] = strings.ReplaceAll(strings.ReplaceAll(l, "--out="+t.Out, "--out="+scratch), "--out "+t.Out, "--out "+scratch)
 	}
+	// A scratch version left by an earlier verify would be found committed
+	// and the stage would not run again: it goes first.
+	if err := dataset.Drop(ctx, st, scratch); err != nil && !errors.Is(err, dataset.ErrNotFound) {
+		return fmt.Errorf("verify %s: removing the scratch dataset an earlier verify left: %w", t.Name, err)
+	}
 	ref, err := plan.runShards(ctx, &vt, RunOptions{Output: env.Stderr}, new(sync.Mutex), new(bytes.Buffer), nil)
 	if err != nil {
 		return fmt.Errorf("verify %s: rerunning it: %w", t.Name, err)
@@ -315,14 +323,17 @@ func Verify(c *cli.Context, env *stagecmd.Env, file string) error {
 		return err
 	}
 	if len(a.Shards) != len(b.Shards) {
-		return stagecmd.CorruptError{Err: fmt.Errorf("verify %s: NOT deterministic: %s has %d shards, the rerun %s %d", t.Name, t.Ref, len(a.Shards), ref, len(b.Shards))}
+		return stagecmd.CorruptError{Err: fmt.Errorf("verify %s: NOT deterministic: %s has %d shards, the rerun %s %d (kept for inspection)", t.Name, t.Ref, len(a.Shards), ref, len(b.Shards))}
 	}
 	for i := range a.Shards {
 		if a.Shards[i].SHA256 != b.Shards[i].SHA256 {
-			return stagecmd.CorruptError{Err: fmt.Errorf("verify %s: NOT deterministic: shard %d of %s differs from the rerun %s", t.Name, i, t.Ref, ref)}
+			return stagecmd.CorruptError{Err: fmt.Errorf("verify %s: NOT deterministic: shard %d of %s differs from the rerun %s (kept for inspection)", t.Name, i, t.Ref, ref)}
 		}
 	}
-	fmt.Fprintf(env.Stderr, "verify %s: ok, the rerun %s has the same content as %s\n", t.Name, ref, t.Ref)
+	if err := dataset.Drop(ctx, st, scratch); err != nil {
+		return fmt.Errorf("verify %s: the rerun matched, but removing its scratch dataset failed: %w", t.Name, err)
+	}
+	fmt.Fprintf(env.Stderr, "verify %s: ok, the rerun %s had the same content as %s (removed)\n", t.Name, ref, t.Ref)
 	fmt.Fprintln(env.Stdout, t.Ref)
 	return nil
 }

@@ -221,6 +221,47 @@ func Forget(ctx context.Context, st store.Store, name string, opts ForgetOptions
 	return nil
 }
 
+// Drop removes the dataset name whole: its latest pointer first (so the
+// bare name means nothing while the rest goes), then every version,
+// committed or not, each in removeVersion's order. It is for a scratch
+// dataset its caller made and nothing else reads (kiln verify's rerun):
+// unlike Forget it keeps nothing, not even what other datasets' lineage
+// names. Datasets whose names only start with name are not touched. A
+// name with nothing in the store is ErrNotFound; a crash part way leaves
+// files that GC collects or a rerun of Drop removes.
+func Drop(ctx context.Context, st store.Store, name string) error {
+	if err := CheckName(name); err != nil {
+		return err
+	}
+	versions := map[string][]store.Info{}
+	var order []string
+	prefix := name + "/_v/"
+	if err := st.List(ctx, prefix, func(info store.Info) error {
+		v, _, _ := strings.Cut(strings.TrimPrefix(info.Key, prefix), "/")
+		if _, ok := versions[v]; !ok {
+			order = append(order, v)
+		}
+		versions[v] = append(versions[v], info)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("drop %s: %w", name, err)
+	}
+	if len(order) == 0 {
+		if _, err := st.Stat(ctx, latestKey(name)); errors.Is(err, store.ErrNotExist) {
+			return fmt.Errorf("drop %s: %w in %s", name, ErrNotFound, st.URI())
+		}
+	}
+	if err := st.Delete(ctx, latestKey(name)); err != nil && !errors.Is(err, store.ErrNotExist) {
+		return fmt.Errorf("drop %s: removing its latest pointer: %w", name, err)
+	}
+	for _, v := range order {
+		if err := removeVersion(ctx, st, Ref{Name: name, Version: v}, versions[v]); err != nil {
+			return fmt.Errorf("drop %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
 // removeVersion deletes one version's files in the order that keeps every
 // intermediate state safe: receipts (nothing can adopt the shards), the
 // manifest (the version is gone for readers), then the rest.

@@ -96,3 +96,48 @@ func TestForgetKeepsWhatItCovers(t *testing.T) {
 	assert.ErrorIs(t, dataset.Forget(ctx, st, "nope", dataset.ForgetOptions{}, nil), dataset.ErrNotFound)
 	assert.ErrorContains(t, dataset.Forget(ctx, st, "tasks", dataset.ForgetOptions{KeepLast: -1}, nil), "negative")
 }
+
+// TestDrop: Drop removes a dataset whole (committed and uncommitted
+// versions, the latest pointer) and nothing of the datasets beside it,
+// even those whose names start with its name.
+func TestDrop(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.NewLocal(t.TempDir())
+	require.NoError(t, err)
+	commit := func(name string, i int) {
+		w, err := dataset.NewWriter(ctx, st, spec(name, map[string]any{"i": i}, dataset.Part{}))
+		require.NoError(t, err)
+		writeTasks(t, ctx, w, i, 1)
+		_, err = w.Commit(ctx, nil)
+		require.NoError(t, err)
+	}
+	commit("tasks", 0)
+	commit("tasks", 1)
+	commit("tasks2", 0)
+	commit("tasks/sub", 0)
+	// An uncommitted version: a shard and its receipt, no manifest.
+	w, err := dataset.NewWriter(ctx, st, spec("tasks", map[string]any{"i": 2}, dataset.Part{}))
+	require.NoError(t, err)
+	writeTasks(t, ctx, w, 2, 1)
+
+	require.NoError(t, dataset.Drop(ctx, st, "tasks"))
+	var left []string
+	require.NoError(t, st.List(ctx, "tasks/_", func(info store.Info) error { left = append(left, info.Key); return nil }))
+	assert.Empty(t, left, "files of the dropped dataset")
+	_, err = dataset.ReadLatest(ctx, st, "tasks")
+	assert.ErrorIs(t, err, dataset.ErrNotFound)
+	all, err := dataset.List(ctx, st, "")
+	require.NoError(t, err)
+	var names []string
+	for _, s := range all {
+		names = append(names, s.Ref.Name)
+	}
+	assert.ElementsMatch(t, []string{"tasks2", "tasks/sub"}, names)
+	for _, name := range names {
+		_, err := dataset.OpenString(ctx, st, name)
+		assert.NoError(t, err, name)
+	}
+
+	assert.ErrorIs(t, dataset.Drop(ctx, st, "tasks"), dataset.ErrNotFound, "dropped twice")
+	assert.Error(t, dataset.Drop(ctx, st, "a/_v"))
+}
