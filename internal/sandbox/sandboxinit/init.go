@@ -132,16 +132,21 @@ func readFile(req *Request) Response {
 		return fail(err)
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err != nil {
+	fi, err := f.Stat()
+	if err != nil {
 		return fail(err)
-	} else if !fi.Mode().IsRegular() {
+	}
+	if !fi.Mode().IsRegular() {
 		return fail(fmt.Errorf("%s: not a regular file (%s)", req.Argv[0], fi.Mode().Type()))
 	}
+	// One byte past the limit tells truncation; the rest of a huge (or
+	// sparse) file is not read.
 	out := NewCappedBuffer(req.OutputLimit)
-	if _, err := io.Copy(out, f); err != nil {
+	if _, err := io.Copy(out, io.LimitReader(f, int64(max(req.OutputLimit, 0))+1)); err != nil {
 		return fail(err)
 	}
-	return Response{Stdout: out.Bytes(), StdoutBytes: out.Total(), StdoutTruncated: out.Truncated(), DurationNs: int64(time.Since(start))}
+	return Response{Stdout: out.Bytes(), StdoutBytes: max(out.Total(), fi.Size()), StdoutTruncated: out.Truncated(),
+		DurationNs: int64(time.Since(start))}
 }
 
 // killUser answers OpKill: SIGKILL to every process whose real, effective
