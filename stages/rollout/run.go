@@ -479,7 +479,7 @@ func produceRuns(ctx context.Context, env *stagecmd.Env, st store.Store, ws [3]*
 }
 
 // runRuntime is what the runs share: the adapters (one per engine) behind one
-// front on a loopback port, every sandbox's one endpoint.
+// front, served on every sandbox's endpoint socket.
 type runRuntime struct {
 	front *front
 	// serve serves the front on a sandbox's endpoint socket
