@@ -147,13 +147,7 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 			s.teardown()
 		}
 	}()
-	if s.state, err = os.MkdirTemp(o.StateDir, stateDirPrefix+s.id+"-"); err != nil {
-		return nil, fmt.Errorf("sandbox state dir: %w", err)
-	}
-	if s.stateDir, err = os.Open(s.state); err != nil {
-		return nil, err
-	}
-	if err := lockState(s.stateDir); err != nil {
+	if s.state, s.stateDir, err = makeState(o.StateDir, s.id); err != nil {
 		return nil, err
 	}
 	upper, work, merged := filepath.Join(s.state, "upper"), filepath.Join(s.state, "work"), filepath.Join(s.state, "merged")
@@ -178,6 +172,20 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 	if s.rec, err = newRecorder(filepath.Join(s.state, "commands.jsonl")); err != nil {
 		return nil, err
 	}
+	// Record what Sweep must release before holding any of it: releasing
+	// what was never made is a no-op.
+	left := leftovers{Merged: merged}
+	var plan cgroupPlan
+	limited := o.MemoryBytes >= 0 || o.PidsMax >= 0
+	if limited {
+		if plan, err = planCgroup(s.id); err != nil {
+			return nil, fmt.Errorf("sandbox cgroup: %w", err)
+		}
+		left.Cgroups = plan.dirs
+	}
+	if err := writeLeftovers(s.state, left); err != nil {
+		return nil, err
+	}
 	// Creating a cgroup takes milliseconds per controller: do it while the
 	// overlay is mounted.
 	type cgResult struct {
@@ -186,11 +194,11 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 	}
 	cgDone := make(chan cgResult, 1)
 	go func() {
-		if o.MemoryBytes < 0 && o.PidsMax < 0 {
+		if !limited {
 			cgDone <- cgResult{}
 			return
 		}
-		cg, err := newCgroup(s.id, limitOrMax(o.MemoryBytes), limitOrMax(o.PidsMax))
+		cg, err := newCgroup(plan, limitOrMax(o.MemoryBytes), limitOrMax(o.PidsMax))
 		cgDone <- cgResult{cg, err}
 	}()
 	s.ov, err = mountOverlay(rootfs, upper, work, merged)
@@ -204,8 +212,11 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 	if cgr.err != nil {
 		return nil, fmt.Errorf("sandbox cgroup: %w", cgr.err)
 	}
-	if err := writeLeftovers(s.state, s.ov, s.cg); err != nil {
-		return nil, err
+	if s.ov.fuse {
+		left.Fuse = true
+		if err := writeLeftovers(s.state, left); err != nil {
+			return nil, err
+		}
 	}
 	switch {
 	case o.Endpoint != "":
@@ -572,12 +583,17 @@ func (s *bwrapSandbox) teardown() error {
 	if s.stateDir != nil {
 		s.stateDir.Close()
 	}
+	if len(errs) > 0 {
+		// The leftovers record stays, and the lock is gone: a later Sweep
+		// tries again.
+		return fmt.Errorf("sandbox %s: %w (left for Sweep, which kiln-grade and kiln-rollout run when they start)", s.id, errors.Join(errs...))
+	}
 	if s.state != "" {
 		if err := os.RemoveAll(s.state); err != nil {
-			errs = append(errs, fmt.Errorf("remove sandbox state: %w", err))
+			return fmt.Errorf("remove sandbox state: %w", err)
 		}
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // saveArtifacts copies the command records and the configured in-sandbox

@@ -32,17 +32,19 @@ type cgroup struct {
 	pidsEvent string   // file with the "max N" counter
 }
 
-// newCgroup creates the cgroups of sandbox id with the given limits.
-func newCgroup(id string, memBytes, pidsMax int64) (cg *cgroup, err error) {
-	cg = &cgroup{}
-	defer func() {
-		if err != nil {
-			cg.remove()
-		}
-	}()
+// cgroupPlan is where sandbox id's cgroups go, known before any exists,
+// so that a sandbox can record them for Sweep before it creates them.
+type cgroupPlan struct {
+	v2   bool
+	dirs []string // v1: memory, pids; v2: the one directory
+}
+
+// planCgroup finds the hierarchy to put sandbox id's cgroups in: under the
+// calling process's own cgroups, named kiln-ID.
+func planCgroup(id string) (cgroupPlan, error) {
 	self, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
-		return nil, fmt.Errorf("read own cgroup: %w", err)
+		return cgroupPlan{}, fmt.Errorf("read own cgroup: %w", err)
 	}
 	paths := map[string]string{} // controller ("" for v2) -> own path
 	sc := bufio.NewScanner(bytes.NewReader(self))
@@ -58,19 +60,34 @@ func newCgroup(id string, memBytes, pidsMax int64) (cg *cgroup, err error) {
 	name := "kiln-" + id
 	switch {
 	case fileExists("/sys/fs/cgroup/cgroup.controllers"):
-		return cg, cg.setupV2("/sys/fs/cgroup", paths[""], name, memBytes, pidsMax)
+		return cgroupPlan{v2: true, dirs: []string{filepath.Join("/sys/fs/cgroup", paths[""], name)}}, nil
 	case fileExists("/sys/fs/cgroup/memory/cgroup.procs") && fileExists("/sys/fs/cgroup/pids/cgroup.procs"):
-		return cg, cg.setupV1(paths["memory"], paths["pids"], name, memBytes, pidsMax)
+		return cgroupPlan{dirs: []string{
+			filepath.Join("/sys/fs/cgroup/memory", paths["memory"], name),
+			filepath.Join("/sys/fs/cgroup/pids", paths["pids"], name),
+		}}, nil
 	case v2Has("/sys/fs/cgroup/unified", "memory", "pids"):
-		return cg, cg.setupV2("/sys/fs/cgroup/unified", paths[""], name, memBytes, pidsMax)
+		return cgroupPlan{v2: true, dirs: []string{filepath.Join("/sys/fs/cgroup/unified", paths[""], name)}}, nil
 	}
-	return nil, errors.New("no cgroup with the memory and pids controllers found (cgroup v1 at /sys/fs/cgroup/{memory,pids} or a delegated cgroup v2); " +
+	return cgroupPlan{}, errors.New("no cgroup with the memory and pids controllers found (cgroup v1 at /sys/fs/cgroup/{memory,pids} or a delegated cgroup v2); " +
 		"run as root on a host with cgroups, or set MemoryBytes and PidsMax negative to run without limits (debugging only)")
 }
 
-func (cg *cgroup) setupV1(memPath, pidsPath, name string, memBytes, pidsMax int64) error {
-	mem := filepath.Join("/sys/fs/cgroup/memory", memPath, name)
-	pids := filepath.Join("/sys/fs/cgroup/pids", pidsPath, name)
+// newCgroup creates the planned cgroups with the given limits.
+func newCgroup(p cgroupPlan, memBytes, pidsMax int64) (cg *cgroup, err error) {
+	cg = &cgroup{}
+	defer func() {
+		if err != nil {
+			cg.remove()
+		}
+	}()
+	if p.v2 {
+		return cg, cg.setupV2(p.dirs[0], memBytes, pidsMax)
+	}
+	return cg, cg.setupV1(p.dirs[0], p.dirs[1], memBytes, pidsMax)
+}
+
+func (cg *cgroup) setupV1(mem, pids string, memBytes, pidsMax int64) error {
 	// The two hierarchies are independent: create them concurrently.
 	memErr := make(chan error, 1)
 	go func() {
@@ -107,15 +124,14 @@ func (cg *cgroup) setupV1(memPath, pidsPath, name string, memBytes, pidsMax int6
 	return nil
 }
 
-func (cg *cgroup) setupV2(mount, own, name string, memBytes, pidsMax int64) error {
-	parent := filepath.Join(mount, own)
+func (cg *cgroup) setupV2(dir string, memBytes, pidsMax int64) error {
+	parent := filepath.Dir(dir)
 	if !v2Has(parent, "memory", "pids") {
 		return fmt.Errorf("cgroup v2 %q lacks the memory and pids controllers; delegate them to it", parent)
 	}
 	if err := os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), []byte("+memory +pids"), 0); err != nil {
 		return fmt.Errorf("enable memory and pids controllers in cgroup %q (it must be delegated and hold no processes of its own): %w", parent, err)
 	}
-	dir := filepath.Join(parent, name)
 	if err := cg.mkdir(dir); err != nil {
 		return err
 	}

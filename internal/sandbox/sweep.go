@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -15,20 +16,37 @@ import (
 
 // A bwrap sandbox holds host resources that outlive a process killed without
 // its Close (SIGKILL, an OOM kill, a Slurm preemption): its overlay mount,
-// its cgroups and its state directory. Each sandbox therefore holds an
-// exclusive flock on its state directory for its whole life and records
-// what to release in the directory's leftovers file as soon as it holds
-// them; Sweep releases what a dead owner left.
+// its cgroups and its state directory. The state directory's life is what
+// makes Sweep safe at any instant:
+//
+//   - It is created under a boot name (bootDirPrefix), locked (an exclusive
+//     flock held until teardown) and only then renamed to its sandbox name
+//     (stateDirPrefix). So a state directory that nobody locks has a dead
+//     owner: no age or shape guess is needed.
+//   - Before the sandbox mounts or creates anything it records all of it in
+//     the leftovers file; releasing what was never made is a no-op.
+//   - Teardown removes the directory only once everything is released, and
+//     keeps the record (dropping the lock) when a release fails.
+//
+// Sweep releases what a dead owner left, whatever instant it died at.
 
 // leftoversFile names, inside a state directory, what Sweep must release.
 const leftoversFile = "leftovers.json"
 
-// stateDirPrefix begins every sandbox state directory's name.
-const stateDirPrefix = "kiln-sandbox-"
+const (
+	// stateDirPrefix begins every sandbox state directory's name.
+	stateDirPrefix = "kiln-sandbox-"
+	// bootDirPrefix begins a state directory's name until it is locked.
+	bootDirPrefix = "kiln-boot-"
+)
 
-// sweepMinAge spares a directory with no leftovers file younger than this:
-// a booting sandbox creates its directory just before it locks it.
-const sweepMinAge = time.Minute
+// stateDirName is the whole name of a state directory: the prefix, the
+// sandbox id and os.MkdirTemp's random suffix. Sweep touches nothing else.
+var stateDirName = regexp.MustCompile(`^(` + stateDirPrefix + `|` + bootDirPrefix + `)[0-9a-f]{12}-[0-9]+$`)
+
+// bootDirMinAge spares an unlocked boot directory younger than this: its
+// owner may be between creating and locking it.
+const bootDirMinAge = time.Minute
 
 // leftovers is the record of a sandbox's host resources.
 type leftovers struct {
@@ -37,24 +55,38 @@ type leftovers struct {
 	Cgroups []string `json:"cgroups,omitempty"`
 }
 
-// lockState takes the state directory's lock for the sandbox's life (the
-// descriptor stays open until teardown closes it).
-func lockState(dir *os.File) error {
-	if err := syscall.Flock(int(dir.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		return fmt.Errorf("lock sandbox state %q: %w", dir.Name(), err)
+// makeState creates sandbox id's state directory in stateDir and returns
+// it with its lock held; the descriptor stays open until teardown closes it.
+func makeState(stateDir, id string) (string, *os.File, error) {
+	if stateDir == "" {
+		stateDir = os.TempDir()
 	}
-	return nil
+	boot, err := os.MkdirTemp(stateDir, bootDirPrefix+id+"-")
+	if err != nil {
+		return "", nil, fmt.Errorf("sandbox state dir: %w", err)
+	}
+	f, err := os.Open(boot)
+	if err == nil {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err != nil {
+			f.Close()
+		}
+	}
+	if err != nil {
+		os.Remove(boot)
+		return "", nil, fmt.Errorf("lock sandbox state %q: %w", boot, err)
+	}
+	state := filepath.Join(stateDir, stateDirPrefix+strings.TrimPrefix(filepath.Base(boot), bootDirPrefix))
+	if err := os.Rename(boot, state); err != nil {
+		f.Close()
+		os.Remove(boot)
+		return "", nil, fmt.Errorf("sandbox state dir: %w", err)
+	}
+	return state, f, nil
 }
 
 // writeLeftovers records what Sweep must release if the owner dies.
-func writeLeftovers(state string, ov *overlay, cg *cgroup) error {
-	var l leftovers
-	if ov != nil {
-		l.Merged, l.Fuse = ov.merged, ov.fuse
-	}
-	if cg != nil {
-		l.Cgroups = cg.dirs
-	}
+func writeLeftovers(state string, l leftovers) error {
 	b, err := json.Marshal(l)
 	if err != nil {
 		return err
@@ -71,7 +103,7 @@ func writeLeftovers(state string, ov *overlay, cg *cgroup) error {
 // process died without closing them. Sandboxes that are alive, in any
 // process, are left alone: each holds a lock on its state directory. It
 // returns how many dead sandboxes it released. Run it where sandboxes are
-// booted, before booting (kiln-grade does, at start).
+// booted, before booting (kiln-grade and kiln-rollout do, at start).
 func Sweep(ctx context.Context, stateDir string, log *slog.Logger) (int, error) {
 	if stateDir == "" {
 		stateDir = os.TempDir()
@@ -89,11 +121,11 @@ func Sweep(ctx context.Context, stateDir string, log *slog.Logger) (int, error) 
 		if ctx.Err() != nil {
 			return n, ctx.Err()
 		}
-		if !e.IsDir() || !strings.HasPrefix(e.Name(), stateDirPrefix) {
+		if !e.IsDir() || !stateDirName.MatchString(e.Name()) {
 			continue
 		}
 		dir := filepath.Join(stateDir, e.Name())
-		swept, err := sweepOne(dir)
+		swept, err := sweepOne(dir, strings.HasPrefix(e.Name(), bootDirPrefix))
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -107,7 +139,7 @@ func Sweep(ctx context.Context, stateDir string, log *slog.Logger) (int, error) 
 }
 
 // sweepOne releases dir's sandbox if its owner is gone.
-func sweepOne(dir string) (bool, error) {
+func sweepOne(dir string, boot bool) (bool, error) {
 	f, err := os.Open(dir)
 	if err != nil {
 		return false, nil // gone meanwhile, or not ours to read
@@ -115,6 +147,15 @@ func sweepOne(dir string) (bool, error) {
 	defer f.Close()
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		return false, nil // alive (or being swept by another process)
+	}
+	if boot {
+		// Its owner died before locking it, or is about to lock it; either
+		// way it holds nothing yet.
+		fi, err := f.Stat()
+		if err != nil || time.Since(fi.ModTime()) < bootDirMinAge {
+			return false, nil
+		}
+		return os.Remove(dir) == nil, nil
 	}
 	var l leftovers
 	b, err := os.ReadFile(filepath.Join(dir, leftoversFile))
@@ -124,24 +165,15 @@ func sweepOne(dir string) (bool, error) {
 			return false, fmt.Errorf("sandbox leftovers %q: %w", dir, err)
 		}
 	case errors.Is(err, os.ErrNotExist):
-		fi, err := f.Stat()
-		if err != nil || time.Since(fi.ModTime()) < sweepMinAge {
-			return false, nil // possibly still booting
-		}
-		// Only what has a sandbox's shape: the prefix alone is no proof.
-		for _, sub := range []string{"upper", "work", "merged"} {
-			if fi, err := os.Lstat(filepath.Join(dir, sub)); err != nil || !fi.IsDir() {
-				return false, nil
-			}
-		}
-		// Died before it recorded anything: only the mount point can be
-		// there (and only mounted for an instant).
+		// Died before recording (it holds nothing yet) or while teardown
+		// removed the directory (it released everything first). Only the
+		// mount point can be there, and it is checked below.
 		l.Merged = filepath.Join(dir, "merged")
 	default:
 		return false, fmt.Errorf("sandbox leftovers %q: %w", dir, err)
 	}
 	var errs []error
-	if _, err := os.Lstat(l.Merged); err == nil {
+	if mountPoint(l.Merged) {
 		if err := (&overlay{merged: l.Merged, fuse: l.Fuse}).unmount(); err != nil {
 			errs = append(errs, err)
 		}
@@ -157,4 +189,21 @@ func sweepOne(dir string) (bool, error) {
 		return false, fmt.Errorf("remove sandbox state %q: %w", dir, err)
 	}
 	return true, nil
+}
+
+// mountPoint reports whether something is mounted at path: a mount's root
+// lies on another device than its parent directory (or, a FUSE mount whose
+// server died, cannot be looked at).
+func mountPoint(path string) bool {
+	if path == "" {
+		return false
+	}
+	var st, parent syscall.Stat_t
+	if err := syscall.Lstat(path, &st); err != nil {
+		return errors.Is(err, syscall.ENOTCONN)
+	}
+	if syscall.Lstat(filepath.Dir(path), &parent) != nil {
+		return false
+	}
+	return st.Dev != parent.Dev
 }
