@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"golang.org/x/sys/unix"
 	"io/fs"
 	"net"
 	"os"
@@ -16,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kilnrl/kiln/internal/sandbox"
 	"github.com/kilnrl/kiln/internal/sandbox/sandboxtest"
