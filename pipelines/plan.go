@@ -77,17 +77,46 @@ func (r *record) write(ctx context.Context, e *Entry) error {
 		return err
 	}
 	// done first: a crash between the two leaves the target done with an
-	// older "last" entry, which only affects the wording of "why".
+	// older "last" entry (or none), which the next kiln run rewrites (see
+	// Plan.settleLast).
 	if _, err := r.st.Put(ctx, r.doneKey(e.Key), bytes.NewReader(b), int64(len(b))); err != nil {
 		return fmt.Errorf("recording %s as done in %s: %w", e.Target, r.st.URI(), err)
-	}
-	if _, err := r.st.Put(ctx, r.lastKey(e.Target), bytes.NewReader(b), int64(len(b))); err != nil {
-		return fmt.Errorf("recording %s in %s: %w", e.Target, r.st.URI(), err)
 	}
 	r.mu.Lock()
 	r.keys[e.Key] = true
 	r.mu.Unlock()
+	return r.writeLast(ctx, e)
+}
+
+func (r *record) writeLast(ctx context.Context, e *Entry) error {
+	b, err := json.MarshalIndent(e, "", "  ")
+	if err != nil {
+		return err
+	}
+	if _, err := r.st.Put(ctx, r.lastKey(e.Target), bytes.NewReader(b), int64(len(b))); err != nil {
+		return fmt.Errorf("recording %s in %s: %w", e.Target, r.st.URI(), err)
+	}
 	return nil
+}
+
+// settleLast rewrites t's last entry from the done entry Resolve found
+// for it when that one is newer. Only a run killed between record.write's
+// two Puts leaves that state; left alone, the target's last build would be
+// missing from the record, and kiln why would word its next answer from
+// an older build.
+func (p *Plan) settleLast(ctx context.Context, t *Target) error {
+	e := t.recorded
+	if e == nil {
+		return nil
+	}
+	last, err := p.Last(ctx, t.Name)
+	if err != nil {
+		return err
+	}
+	if last != nil && !last.End.Before(e.End) {
+		return nil
+	}
+	return p.rec.writeLast(ctx, e)
 }
 
 // Entry reads the recorded build of key, or nil when none is recorded.
@@ -253,7 +282,7 @@ func identity(t *Target) string {
 // are all done, it substitutes their refs into Recipe, computes Key and
 // looks it up. Executors call it when a target's prerequisites finish.
 func (p *Plan) Resolve(ctx context.Context, t *Target) error {
-	t.Done, t.Ref, t.Key = false, "", ""
+	t.Done, t.Ref, t.Key, t.recorded = false, "", "", nil
 	for _, d := range t.Deps {
 		dt := p.byName[d]
 		if dt.Service {
@@ -302,7 +331,7 @@ func (p *Plan) Resolve(ctx context.Context, t *Target) error {
 		return err
 	}
 	if e != nil {
-		t.Done, t.Ref = true, e.Ref
+		t.Done, t.Ref, t.recorded = true, e.Ref, e
 		t.Why = "recorded: built " + e.End.UTC().Format(time.RFC3339)
 		if e.Ref != "" {
 			t.Why += " as " + e.Ref

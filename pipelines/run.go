@@ -232,6 +232,10 @@ func (p *Plan) Run(ctx context.Context, o RunOptions) (*Result, error) {
 				return res, err
 			}
 			if t.Done {
+				if err := p.settleLast(ctx, t); err != nil {
+					mu.Unlock()
+					return res, err
+				}
 				finished[t.Name] = true
 				progress = true
 				p.userDone(t, remainingUsers, services)

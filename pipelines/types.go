@@ -117,6 +117,7 @@ type Target struct {
 	text     []string          // recipe with ${KILN_REF_n} placeholders
 	used     map[string]string // variables the target's expansion read
 	inputs   [][2]string       // prerequisite, identity (set by Resolve)
+	recorded *Entry            // the done entry that makes it done (set by Resolve)
 }
 
 // Attrs are a target's scheduling attributes. Zero means "not set" (one
