@@ -71,15 +71,11 @@ func (r *record) read(ctx context.Context, key string) (*Entry, error) {
 	return &e, nil
 }
 
+// write records e as done, then as its target's last build. Done goes
+// first: a crash between the two leaves the target done with an older last
+// entry (or none), which the next kiln run rewrites (see Plan.settleLast).
 func (r *record) write(ctx context.Context, e *Entry) error {
-	b, err := json.MarshalIndent(e, "", "  ")
-	if err != nil {
-		return err
-	}
-	// done first: a crash between the two leaves the target done with an
-	// older "last" entry (or none), which the next kiln run rewrites (see
-	// Plan.settleLast).
-	if _, err := r.st.Put(ctx, r.doneKey(e.Key), bytes.NewReader(b), int64(len(b))); err != nil {
+	if err := r.put(ctx, r.doneKey(e.Key), e); err != nil {
 		return fmt.Errorf("recording %s as done in %s: %w", e.Target, r.st.URI(), err)
 	}
 	r.mu.Lock()
@@ -89,14 +85,19 @@ func (r *record) write(ctx context.Context, e *Entry) error {
 }
 
 func (r *record) writeLast(ctx context.Context, e *Entry) error {
+	if err := r.put(ctx, r.lastKey(e.Target), e); err != nil {
+		return fmt.Errorf("recording %s in %s: %w", e.Target, r.st.URI(), err)
+	}
+	return nil
+}
+
+func (r *record) put(ctx context.Context, key string, e *Entry) error {
 	b, err := json.MarshalIndent(e, "", "  ")
 	if err != nil {
 		return err
 	}
-	if _, err := r.st.Put(ctx, r.lastKey(e.Target), bytes.NewReader(b), int64(len(b))); err != nil {
-		return fmt.Errorf("recording %s in %s: %w", e.Target, r.st.URI(), err)
-	}
-	return nil
+	_, err = r.st.Put(ctx, key, bytes.NewReader(b), int64(len(b)))
+	return err
 }
 
 // settleLast rewrites t's last entry from the done entry Resolve found
