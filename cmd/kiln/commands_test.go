@@ -24,6 +24,7 @@ import (
 	"github.com/kilnrl/kiln/stages/grade"
 	"github.com/kilnrl/kiln/stages/images"
 	"github.com/kilnrl/kiln/stages/rollout"
+	kilnsync "github.com/kilnrl/kiln/stages/sync"
 	"github.com/kilnrl/kiln/stages/train"
 )
 
@@ -36,6 +37,7 @@ var binaries = map[string]func(*stagecmd.Env) *cli.App{
 	"kiln-rollout":    rollout.App,
 	"kiln-advantages": advantages.App,
 	"kiln-train":      train.App,
+	"kiln-sync":       kilnsync.App,
 }
 
 // parsed is what a command saw: every flag's value and the arguments.
@@ -64,7 +66,7 @@ func recordingApp(binary string, got *parsed) (*cli.App, map[string]*cli.Command
 		}
 	}
 	leaves := map[string]*cli.Command{}
-	if app.Action != nil && len(app.Commands) == 0 || binary == "kiln-advantages" {
+	if app.Action != nil && len(app.Commands) == 0 || binary == "kiln-advantages" || binary == "kiln-sync" {
 		app.Action = record(app.Flags)
 		leaves[""] = &cli.Command{Flags: app.Flags}
 	}

@@ -40,6 +40,8 @@ import (
 	"github.com/kilnrl/kiln/stages/grade"
 	"github.com/kilnrl/kiln/stages/images"
 	"github.com/kilnrl/kiln/stages/rollout"
+	kilnsync "github.com/kilnrl/kiln/stages/sync"
+	"github.com/kilnrl/kiln/stages/sync/synctest"
 	"github.com/kilnrl/kiln/stages/train"
 )
 
@@ -55,6 +57,7 @@ func TestMain(m *testing.M) {
 		"kiln-rollout":    func() { os.Exit(stagecmd.Run(rollout.App)) },
 		"kiln-advantages": func() { os.Exit(stagecmd.Run(advantages.App)) },
 		"kiln-train":      func() { os.Exit(stagecmd.Run(train.App)) },
+		"kiln-sync":       func() { os.Exit(stagecmd.Run(kilnsync.App)) },
 	})
 }
 
@@ -197,6 +200,8 @@ var skippedExamples = []struct{ example, reason string }{
 		"needs an inference engine and a model's tokenizer"},
 	{"kiln-rollout run --tasks tasks@V --images images@V --bundles /var/lib/kiln/bundles  --engine http://gpu1:8000,http://gpu2:8000 --tokenizer-dir /models/qwen3  --samples 8 --weights-version step-3 --out rollout/step-3",
 		"needs inference engines, a tokenizer and sandboxes"},
+	{"kiln-rollout run --tasks tasks@V --images images@V --bundles /var/lib/kiln/bundles  --engine http://gpu1:8000,http://gpu2:8000 --tokenizer-dir /models/qwen3  --samples 8 --weights weights/policy@W --out rollout/step-4",
+		"needs engines serving a kiln-sync weights version, a tokenizer and sandboxes (stages/rollout's TestRunWeights and stages/sync's TestLoopThroughSync run --weights)"},
 	{"kiln-rollout run --tasks tasks@V --images images@V --bundles /var/lib/kiln/bundles  --engine replay://rollout/step-3/turns@V --replay-renderer http://gpu1:8000  --tokenizer-dir /models/qwen3 --samples 8 --weights-version step-3 --out replay/step-3",
 		"needs a renderer engine, a tokenizer and sandboxes (stages/rollout's TestReplayRun replays a recorded run end to end)"},
 	{"kiln-rollout check --tasks tasks@V --images images@V --bundles /var/lib/kiln/bundles  --engine http://gpu1:8000 --tokenizer-dir /models/qwen3 --samples 4 --out check/qwen3",
@@ -209,6 +214,26 @@ var skippedExamples = []struct{ example, reason string }{
 		"needs a committed checkpoint and gpu/'s environment (stages/train's e2e tests resume from one)"},
 	{"kiln-train --trajectories trajectories/step-3 --advantages advantages/step-3  --model /models/Qwen3-0.6B --out checkpoints/step-3 --dry-run   # print plan.json and the command",
 		"needs a model directory (stages/train/testdata/script runs --dry-run on a fixture model)"},
+	{"kiln-sync --checkpoint checkpoints/step-3 --out weights/qwen3 --to /shared/weights  --engine http://node1:8000 --engine http://node2:8000",
+		"needs a committed checkpoint and vLLM engines (stages/sync's TestCLICombined runs the combined form against a fake vLLM engine)"},
+	{"kiln-sync --checkpoint checkpoints/step-3 --out weights/qwen3 --to /shared/weights  --engine http://node1:30000 --protocol sglang --flush",
+		"needs a committed checkpoint and an SGLang engine (internal/enginectl's tests drive the protocol)"},
+	{"kiln-sync --checkpoint checkpoints/step-3 --out weights/qwen3 --to /shared/weights  --engine http://node1:8000 --print-version",
+		"needs a committed checkpoints version (sync.txtar runs --print-version on a generated model directory)"},
+	{"kiln-sync publish --checkpoint checkpoints/step-3 --out weights/qwen3",
+		"needs a committed checkpoints version (stages/sync's publish tests publish generated checkpoints)"},
+	{"kiln-sync publish --checkpoint /models/Qwen3-0.6B --out weights/qwen3 --full",
+		"needs a model directory (sync.txtar publishes a generated one)"},
+	{"kiln-sync publish --checkpoint checkpoints/step-4 --out weights/qwen3 --base-dir /local/weights",
+		"needs a committed checkpoints version and a pull directory (stages/sync's TestPullReconstructsDeltas publishes xor deltas against one)"},
+	{"kiln-sync pull --weights weights/qwen3 --to /local/weights",
+		"needs a published weights version (sync.txtar pulls a generated one)"},
+	{"kiln-sync pull --weights weights/qwen3@v-3f2a --to /local/weights",
+		"names an example version id (sync.txtar pulls a pinned version)"},
+	{"kiln-sync reload --engine http://node1:8000 --engine http://node2:8000  --path /local/weights/000007-v-3f2a --version 7",
+		"needs vLLM engines (stages/sync's TestCLICombined reloads a fake one)"},
+	{"kiln-sync reload --engine http://node1:30000 --protocol sglang  --path /local/weights/000007-v-3f2a --version 7",
+		"needs an SGLang engine (internal/enginectl's tests drive the protocol)"},
 	{"kiln slurm rl.kiln STEPS=10",
 		"needs a Slurm cluster (sbatch); pipelines/slurm's TestKilnSlurmPipeline submits a pipeline to a real one-node cluster with the built kiln"},
 	{`duckdb -c "SELECT count(*) FROM read_parquet([$(kiln ls --shards grades/step-3 | sed "s/.*/'&'/" | paste -sd,)])"`,
@@ -350,9 +375,10 @@ func cmdEnvOut(ts *testscript.TestScript, neg bool, args []string) {
 //	gen turns N FILE          N two-turn agent sessions (rollout i in group i/2); FILE.zst compressed
 //	gen mimo N IMAGE DIR      a MiMo code.parquet of N rows and its image-mapping.jsonl, every task on IMAGE
 //	gen layout TAG DIR        an OCI layout with one small image, ref.name TAG
+//	gen model SEED DIR        a tiny Hugging Face model directory (stages/sync/synctest)
 func cmdGen(ts *testscript.TestScript, neg bool, args []string) {
 	if neg || len(args) < 3 {
-		ts.Fatalf("usage: gen tasks|turns N FILE, gen mimo N IMAGE DIR, gen layout TAG DIR")
+		ts.Fatalf("usage: gen tasks|turns N FILE, gen mimo N IMAGE DIR, gen layout TAG DIR, gen model SEED DIR")
 	}
 	kind := args[0]
 	switch kind {
@@ -380,6 +406,11 @@ func cmdGen(ts *testscript.TestScript, neg bool, args []string) {
 		ts.Check(os.WriteFile(filepath.Join(dir, "image-mapping.jsonl"), mapping.Bytes(), 0o644))
 	case "layout":
 		ts.Check(genLayout(ts.MkAbs(args[2]), args[1]))
+	case "model":
+		// A tiny Hugging Face model directory (kiln-sync's test models).
+		seed, err := strconv.ParseUint(args[1], 10, 64)
+		ts.Check(err)
+		ts.Check(synctest.Tiny(seed, 2, 3, 256).Write(ts.MkAbs(args[2])))
 	default:
 		ts.Fatalf("gen: unknown kind %q", kind)
 	}

@@ -23,7 +23,9 @@ const LatestFormat = "kiln.latest/v1"
 // already: bare names mean what was last made, not what was committed
 // last. It only ever names a committed version, since it is written after
 // the manifest, and it is moved by compare-and-swap, so concurrent writers
-// leave it at one of their versions, whole.
+// leave it at one of their versions, whole. A writer may make the move
+// conditional (Spec.LatestIf), decided against the pointer as it stands in
+// each round of the compare-and-swap: kiln-sync moves it forward only.
 type Latest struct {
 	Format  string `json:"format"`
 	Dataset string `json:"dataset"`
@@ -146,11 +148,15 @@ func MoveLatest(ctx context.Context, st store.Store, ref Ref, by Mover) (*Latest
 	} else if err != nil {
 		return nil, fmt.Errorf("moving latest of %s: %w", ref.Name, err)
 	}
-	return moveLatest(ctx, st, ref, by)
+	return moveLatest(ctx, st, ref, by, nil)
 }
 
 // moveLatest is MoveLatest for a ref the caller has just seen committed.
-func moveLatest(ctx context.Context, st store.Store, ref Ref, by Mover) (*Latest, error) {
+// If cond is set, the pointer moves only if cond accepts it as it stands
+// (nil when absent or malformed), checked on every round of the loop, so
+// a pointer another writer moved meanwhile is judged afresh; when cond
+// refuses, the pointer is returned as it stands (nil if absent).
+func moveLatest(ctx context.Context, st store.Store, ref Ref, by Mover, cond func(context.Context, *Latest) (bool, error)) (*Latest, error) {
 	key := latestKey(ref.Name)
 	for attempt := 0; attempt < moveAttempts; attempt++ {
 		if attempt > 0 {
@@ -169,6 +175,15 @@ func moveLatest(ctx context.Context, st store.Store, ref Ref, by Mover) (*Latest
 			return cur, nil
 		case err != nil && !absent && !errors.Is(err, ErrCorrupt):
 			return nil, err
+		}
+		if cond != nil {
+			ok, err := cond(ctx, cur)
+			if err != nil {
+				return nil, fmt.Errorf("moving latest of %s to %s: %w", ref.Name, ref.Version, err)
+			}
+			if !ok {
+				return cur, nil
+			}
 		}
 		next := Latest{Format: LatestFormat, Dataset: ref.Name, Version: ref.Version, By: by, MovedAt: time.Now().UTC()}
 		if cur != nil {

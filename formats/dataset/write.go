@@ -63,6 +63,14 @@ type Spec struct {
 	// skipped and its rows are redone. A stage writing several versions in
 	// lockstep uses it to keep only the shards every version received.
 	Adopt func(rowKeys []string) bool
+	// LatestIf, if set, decides whether Commit moves the latest pointer to
+	// this version: it is called with the pointer as it stands (nil when
+	// there is none or it is malformed) inside the compare-and-swap loop,
+	// again after every conflict, and the pointer moves only if it returns
+	// true. A stage whose versions are ordered (kiln-sync's weights
+	// numbers) uses it so the pointer only moves forward. Returning false
+	// leaves the pointer as it is, and Commit still succeeds.
+	LatestIf func(ctx context.Context, cur *Latest) (bool, error)
 }
 
 // Hook points.
@@ -387,7 +395,7 @@ func (w *Writer) Commit(ctx context.Context, metrics map[string]any) (Result, er
 func (w *Writer) moveLatest(ctx context.Context, res Result) (Result, error) {
 	w.hook(HookBeforeLatest)
 	// res.Version was just read from its manifest: the version is committed.
-	l, err := moveLatest(ctx, w.st, res.Ref, ThisProcess(w.spec.Identity.Stage))
+	l, err := moveLatest(ctx, w.st, res.Ref, ThisProcess(w.spec.Identity.Stage), w.spec.LatestIf)
 	if err != nil {
 		return Result{}, fmt.Errorf("dataset %s is committed, but its latest pointer was not moved (rerun to move it): %w", res.Ref, err)
 	}

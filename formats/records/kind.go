@@ -69,6 +69,7 @@ func kinds() map[string]Kind {
 		RolloutsKind().Name:     RolloutsKind(),
 		AdvantagesKind().Name:   AdvantagesKind(),
 		CheckpointsKind().Name:  CheckpointsKind(),
+		WeightsKind().Name:      WeightsKind(),
 	}
 }
 

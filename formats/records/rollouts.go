@@ -30,7 +30,9 @@ type Rollout struct {
 	AgentExitCode int64 `parquet:"agent_exit_code" json:"agent_exit_code"`
 	// AbortReason is set when the run was aborted (missing_image_or_workdir,
 	// unevaluatable:<why>, adapter_session_empty, wall_clock_timeout,
-	// exception:<type>); such runs are not graded.
+	// engine_error, agent_crash, replay_mismatch, weights_changed,
+	// exception:<type>; docs/records.md §4); such runs are not graded.
+	// Any reason is accepted on write and import: the list is the stages'.
 	AbortReason *string `parquet:"abort_reason,optional" json:"abort_reason"`
 	// AbortDetail says why, in words: the error, the missing path, the
 	// replay mismatch (docs/rollout.md §2.4). kiln-rollout sets it exactly

@@ -4,9 +4,10 @@
         [--port-file F] [--seed S] [--max-batch N] [--served-model-name NAME]
         [--max-model-len N] [--device cpu|cuda] [--tokenizer-only]
 
-Routes (docs/serve.md §2): GET /health, /version, /v1/models, /is_paused;
-POST /tokenize, /detokenize, /inference/v1/generate, /v1/completions,
-/pause, /resume, /collective_rpc (method reload_weights). JSON shapes and
+Routes (docs/serve.md §2): GET /health, /version, /v1/models, /is_paused,
+/weight_info; POST /tokenize, /detokenize, /inference/v1/generate,
+/v1/completions, /pause, /resume, /collective_rpc (method reload_weights),
+/update_weight_version. JSON shapes and
 error statuses follow vLLM's for every field kiln's engine client reads
 (docs/engine-wire.md §3, §5, §6).
 
@@ -310,6 +311,15 @@ class Engine(Renderer):
             self.weight_version = int(version) if version is not None else self.weight_version + 1
             return self.weight_version
 
+    def set_weight_version(self, version: int) -> int:
+        """Sets the weights version the server reports, as vLLM's RL router's
+        /update_weight_version (docs/serve.md §6); the weights are unchanged.
+        Under the model lock: a token's forward and its reported version
+        stay consistent."""
+        with self.model_lock:
+            self.weight_version = int(version)
+            return self.weight_version
+
     def next_seed(self) -> int:
         with self._seed_lock:
             return int(torch.randint(0, 2**62, (1,), generator=self._seeds).item())
@@ -501,7 +511,8 @@ def _tools_for_template(tools: Any) -> Optional[list]:
 
 # The routes that need the model: --tokenizer-only answers them 503
 # (docs/serve.md §9).
-GENERATION_ROUTES = ("/inference/v1/generate", "/v1/completions", "/pause", "/resume", "/collective_rpc")
+GENERATION_ROUTES = ("/inference/v1/generate", "/v1/completions", "/pause", "/resume", "/collective_rpc",
+                     "/update_weight_version")
 
 
 class Server:
@@ -659,6 +670,20 @@ class Server:
             raise APIError(500, f"reload_weights from {kw['weights_path']!r} failed: {ex}", "InternalServerError")
         return {"results": [None], "weight_version": ver}
 
+    def update_weight_version(self, body: dict) -> dict:
+        """vLLM's RL router's POST /update_weight_version {"new_version": str}
+        (docs/sync.md §3): this server's versions are integers, so the value
+        must be one (as a string or a JSON integer); anything else is 400 and
+        the version is unchanged (docs/serve.md §6)."""
+        v = body.get("new_version")
+        if isinstance(v, str) and v.strip().lstrip("+-").isdigit() and v.strip().isascii():
+            n = int(v.strip())
+        elif isinstance(v, int) and not isinstance(v, bool):
+            n = v
+        else:
+            raise bad(f"update_weight_version: new_version must be an integer weights version, got {v!r}")
+        return {"weight_version": self.e.set_weight_version(n)}
+
 
 def make_handler(srv: Server):
     class Handler(BaseHTTPRequestHandler):
@@ -701,6 +726,8 @@ def make_handler(srv: Server):
                 return self._send(200, srv.models())
             if path == "/is_paused":
                 return self._send(200, {"is_paused": srv.e.paused})
+            if path == "/weight_info":  # vLLM's RL router (docs/serve.md §6)
+                return self._send(200, {"weight_version": srv.e.weight_version})
             self._send(404, {"detail": "Not Found"})
 
         def do_POST(self):
@@ -728,6 +755,14 @@ def make_handler(srv: Server):
                     return self._send(200, {})
                 if u.path == "/collective_rpc":
                     return self._send(200, srv.collective_rpc(body))
+                if u.path == "/reset_prefix_cache":
+                    # No cache outlives a request here (docs/serve.md §6), so
+                    # vLLM's reset is answered as done: kiln-sync reload
+                    # --flush works against this server as against vLLM.
+                    return self._send(200, {})
+                if u.path == "/update_weight_version":
+                    r = srv.update_weight_version(body)
+                    return self._send(200, r, r["weight_version"])
                 self._send(404, {"detail": "Not Found"})
             except APIError as e:
                 self._error(e)

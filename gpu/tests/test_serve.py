@@ -446,12 +446,13 @@ def test_tokenizer_only_gets_as_full_server(server, renderer):
 
 
 @pytest.mark.parametrize("path", ["/inference/v1/generate", "/v1/completions", "/pause?mode=wait", "/resume",
-                                  "/collective_rpc"])
+                                  "/collective_rpc", "/update_weight_version"])
 def test_tokenizer_only_refuses_generation(renderer, path):
     base, _ = renderer
     bodies = {"/inference/v1/generate": {"token_ids": PROMPT, "sampling_params": {"max_tokens": 2}},
               "/v1/completions": {"prompt": PROMPT, "max_tokens": 2},
-              "/collective_rpc": {"method": "reload_weights", "kwargs": {"weights_path": "/tmp"}}}
+              "/collective_rpc": {"method": "reload_weights", "kwargs": {"weights_path": "/tmp"}},
+              "/update_weight_version": {"new_version": "3"}}
     st, r, _ = call(base, path, bodies.get(path.split("?")[0], {}))
     assert st == 503, r
     msg = r["error"]["message"]
@@ -515,3 +516,38 @@ def test_tokenizer_only_cli_without_weights(server, tiny_checkpoint, tmp_path):
     r = subprocess.run([sys.executable, "-m", "kiln_gpu.serve", "--model", str(tmp_path / "missing"), "--tokenizer-only"],
                        capture_output=True, text=True, timeout=120, cwd=GPU_DIR)
     assert r.returncode == 2 and "is not a directory" in r.stderr
+
+
+def test_update_weight_version_and_weight_info(server):
+    """vLLM's RL-router routes (docs/serve.md §6), in kiln-sync's order
+    (docs/sync.md §3): pause keep, reload_weights without a version, then
+    /update_weight_version sets it; /weight_info, /v1/models, the header and
+    every generate reply report it. A non-integer is 400 and changes
+    nothing."""
+    base, eng = server
+    before = eng.weight_version
+    try:
+        assert call(base, "/pause?mode=keep&clear_cache=false", {})[0] == 200
+        st, r, _ = call(base, "/collective_rpc", {"method": "reload_weights",
+                                                  "kwargs": {"weights_path": eng.model_dir, "is_checkpoint_format": True}})
+        assert st == 200, r
+        st, r, hdr = call(base, "/update_weight_version", {"new_version": "41"})
+        assert (st, r, hdr["x-kiln-weight-version"]) == (200, {"weight_version": 41}, "41")
+        st, r, hdr = call(base, "/weight_info")
+        assert (st, r, hdr["x-kiln-weight-version"]) == (200, {"weight_version": 41}, "41")
+        assert call(base, "/v1/models")[1]["data"][0]["weight_version"] == 41
+        assert call(base, "/resume", {})[0] == 200
+        g = gen(base, max_tokens=4, temperature=0.0, ignore_eos=True)
+        assert g["weight_version"] == 41 and g["choices"][0]["weight_versions"] == [41] * 4
+        # a JSON integer is accepted too
+        assert call(base, "/update_weight_version", {"new_version": 42})[:2] == (200, {"weight_version": 42})
+        for bad_v in ("abc", "1.5", "", " ", 1.5, None, True, [3], {"v": 3}, "５"):
+            st, r, _ = call(base, "/update_weight_version", {"new_version": bad_v})
+            assert st == 400, (bad_v, r)
+            assert r["error"]["type"] == "BadRequestError" and "new_version must be an integer" in r["error"]["message"]
+        st, r, _ = call(base, "/update_weight_version", {})
+        assert st == 400, r
+        assert call(base, "/weight_info")[1] == {"weight_version": 42}
+    finally:
+        call(base, "/resume", {})
+        eng.set_weight_version(before)

@@ -20,6 +20,9 @@ type Output struct {
 	// PrintVersion: print the reference and do nothing else.
 	PrintVersion bool
 	Hook         func(point string)
+	// LatestIf, if set, is dataset.Spec.LatestIf: the latest pointer
+	// moves to the version only if it accepts the pointer as it stands.
+	LatestIf func(ctx context.Context, cur *dataset.Latest) (bool, error)
 }
 
 // Produce writes the part's shards through w and returns stage metrics.
@@ -36,7 +39,7 @@ func Write(ctx context.Context, st store.Store, out Output, stdout io.Writer, lo
 	if err := dataset.CheckName(out.Name); err != nil {
 		return dataset.Result{}, UsageError{err}
 	}
-	spec := dataset.Spec{Name: out.Name, Kind: out.Kind, Identity: out.Identity, Part: out.Part, Build: Build(), Hook: out.Hook}
+	spec := dataset.Spec{Name: out.Name, Kind: out.Kind, Identity: out.Identity, Part: out.Part, Build: Build(), Hook: out.Hook, LatestIf: out.LatestIf}
 	if out.PrintVersion {
 		version, err := spec.Identity.Version()
 		if err != nil {

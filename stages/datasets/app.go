@@ -22,6 +22,7 @@ func Stages() []Stage {
 		{"grade", "grade patches with the tasks' official tests in fresh sandboxes"},
 		{"advantages", "per-segment advantages from grades; select learnable tasks; stats"},
 		{"train", "train a Hugging Face model on trajectories and advantages (rollout-atomic batches) and commit a checkpoint"},
+		{"sync", "publish trained weights as versioned delta-aware data, pull them onto engine hosts, reload the engines"},
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/kilnrl/kiln/internal/agent/adapter"
 	"github.com/kilnrl/kiln/internal/agent/engine"
 	"github.com/kilnrl/kiln/internal/agent/harness"
+	"github.com/kilnrl/kiln/internal/enginectl"
 	"github.com/kilnrl/kiln/internal/sandbox"
 	"github.com/kilnrl/kiln/internal/stagecmd"
 	"github.com/kilnrl/kiln/internal/workspace"
@@ -55,6 +56,11 @@ const (
 	abortExceptionPref = "exception:"
 )
 
+// AbortWeightsChanged is the abort reason of a run a model call of which
+// an engine reports generated with other weights than --weights names
+// (docs/rollout.md §2.4).
+const AbortWeightsChanged = "weights_changed"
+
 // RunOptions describe one run stage.
 type RunOptions struct {
 	Tasks, Images string // dataset references
@@ -75,6 +81,16 @@ type RunOptions struct {
 	WeightsVersion string
 	Split          string
 	Jobs           int
+	// Weights is a weights dataset reference (kiln-sync's): every engine
+	// must serve its weights number before any run starts, every token
+	// must be generated with it, and the pinned reference is each row's
+	// weights_version and an input of the version id (docs/sync.md §5).
+	// WeightsVersion, recorded as it is for engines kiln-sync does not
+	// manage, excludes it.
+	Weights string
+	// EngineProtocol is how the engines are asked which weights they
+	// serve ("" is vLLM; docs/sync.md §5).
+	EngineProtocol enginectl.Protocol
 	// Budget is the agent's time budget; SetupTimeout and Margin make the
 	// whole-run deadline Budget + SetupTimeout + Margin.
 	Budget, SetupTimeout, Margin time.Duration
@@ -102,6 +118,19 @@ type RunOptions struct {
 	// HealthInterval is the time between health checks of every engine
 	// (DefaultHealthInterval if 0; negative: none).
 	HealthInterval time.Duration
+
+	// weights is Weights as Run opened it (nil without): set by Run
+	// after the version id is made, read by the runs.
+	weights *pinnedWeights
+}
+
+// rowWeightsVersion is what every row records as weights_version: the
+// pinned --weights reference, else --weights-version.
+func (o *RunOptions) rowWeightsVersion() string {
+	if o.weights != nil {
+		return o.weights.ref.String()
+	}
+	return o.WeightsVersion
 }
 
 // DefaultHealthInterval is the time between engine health checks.
@@ -146,6 +175,14 @@ func (o *RunOptions) check() error {
 		return stagecmd.Usagef("--setup-timeout %s, --deadline-margin %s: want a positive setup timeout and a margin of 0 or more", o.SetupTimeout, o.Margin)
 	case o.MaxContextTokens < 0 || o.MaxTokens < 0 || o.MaxTurns < 0:
 		return stagecmd.Usagef("--max-context-tokens, --max-tokens and --max-turns must be 0 or more")
+	case o.Weights != "" && o.WeightsVersion != "":
+		return stagecmd.Usagef("--weights %q and --weights-version %q: give one: --weights for a weights version kiln-sync published (checked against the engines), --weights-version to only record what engines kiln-sync does not manage serve",
+			o.Weights, o.WeightsVersion)
+	}
+	if o.EngineProtocol != "" {
+		if _, err := enginectl.ParseProtocol(string(o.EngineProtocol)); err != nil {
+			return stagecmd.UsageError{Err: fmt.Errorf("--engine-protocol: %w", err)}
+		}
 	}
 	if _, err := adapterOptions(adapterFlags{maxTokens: o.MaxTokens, temperature: &o.Temperature, topP: &o.TopP, topK: &o.TopK,
 		chatTemplateKwargs: o.ChatTemplateKwargs, reasoningParser: o.ReasoningParser, toolParser: o.ToolParser}); err != nil {
@@ -187,9 +224,21 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out RunOutput, 
 	if err != nil {
 		return res, stagecmd.UsageError{Err: err}
 	}
-	inputs, err := stagecmd.ResolveInputs(ctx, st, []string{o.Tasks, o.Images}, out.Part)
+	refs := []string{o.Tasks, o.Images}
+	if o.Weights != "" {
+		refs = append(refs, o.Weights)
+	}
+	inputs, err := stagecmd.ResolveInputs(ctx, st, refs, out.Part)
 	if err != nil {
 		return res, err
+	}
+	// The weights are an input like the tasks (a third one, so that a
+	// run without --weights keeps its version id), and are opened now:
+	// a wrong kind or a missing number stops the stage before anything.
+	if o.Weights != "" {
+		if o.weights, err = openWeights(ctx, st, inputs[2]); err != nil {
+			return res, err
+		}
 	}
 	id := dataset.Identity{Stage: "rollout-run", CodeVersion: runVersion, Inputs: inputs, Args: o.identityArgs()}
 	specs := [3]dataset.Spec{
@@ -267,6 +316,9 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out RunOutput, 
 			return res, err
 		}
 	}
+	// Every part of all three versions names the weights (kiln-train reads
+	// them from the trajectories', docs/train-stage.md §6.2).
+	metrics = o.weights.addMetrics(metrics)
 	// Turns, then rollouts, then trajectories: the trajectories version
 	// appearing means the other two are committed.
 	results := [3]*dataset.Result{&res.Turns, &res.Rollouts, &res.Trajectories}
@@ -378,7 +430,7 @@ func planRuns(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles
 			idx := t.TaskIndex*int64(o.Samples) + int64(s)
 			j.key = fmt.Sprintf("run-%d", idx)
 			j.row = records.Rollout{RolloutID: idx, Index: idx, GroupIndex: t.TaskIndex, Sample: int64(s), TaskID: t.TaskID,
-				Agent: h.Name(), WeightsVersion: o.WeightsVersion, AgentExitCode: -1}
+				Agent: h.Name(), WeightsVersion: o.rowWeightsVersion(), AgentExitCode: -1}
 			jobs = append(jobs, &j)
 		}
 	}
@@ -510,6 +562,16 @@ func startRuntime(ctx context.Context, env *stagecmd.Env, st store.Store, o RunO
 	var adapters []*adapter.Server
 	var failed []string
 	var replay *replayEngine
+	// The front exists before the engine clients, which report every
+	// generation to it when the run has --weights; its adapters are set
+	// below, before it serves.
+	fr := newFront(nil)
+	fr.weights = o.weights
+	var observe func(*engine.GenerateRequest, *engine.Generation)
+	if o.weights != nil {
+		observe = fr.observeWeights
+	}
+	var served []string // the engines asked for their weights: not a replay's
 	engines := append([]string(nil), o.Engines...)
 	for i, url := range o.Engines {
 		if ref, ok := replayRef(url); ok {
@@ -527,8 +589,10 @@ func startRuntime(ctx context.Context, env *stagecmd.Env, st store.Store, o RunO
 			}
 			env.Log.Info("replaying", "turns", ref, "runs", len(book.runs), "renderer", o.ReplayRenderer)
 			url = engines[i]
+		} else {
+			served = append(served, url)
 		}
-		cl, err := engine.New(engine.Options{BaseURL: url, Mode: o.Mode, APIKey: o.EngineAPIKey})
+		cl, err := engine.New(engine.Options{BaseURL: url, Mode: o.Mode, APIKey: o.EngineAPIKey, Observe: observe})
 		if err != nil {
 			return nil, stagecmd.UsageError{Err: fmt.Errorf("--engine %q: %w", url, err)}
 		}
@@ -549,7 +613,17 @@ func startRuntime(ctx context.Context, env *stagecmd.Env, st store.Store, o RunO
 		}
 		return nil, fmt.Errorf("engine probe failed, so no run was started: %s", strings.Join(failed, "; "))
 	}
-	fr := newFront(adapters)
+	// Before any sandbox boots, every engine must serve the --weights
+	// number (docs/sync.md §5). A replay's engine is exempt: it answers
+	// from its recording.
+	if o.weights != nil && len(served) > 0 {
+		if err := checkServedWeights(ctx, served, o.weights, o); err != nil {
+			replay.close()
+			return nil, err
+		}
+		env.Log.Info("engines serve the weights", "weights", o.weights.ref.String(), "number", o.weights.number, "engines", len(served))
+	}
+	fr.adapters = adapters
 	hs := adapter.NewHTTPServer(fr, adapter.HTTPLimits{}, slog.NewLogLogger(env.Log.Handler(), slog.LevelWarn))
 	boots := o.BootConcurrency
 	if boots <= 0 {

@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"fmt"
 	"runtime"
 	"strconv"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/kilnrl/kiln/internal/agent/engine"
 	"github.com/kilnrl/kiln/internal/agent/harness"
+	"github.com/kilnrl/kiln/internal/enginectl"
 	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
@@ -36,8 +38,9 @@ the bundle is not on this node), adapter_session_empty (no model call),
 wall_clock_timeout (the whole-run deadline), engine_error (model calls failed
 with a server error and the agent gave up, or the run's engine failed its
 health check), agent_crash (exit 126 or more: not
-runnable, or killed by a signal), exception:<step> (sandbox boot, workspace,
-patch capture, assembly). An agent out of --budget is killed; its row has
+runnable, or killed by a signal), weights_changed (with --weights: an engine
+reports a token of the run generated with other weights), exception:<step>
+(sandbox boot, workspace, patch capture, assembly). An agent out of --budget is killed; its row has
 agent_exit_code -1 and its patch and turns are kept.
 
 Ids: index = rollout_id = task_index × --samples + sample; group_index is the
@@ -59,6 +62,20 @@ token. Every engine is probed at start; if one fails, nothing runs. While runs
 go, GET /health is checked every 15 s: a failing engine is left out and its
 running runs abort (engine_error); with none left the stage exits 1.
 
+Weights: --weights REF names a weights version kiln-sync published (a bare
+name is pinned to its latest). Before any sandbox boots, every engine is asked
+which weights number it serves (--engine-protocol vllm, also kiln's serve.py:
+/v1/models weight_version, else /weight_info; sglang: /get_weight_version;
+--engine-api-key as the bearer token); unless every engine serves REF's
+number, nothing runs and the stage exits 1 naming each engine, what it serves
+and what was asked (run kiln-sync reload, then rerun). Where an engine reports
+per-token weight versions (serve.py does), a model call with a token of other
+weights aborts its run (weights_changed). The pinned REF is every row's
+weights_version, an input of the version id, and the manifests' weights and
+weights_number. --weights-version V instead records V as given, for engines
+kiln-sync does not manage; the two exclude each other. Replay engines are not
+asked (docs/rollout.md §2.1).
+
 Replay: --engine replay://NAME/turns@VERSION (the only engine) serves a recorded
 turns version back instead of sampling, to check a harness or adapter change
 offline: the nth model call of the run with rollout id R must send exactly the
@@ -75,13 +92,16 @@ same command runs only what is missing. SIGINT/SIGTERM stops starting runs,
 abandons the running ones (preempted: not written, the rerun redoes them),
 writes what finished and exits 130. --shard i/n runs every n-th task (inputs
 pinned, name@version). The sampling flags, --samples, --agent, --budget,
---weights-version, --split and --max-turns are part of the version id; the
-engine URLs, -j and --shard are not.
+--weights (an input), --weights-version, --split and --max-turns are part of
+the version id; the engine URLs, -j and --shard are not.
 
 Examples:
    kiln-rollout run --tasks tasks@V --images images@V --bundles /var/lib/kiln/bundles \
        --engine http://gpu1:8000,http://gpu2:8000 --tokenizer-dir /models/qwen3 \
        --samples 8 --weights-version step-3 --out rollout/step-3
+   kiln-rollout run --tasks tasks@V --images images@V --bundles /var/lib/kiln/bundles \
+       --engine http://gpu1:8000,http://gpu2:8000 --tokenizer-dir /models/qwen3 \
+       --samples 8 --weights weights/policy@W --out rollout/step-4
    kiln-rollout run --tasks tasks@V --images images@V --bundles /var/lib/kiln/bundles \
        --engine replay://rollout/step-3/turns@V --replay-renderer http://gpu1:8000 \
        --tokenizer-dir /models/qwen3 --samples 8 --weights-version step-3 --out replay/step-3`
@@ -101,7 +121,7 @@ func runCommand(env *stagecmd.Env) *cli.Command {
 // is bound to a field, so a misspelt name is a compile error, not "".
 type runFlagValues struct {
 	tasks, images, bundles, engine, engineAPIKey, mode, tokenizerDir string
-	replayRenderer                                                   string
+	replayRenderer, weights, engineProtocol                          string
 	out, agent, agentBinary, weightsVersion, split                   string
 	stopTokenIDs, chatTemplateKwargs, reasoningParser, toolParser    string
 	agentArgs, agentEnv, claudeCode, codex                           string
@@ -132,7 +152,9 @@ func runFlags(f *runFlagValues) []cli.Flag {
 		&cli.StringFlag{Name: "codex", Destination: &f.codex, Usage: "Codex install: npm install directory, platform directory or native binary (default: $" + harness.CodexEnv + ", then the install of scripts/install-test-deps.sh)"},
 		&cli.StringFlag{Name: "agent-args", Destination: &f.agentArgs, Usage: `extra agent arguments as JSON: '["--x"]' for every harness or '{"codex":["--x"]}'`},
 		&cli.StringFlag{Name: "agent-env", Destination: &f.agentEnv, Usage: `extra agent environment as JSON: '{"NAME":"v"}' for every harness or '{"claude-code":{"NAME":"v"}}'`},
-		&cli.StringFlag{Name: "weights-version", Destination: &f.weightsVersion, Usage: "the policy weights the engines serve (recorded in every row)"},
+		&cli.StringFlag{Name: "weights", Destination: &f.weights, Usage: "weights dataset kiln-sync published (name or name@version): every engine must serve its weights number before any run starts, and a run whose tokens report other weights aborts (weights_changed); the pinned reference is recorded in every row and the lineage"},
+		&cli.StringFlag{Name: "engine-protocol", Value: string(enginectl.VLLM), Destination: &f.engineProtocol, Usage: "how --weights asks the engines which weights they serve: vllm (also kiln's serve.py) or sglang"},
+		&cli.StringFlag{Name: "weights-version", Destination: &f.weightsVersion, Usage: "the policy weights the engines serve, recorded in every row as given, for engines kiln-sync does not manage (excludes --weights)"},
 		&cli.StringFlag{Name: "split", Destination: &f.split, Usage: "run only tasks of this split"},
 		&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Destination: &f.jobs, Usage: "runs at once"},
 		&cli.IntFlag{Name: "boot-concurrency", Destination: &f.bootConcurrency, Usage: "sandboxes booting at once (default: --jobs)"},
@@ -180,6 +202,10 @@ func (f *runFlagValues) options() (RunOptions, error) {
 	if err != nil {
 		return RunOptions{}, stagecmd.UsageError{Err: err}
 	}
+	protocol, err := enginectl.ParseProtocol(f.engineProtocol)
+	if err != nil {
+		return RunOptions{}, stagecmd.UsageError{Err: fmt.Errorf("--engine-protocol: %w", err)}
+	}
 	var engines []string
 	for _, u := range strings.Split(f.engine, ",") {
 		if u = strings.TrimSpace(u); u != "" {
@@ -205,6 +231,7 @@ func (f *runFlagValues) options() (RunOptions, error) {
 		Tasks: f.tasks, Images: f.images, Bundles: f.bundles,
 		Engines: engines, ReplayRenderer: f.replayRenderer, EngineAPIKey: f.engineAPIKey, Mode: mode, TokenizerDir: f.tokenizerDir,
 		Samples: f.samples, Agent: f.agent, WeightsVersion: f.weightsVersion, Split: f.split,
+		Weights: f.weights, EngineProtocol: protocol,
 		Jobs: f.jobs, BootConcurrency: f.bootConcurrency,
 		Budget: f.budget, SetupTimeout: f.setupTimeout, Margin: f.margin,
 		MaxTurns: f.maxTurns, Temperature: f.temperature, TopP: f.topP, TopK: f.topK,

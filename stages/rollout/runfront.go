@@ -24,6 +24,10 @@ import (
 type front struct {
 	adapters []*adapter.Server // one per engine, in --engine order
 
+	// weights is the run stage's --weights (nil without): the version
+	// every token must be generated with (observeWeights).
+	weights *pinnedWeights
+
 	mu       sync.Mutex
 	sessions map[string]*frontSession
 	down     map[int]string // engines left out after a failed health check, and why
@@ -33,8 +37,14 @@ type frontSession struct {
 	srv    *adapter.Server
 	engine int
 	errs   sessionErrors
-	// abort ends the session's run (its context) when its engine fails.
+	// abort ends the session's run (its context) when its engine fails,
+	// or generates with other weights.
 	abort context.CancelCauseFunc
+	// calls counts the session's generations (observeWeights names the
+	// turn); weightsChanged is set once one was generated with other
+	// weights.
+	calls          int
+	weightsChanged bool
 }
 
 // errNoEngine is the error of opening a session when every engine has

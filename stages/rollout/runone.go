@@ -57,16 +57,22 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 	deadline := p.o.Budget + p.o.SetupTimeout + p.o.Margin
 	dctx, cancel := context.WithTimeoutCause(ctx, deadline, errDeadline)
 	defer cancel()
-	// rctx also ends when the session's engine fails its health check.
+	// rctx also ends when the session's engine fails its health check, or
+	// a model call's tokens report other weights than --weights.
 	rctx, engineFailed := context.WithCancelCause(dctx)
 	defer engineFailed(nil)
 	// interrupted is the abort of a run its context ended: its engine
-	// failing, the stage stopping (preempted: not written, redone by the
+	// failing or generating with other weights than --weights, the stage
+	// stopping (preempted: not written, redone by the
 	// rerun), or the whole-run deadline.
 	interrupted := func(err error) *runResult {
 		var down *engineDownError
 		if errors.As(context.Cause(rctx), &down) {
 			return abort(AbortEngineError, down.Error())
+		}
+		var changed *weightsChangedError
+		if errors.As(context.Cause(rctx), &changed) {
+			return abort(AbortWeightsChanged, changed.Error())
 		}
 		if ctx.Err() != nil {
 			res.err = context.Cause(ctx)

@@ -86,6 +86,12 @@ type Options struct {
 	ContextLength int
 	// RequestTimeout bounds each request; 0 means none (cancel through ctx).
 	RequestTimeout time.Duration
+	// Observe, when set, is called with every generation Generate
+	// validated, before Generate returns it, on the caller's goroutine
+	// (Probe's own generation is not observed). It must not modify req or
+	// g and must be safe for concurrent use. The rollout stage checks the
+	// weights each token was generated with here (docs/rollout.md §2.4).
+	Observe func(req *GenerateRequest, g *Generation)
 }
 
 // Client talks to one vLLM-compatible engine. It is safe for concurrent use.

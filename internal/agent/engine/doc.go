@@ -40,6 +40,11 @@
 //     by a typed decoding (typed.go) when it takes it, else step by step,
 //     which words the error; both give the same Generation for a reply both
 //     read.
+//   - Weight versions (§10.4): choices[0].weight_versions, when it is a list
+//     of integers and strings (kiln's serve.py: one per output token), is
+//     Generation.WeightVersions; any other form is ignored, never an error
+//     (upstream vLLM's field is unconfirmed). Options.Observe sees every
+//     generation Generate returns, so a caller can check them.
 //   - Memo: one conversation's memory across calls. /tokenize ids it has
 //     read before (the same bytes at the start of a later reply) are taken
 //     from it, not parsed again; a generate prompt that is one of its
@@ -51,8 +56,8 @@
 //
 // Not implemented, because docs/engine-wire.md marks them unconfirmed or not for a
 // text-only token client: the packed logprob variant (return_token_logprobs /
-// return_top_k_logprobs, §5.4), weight_versions (field names unknown),
-// sampling_mask_logprobs (score centering; not in the note), streaming (§5.6),
+// return_top_k_logprobs, §5.4), weight_versions on the completions
+// fallback, sampling_mask_logprobs (score centering; not in the note), streaming (§5.6),
 // output_mode "text", multimodal fields, and /abort_requests (only with
 // --tokens-only or the dev router; closing the connection is the abort).
 package engine

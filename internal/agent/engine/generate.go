@@ -120,6 +120,14 @@ type Generation struct {
 	// layers, topk]); only with ReturnRoutedExperts.
 	RoutedExperts      []int32
 	RoutedExpertsShape []int32
+	// WeightVersions is choices[0].weight_versions as the engine listed
+	// it (docs/engine-wire.md §10.4): the weights version each output token
+	// was generated with (kiln's serve.py: one entry per token), each a
+	// string (an integer in decimal). nil when the reply has none, or has
+	// one of another form than a list of integers and strings, which is
+	// ignored: upstream vLLM's field is unconfirmed, so a shape kiln does
+	// not know never fails a reply. Generate route only.
+	WeightVersions []string
 }
 
 // TopK returns the k highest-logprob candidates of every position, row-major
@@ -280,6 +288,9 @@ func (c *Client) Generate(ctx context.Context, req GenerateRequest) (Generation,
 		return Generation{}, err
 	}
 	g.MaxTokens = maxTokens
+	if c.opts.Observe != nil {
+		c.opts.Observe(&req, &g)
+	}
 	return g, nil
 }
 

@@ -145,3 +145,36 @@ func TestContextOverflowAndSpecialTokens(t *testing.T) {
 	assert.Equal(t, int32(enginetest.ThinkEnd), sp.ThinkEnd)
 	assert.True(t, sp.IsStop(int32(enginetest.IMEnd)))
 }
+
+// The client reads the per-token weight versions the scripted engine
+// reports as serve.py does (docs/serve.md §6): one per output token of the
+// version it serves, or a script's own list (a reload mid-reply); none
+// when the engine serves no version.
+func TestClientWeightVersionsScripted(t *testing.T) {
+	ctx := context.Background()
+	seven := int64(7)
+	for _, tc := range []struct {
+		name    string
+		serves  *int64
+		scripts []int64
+		want    []string
+	}{
+		{"no version", nil, nil, nil},
+		{"one per token", &seven, nil, []string{"7", "7", "7"}},
+		{"scripted change", &seven, []int64{7, 8}, []string{"7", "8"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eng := enginetest.New(enginetest.Options{WeightVersion: tc.serves,
+				Script: enginetest.SequenceOutputs(enginetest.Output{Text: "ab", WeightVersions: tc.scripts})})
+			srv := httptest.NewServer(eng)
+			defer srv.Close()
+			c, err := engine.New(engine.Options{BaseURL: srv.URL, Mode: engine.ModeGenerate})
+			require.NoError(t, err)
+			gen, err := c.Generate(ctx, engine.GenerateRequest{PromptIDs: []int32{1, 2}, SessionID: "s",
+				Sampling: engine.SamplingParams{MaxTokens: 16}})
+			require.NoError(t, err)
+			require.Len(t, gen.OutputIDs, 3) // "a", "b", <|im_end|>
+			assert.Equal(t, tc.want, gen.WeightVersions)
+		})
+	}
+}

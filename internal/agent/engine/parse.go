@@ -60,6 +60,8 @@ type wireChoice struct {
 	StopReason    json.RawMessage `json:"stop_reason"`
 	SamplingMask  json.RawMessage `json:"sampling_mask"`
 	RoutedExperts json.RawMessage `json:"routed_experts"`
+	// WeightVersions is read by weightVersions, never validated.
+	WeightVersions json.RawMessage `json:"weight_versions"`
 }
 
 type wireEntry struct {
@@ -459,6 +461,7 @@ func finishGenerate(route string, g Generation, resp wireResponse, ch wireChoice
 			return Generation{}, err
 		}
 	}
+	g.WeightVersions = weightVersions(ch.WeightVersions)
 	if req.ReturnRoutedExperts && n > 0 {
 		if isNull(ch.RoutedExperts) {
 			return Generation{}, replyErr(route, ReasonMissingRoutedExperts, "choices[0].routed_experts missing: vLLM must return routed experts for routing replay (server needs enable_return_routed_experts)")
@@ -514,6 +517,45 @@ func checkTopRow(route, where string, row []TopLogProb, sampled int32, k int) ([
 		return nil, replyErr(route, ReasonBadTopLogprobs, "%s: the sampled token %d is not among the top logprobs", where, sampled)
 	}
 	return row, nil
+}
+
+// weightVersions reads choices[0].weight_versions (docs/engine-wire.md
+// §10.4) for Generation.WeightVersions: a list whose every element is a
+// JSON integer (read as an int64, written back in decimal) or a string.
+// Anything else is no list (nil): absent, null, an empty list, another
+// type, a list holding a fraction, an exponent, a number past int64,
+// null, a bool or an object. Both readings of a generate reply call it on
+// the same bytes, so they agree. A run of equal entries shares one string.
+func weightVersions(raw json.RawMessage) []string {
+	if isNull(raw) {
+		return nil
+	}
+	var items []json.RawMessage
+	if json.Unmarshal(raw, &items) != nil || len(items) == 0 {
+		return nil
+	}
+	out := make([]string, len(items))
+	var prev json.RawMessage
+	for i, it := range items {
+		if i > 0 && bytes.Equal(it, prev) {
+			out[i] = out[i-1]
+			continue
+		}
+		switch {
+		case len(it) > 0 && it[0] == '"':
+			if json.Unmarshal(it, &out[i]) != nil {
+				return nil
+			}
+		default:
+			n, err := strconv.ParseInt(string(it), 10, 64)
+			if err != nil {
+				return nil
+			}
+			out[i] = strconv.FormatInt(n, 10)
+		}
+		prev = it
+	}
+	return out
 }
 
 // samplingMask flattens choices[0].sampling_mask ([[int]] per output token)

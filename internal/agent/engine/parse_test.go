@@ -135,6 +135,9 @@ func FuzzParseGenerate(f *testing.F) {
 	// merge (TestTypedGenerate).
 	f.Add([]byte(`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"token_id":5,"logprob":-1,"top_logprobs":[{"token_id":5,"logprob":-1}]}]},"sampling_mask":[[5]]}],"Choices":[{"token_ids":[5],"logprobs":{"content":[{"token":"token_id:5","logprob":-1}]}}],"usage":{"completion_tokens":1}}`))
 	f.Add([]byte(`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"token_id":5,"logprob":-1,"top_logprobs":[{"token_id":5,"logprob":-1}]}],"content":[{"logprob":-1}]},"logprobs":{"content":[{"logprob":-2}]}}]}`))
+	// Per-token weight versions (TestWeightVersions): read, or ignored.
+	f.Add([]byte(weightsReply(`,"weight_versions":[7,"8"]`)))
+	f.Add([]byte(weightsReply(`,"weight_versions":[7,7.5],"Weight_Versions":[1,1]`)))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		// Wherever the typed reading takes a reply, the step-by-step
 		// reading gives the same Generation.

@@ -236,7 +236,7 @@ type typedReply struct {
 	top                                    wireResponse // Choices unused
 	choices                                int
 	ids                                    []wireID
-	finish, stop, routed                   json.RawMessage
+	finish, stop, routed, weights          json.RawMessage
 	mask                                   [][]wireID
 	logprobs                               bool // an object
 	content                                []typedEntry
@@ -320,6 +320,8 @@ func readGenerate(body []byte, req *GenerateRequest) (_ Generation, ok bool) {
 			})
 		case strings.EqualFold(k, "routed_experts"):
 			return skimRaw(body, v, &r.routed)
+		case strings.EqualFold(k, "weight_versions"):
+			return skimRaw(body, v, &r.weights)
 		}
 		return ojson.ValueEnd(body, v)
 	}
@@ -579,6 +581,7 @@ func (r *typedReply) generation(route string, req *GenerateRequest) (Generation,
 			return Generation{}, false
 		}
 	}
+	g.WeightVersions = weightVersions(r.weights)
 	if req.ReturnRoutedExperts && n > 0 {
 		if isNull(r.routed) {
 			return Generation{}, false

@@ -70,6 +70,13 @@ type Options struct {
 	EnablePromptTokensDetails bool
 	// Created is the "created" timestamp reported; default 1700000000.
 	Created int64
+	// WeightVersion, when set, is the weights version the engine serves,
+	// reported as kiln's serve.py reports it (docs/serve.md §6): GET
+	// /v1/models data[0].weight_version, and in shape (C) generate replies
+	// choices[0].weight_versions, one entry per output token (unless the
+	// Script's Output.WeightVersions says otherwise). Unset, neither is
+	// reported (the null weight_versions of upstream vLLM).
+	WeightVersion *int64
 }
 
 // Fault is a corruption of one generation response, for client validation
@@ -527,6 +534,9 @@ func (e *Engine) handleModels(w http.ResponseWriter) {
 			"allow_search_indices", false, "allow_view", true, "allow_fine_tuning", false,
 			"organization", "*", "group", nil, "is_blocking", false)},
 	)
+	if v := e.opts.WeightVersion; v != nil {
+		card.Set("weight_version", *v)
+	}
 	writeJSONResponse(w, 200, ojson.Obj("object", "list", "data", []any{card}))
 }
 

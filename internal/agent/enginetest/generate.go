@@ -140,6 +140,7 @@ type genResult struct {
 	k          int // top-logprob count; -1 = none requested
 	cached     int
 	turn       int
+	weights    []int64 // choices[0].weight_versions; nil: null
 }
 
 // generate runs the script for one prompt and applies vLLM's stop rules.
@@ -248,6 +249,15 @@ loop:
 	}
 	if sp.Logprobs != nil {
 		res.k = *sp.Logprobs
+	}
+	switch {
+	case out.WeightVersions != nil:
+		res.weights = out.WeightVersions
+	case e.opts.WeightVersion != nil:
+		res.weights = make([]int64, len(outIDs))
+		for i := range res.weights {
+			res.weights[i] = *e.opts.WeightVersion
+		}
 	}
 
 	if e.opts.EnablePromptTokensDetails {
@@ -498,7 +508,11 @@ func (e *Engine) generateResponse(res *genResult, prompt []int, reqID string, re
 	}
 	if shape == ShapeTokenIDs {
 		choice.Set("sampling_mask", nil)
-		choice.Set("weight_versions", nil)
+		var weights any
+		if res.weights != nil {
+			weights = res.weights
+		}
+		choice.Set("weight_versions", weights)
 	}
 	switch shape {
 	case ShapeDisagg:

@@ -38,6 +38,11 @@ type Output struct {
 	// Logprobs per output id; missing entries (or nil) get DefaultLogprob.
 	// Scripted logprobs are reported with rank 1.
 	Logprobs []float64
+	// WeightVersions, when non-nil, is the reply's
+	// choices[0].weight_versions as given (shape C only; not cut or padded
+	// to the output), in place of Options.WeightVersion's one per token:
+	// a test's engine reloading weights mid-reply.
+	WeightVersions []int64
 	// Err makes the engine answer 500 with the error's message.
 	Err error
 }
