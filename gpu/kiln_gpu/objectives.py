@@ -19,6 +19,10 @@ from .loss import LossConfig, LossOutput, ppo_clip, reduce, rollout_correction
 
 OBJECTIVES = ("ppo", "gspo", "cispo", "reinforce")
 SC_PATHS = ("top-p", "top-k")
+# where PPO's old policy comes from (docs/train.md §13): the trainer's own
+# logprobs with the weights as they were before the run's first optimizer
+# step, or the sampler's rollout logprobs
+OLD_LOGPROBS = ("recompute", "rollout")
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,9 @@ class Objective:
     # sampler's nucleus, probabilities normalised on it) or "top-k" (the
     # sampler's head with full-vocabulary probabilities, spec §4.4)
     sc_path: str = "top-p"
+    # PPO's old policy (docs/train.md §13): "recompute" (the default, as
+    # slime and verl) or "rollout"
+    old_logprobs: str = "recompute"
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -43,6 +50,19 @@ class Objective:
             raise ValueError("score centering needs objective reinforce (docs/train.md §8.3)")
         if self.sc_path not in SC_PATHS:
             raise ValueError(f"unknown score-centering path {self.sc_path!r}: want one of {SC_PATHS}")
+        if self.old_logprobs not in OLD_LOGPROBS:
+            raise ValueError(f"unknown old_logprobs {self.old_logprobs!r}: want one of {OLD_LOGPROBS}")
+        if self.old_logprobs == "rollout" and self.base.correction is not None and self.objective != "reinforce":
+            # old = roll makes ρ = exp(old − roll) 1 on every token: the
+            # correction would silently do nothing (slime refuses the pair too)
+            raise ValueError(f"correction {self.base.correction!r} with old_logprobs 'rollout' is a no-op for "
+                             f"{self.objective}: the rollout logprobs are already the old policy")
+
+    @property
+    def uses_old(self) -> bool:
+        """Whether the loss has a ratio to an old policy (PPO, GSPO, CISPO);
+        REINFORCE and SC weigh the current policy against the rollout."""
+        return self.objective != "reinforce"
 
 
 def _f(ratio: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
@@ -130,6 +150,41 @@ def score_centering_term(
                          "sc_train_head_mass": train_mass.detach()}
 
 
+def policy_logprobs(
+    obj: Objective,
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    roll: torch.Tensor,
+    spans: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
+) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor], dict[str, torch.Tensor]]:
+    """lp of each target token as the objective defines it (docs/train.md
+    §8.1–§8.3): full vocabulary, on the recorded nucleus (top-p replay) or
+    the span (score centering). Returns (lp, the full-vocabulary
+    log-softmax when it was computed else None, the SC score or None, the
+    SC metrics). The trainer's old-logprob pass calls it too, so old and
+    lp are the same function of the weights."""
+    if obj.score_centering:
+        if spans is None or spans[2] is None:
+            raise ValueError("score centering needs the recorded spans with probabilities "
+                             "(top_p_offsets, top_p_ids, top_p_probs)")
+        lp, score, sc_metrics = score_centering_term(logits, target, roll, *spans, obj.base, obj.sc_path)
+        return lp, None, score, sc_metrics
+    if spans is not None and obj.sc_path == "top-p":
+        # top-p replay (spec §4.4, last item): lp on the logits masked to the
+        # recorded nucleus, the target always kept
+        offsets, ids, _ = spans
+        lens = (offsets[1:] - offsets[:-1]).long()
+        row = torch.repeat_interleave(torch.arange(logits.shape[0], device=logits.device), lens)
+        keep = torch.zeros_like(logits, dtype=torch.bool)
+        keep[row, ids.long()] = True
+        keep[torch.arange(logits.shape[0], device=logits.device), target.long()] = True
+        masked = logits.masked_fill(~keep, float("-inf"))
+        lp = torch.log_softmax(masked, dim=-1).gather(-1, target.long().unsqueeze(-1)).squeeze(-1)
+        return lp, None, None, {}
+    logp = torch.log_softmax(logits, dim=-1)
+    return logp.gather(-1, target.long().unsqueeze(-1)).squeeze(-1), logp, None, {}
+
+
 def micro_batch_loss(
     obj: Objective,
     logits: torch.Tensor,
@@ -143,14 +198,17 @@ def micro_batch_loss(
     n_seg: int,
     ref_lp: Optional[torch.Tensor] = None,
     spans: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
+    old: Optional[torch.Tensor] = None,
 ) -> LossOutput:
     """One micro-batch's share of the step's objective (docs/train.md §8).
 
     logits [R, V]: the response tokens' logits (position t−1 for token t),
     already divided by the temperature; target [R] the trained ids; the
-    other tensors per token as in loss.py. The trainer is on-policy (one
-    optimizer step per batch), so old = sg(lp): the ratio is 1 and only its
-    gradient matters.
+    other tensors per token as in loss.py. old [R]: PPO's old logprob of
+    each token (docs/train.md §13), computed by policy_logprobs with the
+    weights before the run's first optimizer step; None means the current
+    weights are those (the first step), so old = sg(lp) and the ratio is 1.
+    Under obj.old_logprobs "rollout", old is roll and this argument unused.
     """
     cfg = obj.base
     dt = logits.dtype
@@ -158,31 +216,20 @@ def micro_batch_loss(
     denom = denom.to(dt)
     adv = adv.to(dt)
     roll = roll.to(dt)
-    sc_metrics: dict[str, torch.Tensor] = {}
-    logp = None
-    if obj.score_centering:
-        if spans is None or spans[2] is None:
-            raise ValueError("score centering needs the recorded spans with probabilities "
-                             "(top_p_offsets, top_p_ids, top_p_probs)")
-        lp, score, sc_metrics = score_centering_term(logits, target, roll, *spans, cfg, obj.sc_path)
-    elif spans is not None and obj.sc_path == "top-p":
-        # top-p replay (spec §4.4, last item): lp on the logits masked to the
-        # recorded nucleus, the target always kept
-        offsets, ids, _ = spans
-        lens = (offsets[1:] - offsets[:-1]).long()
-        row = torch.repeat_interleave(torch.arange(logits.shape[0], device=logits.device), lens)
-        keep = torch.zeros_like(logits, dtype=torch.bool)
-        keep[row, ids.long()] = True
-        keep[torch.arange(logits.shape[0], device=logits.device), target.long()] = True
-        masked = logits.masked_fill(~keep, float("-inf"))
-        lp = torch.log_softmax(masked, dim=-1).gather(-1, target.long().unsqueeze(-1)).squeeze(-1)
+    lp, logp, score, sc_metrics = policy_logprobs(obj, logits, target, roll, spans)
+    if obj.old_logprobs == "rollout":
+        old = roll  # the behaviour policy is the old policy (decoupled PPO collapsed)
+    elif old is None:
+        old = lp.detach()  # the current weights are the old policy's (the run's first step)
     else:
-        logp = torch.log_softmax(logits, dim=-1)
-        lp = logp.gather(-1, target.long().unsqueeze(-1)).squeeze(-1)
-    old = lp.detach()
+        old = old.to(dt).detach()
     zeros = torch.zeros_like(lp)
     clipfrac = zeros
-    w, changed = rollout_correction(old, roll, cfg.correction, cfg.correction_low, cfg.correction_high)
+    # the correction weighs the old policy against the behaviour policy
+    # (decoupled PPO); REINFORCE and SC have no old policy, so the current
+    # one (spec §4.3)
+    proximal = old if obj.uses_old else lp.detach()
+    w, changed = rollout_correction(proximal, roll, cfg.correction, cfg.correction_low, cfg.correction_high)
     if obj.score_centering:
         pg = -adv * score  # the weight is inside the score
     elif obj.objective == "reinforce":
@@ -223,7 +270,9 @@ def micro_batch_loss(
             "pg_loss": float(pg_loss.detach()),
             "pg_clipfrac": r_(clipfrac),
             "ppo_kl": r_(old - lp.detach()),
-            "train_rollout_logprob_abs_diff": r_((old - roll).abs()),
+            # the old policy against the sampler; with rollout logprobs as the
+            # old policy that is 0, so the current one (spec §4.5)
+            "train_rollout_logprob_abs_diff": r_(((lp.detach() if obj.old_logprobs == "rollout" else old) - roll).abs()),
             "kl_loss": r_(kl.detach()) if kl is not None else 0.0,
         }
         # the entropy is a metric only when it is in the loss: on its own it

@@ -28,7 +28,7 @@ import torch
 from .batches import MicroBatch, Plan, PlanError, load_micro_batch, load_plan
 from .checkpoint import DEFAULT_SHARD_BYTES, write_checkpoint
 from .loss import LossConfig
-from .objectives import Objective, micro_batch_loss
+from .objectives import Objective, micro_batch_loss, policy_logprobs
 
 log = logging.getLogger("kiln_gpu.train")
 
@@ -57,7 +57,8 @@ def peak_flops(name: str) -> Optional[float]:
 def objective_from_plan(plan: Plan) -> Objective:
     L = plan.loss
     known = {"objective", "eps_clip", "eps_clip_high", "eps_clip_c", "correction", "correction_low",
-             "correction_high", "reduction", "kl_coef", "entropy_coef", "score_centering", "score_centering_path"}
+             "correction_high", "reduction", "kl_coef", "entropy_coef", "score_centering", "score_centering_path",
+             "old_logprobs"}
     extra = sorted(set(L) - known)
     if extra:
         raise PlanError(f"{plan.path}: loss has unknown fields {extra}")
@@ -82,6 +83,7 @@ def objective_from_plan(plan: Plan) -> Objective:
             entropy_coef=float(L.get("entropy_coef", 0.0)),
             score_centering=bool(L.get("score_centering", False)),
             sc_path=L.get("score_centering_path", "top-p"),
+            old_logprobs=L.get("old_logprobs", "recompute"),
         )
     except (TypeError, ValueError) as e:
         raise PlanError(f"{plan.path}: loss: {e}") from None
@@ -153,9 +155,12 @@ def response_logits(model, mb: MicroBatch, temperature: float, device, autocast,
 
 
 def micro_batch_step(model, ref_model, mb: MicroBatch, obj: Objective, divisor: float, temperature: float,
-                     device, autocast, scale: float = 1.0, direct: bool = True):
+                     device, autocast, scale: float = 1.0, direct: bool = True,
+                     old: Optional[torch.Tensor] = None):
     """Forward and backward of one micro-batch; returns its metrics. scale 0
-    is the FSDP filler pass (same collectives, no contribution)."""
+    is the FSDP filler pass (same collectives, no contribution). old: the
+    micro-batch's old logprobs from old_logprobs (None: the current
+    weights are the old policy's, docs/train.md §13)."""
     logits, target = response_logits(model, mb, temperature, device, autocast, direct)
     rl = mb.response_lengths.long()
     seg = torch.repeat_interleave(torch.arange(mb.n_segments), rl).to(device)
@@ -169,11 +174,42 @@ def micro_batch_step(model, ref_model, mb: MicroBatch, obj: Objective, divisor: 
     out = micro_batch_loss(
         obj, logits, target, mb.rollout_logprobs.to(device), mb.advantages.to(device),
         mb.loss_mask.to(device), denom, divisor, seg, mb.n_segments, ref_lp=ref_lp, spans=spans,
+        old=None if old is None else old.to(device),
     )
     (out.loss * scale if scale != 1.0 else out.loss).backward()
     if scale != 1.0:
         return {}
     return {**out.metrics, "train_rollout_logprob_max_abs_diff": max_abs_logprob_diff(logits, target, mb, device)}
+
+
+def old_logprobs(model, plan: Plan, obj: Objective, dist: "Dist", device, autocast, fsdp: bool) -> dict:
+    """PPO's old policy, fixed before the run's first optimizer step
+    (docs/train.md §13): one no-grad forward pass over each of this rank's
+    micro-batches of steps 2…n with the weights as loaded, the objective's
+    logprob of every response token kept on the CPU ([R] floats a
+    micro-batch, never logits). Step 1 needs none: its weights are these,
+    so its old logprobs are sg(lp) exactly. Returns {(step, j): tensor} for
+    the rank's j-th micro-batch; empty under old_logprobs "rollout" (old
+    is the rollout logprobs) and for a one-step plan. Under FSDP every rank
+    runs the same number of passes, as in training."""
+    out: dict[tuple[int, int], torch.Tensor] = {}
+    if obj.old_logprobs != "recompute":
+        return out
+    with torch.no_grad():
+        for si, step in enumerate(plan.steps):
+            if si == 0:
+                continue
+            mine = step.micro_batches[dist.rank::dist.world]
+            n_rounds = math.ceil(len(step.micro_batches) / dist.world) if fsdp else len(mine)
+            for j in range(n_rounds):
+                mb = load_micro_batch(mine[j] if j < len(mine) else step.micro_batches[0])
+                logits, target = response_logits(model, mb, plan.temperature, device, autocast, direct=not fsdp)
+                if j >= len(mine):
+                    continue  # FSDP filler: the collectives only
+                spans = None if mb.spans is None else tuple(None if x is None else x.to(device) for x in mb.spans)
+                lp = policy_logprobs(obj, logits, target, mb.rollout_logprobs.to(device).to(logits.dtype), spans)[0]
+                out[(si, j)] = lp.detach().cpu()
+    return out
 
 
 # Metrics a step reduces by their maximum over micro-batches and ranks; the
@@ -267,6 +303,7 @@ def run(plan: Plan, dist: Dist) -> dict:
     if dist.rank == 0:
         emit({"event": "start", "plan": str(plan.path), "model": str(src), "steps": len(plan.steps),
                   "world_size": dist.world, "device": str(device), "params": n_params, "resumed_at": done_steps})
+    olds = old_logprobs(model, plan, obj, dist, device, autocast, fsdp)
     lines = []
     for si, step in enumerate(plan.steps):
         t0 = time.perf_counter()
@@ -280,7 +317,7 @@ def run(plan: Plan, dist: Dist) -> dict:
             if j < len(mine):
                 mb = load_micro_batch(mine[j])
                 m = micro_batch_step(model, ref_model, mb, obj, step.divisor, plan.temperature, device, autocast,
-                                     direct=not fsdp)
+                                     direct=not fsdp, old=olds.pop((si, j), None))
                 tokens += mb.tokens.numel()
             else:  # FSDP: every rank runs the same number of forward/backward passes
                 mb = load_micro_batch(step.micro_batches[0])

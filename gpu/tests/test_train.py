@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from kiln_gpu import train
-from kiln_gpu.batches import load_micro_batch
+from kiln_gpu.batches import load_micro_batch, load_plan
 from kiln_gpu.loss import LossConfig
 from kiln_gpu.objectives import Objective, micro_batch_loss, score_centering_term
 from planio import segment, write_plan
@@ -305,9 +305,15 @@ def _two_steps(tmp_path):
     return [[s0[:2], s0[2:]], [s1]]
 
 
-def test_resume_parity(tiny_checkpoint, tmp_path):
+@pytest.mark.parametrize("loss", [{"objective": "ppo", "old_logprobs": "rollout"},
+                                  {"objective": "reinforce", "correction": "tis"}])
+def test_resume_parity(tiny_checkpoint, tmp_path, loss):
+    """Bit for bit when the loss does not depend on the run's starting
+    weights: rollout logprobs as PPO's old policy, or REINFORCE (no ratio).
+    With recomputed old logprobs a resumed run is a new run with a new old
+    policy (docs/train.md §13)."""
     steps = _two_steps(tmp_path)
-    kw = dict(loss={"correction": "tis"}, optimizer={"lr": 1e-2, "weight_decay": 0.01})
+    kw = dict(loss=loss, optimizer={"lr": 1e-2, "weight_decay": 0.01})
     assert _run(write_plan(tmp_path / "full", tiny_checkpoint, steps, tmp_path / "o-full", **kw)) == 0
     assert _run(write_plan(tmp_path / "p0", tiny_checkpoint, steps[:1], tmp_path / "o-0", **kw)) == 0
     assert _run(write_plan(tmp_path / "p1", tiny_checkpoint, steps[1:], tmp_path / "o-1", resume_from=tmp_path / "o-0",
@@ -324,19 +330,34 @@ def test_resume_parity(tiny_checkpoint, tmp_path):
     assert any(not torch.equal(a[k], c[k]) for k in a)
 
 
-def test_torchrun_two_processes_equal_one(tiny_checkpoint, tmp_path):
-    steps = _two_steps(tmp_path)[:1]
+def test_torchrun_two_processes_equal_one(tiny_checkpoint, tmp_path, capsys):
+    """Two CPU ranks train the plan one process trains: the same summed
+    gradient (its norm, before clipping, is reported per step and depends
+    on the gradient's scale, which Adam's update does not: averaging
+    instead of summing halves it), the same metrics, the same parameters.
+    Two steps, so step 2 trains against old logprobs each rank recomputed
+    for its own micro-batches."""
+    steps = _two_steps(tmp_path)
     # float64: Adam's first update is about lr·g/|g|, so a gradient near eps
     # summed in another order moves its weight by up to lr in float32
-    one = write_plan(tmp_path / "one", tiny_checkpoint, steps, tmp_path / "o-one", dtype="float64")
-    two = write_plan(tmp_path / "two", tiny_checkpoint, steps, tmp_path / "o-two", dtype="float64")
+    one = write_plan(tmp_path / "one", tiny_checkpoint, steps, tmp_path / "o-one", dtype="float64",
+                     optimizer={"lr": 1e-2})
+    two = write_plan(tmp_path / "two", tiny_checkpoint, steps, tmp_path / "o-two", dtype="float64",
+                     optimizer={"lr": 1e-2})
     assert _run(one) == 0
+    ev1 = [json.loads(x) for x in capsys.readouterr().out.splitlines()][1:3]
     torchrun = Path(sys.executable).parent / "torchrun"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), OMP_NUM_THREADS="1")
     r = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", "29517", "-m", "kiln_gpu.train",
                         "--plan", str(two)], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert json.loads(r.stdout.splitlines()[1])["event"] == "step"
+    ev2 = [json.loads(x) for x in r.stdout.splitlines()][1:3]
+    assert [e["event"] for e in ev2] == ["step", "step"]
+    for a, b in zip(ev1, ev2):
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-9), (a["grad_norm"], b["grad_norm"])
+        for k in ("loss", "ppo_kl", "pg_clipfrac", "train_rollout_logprob_max_abs_diff"):
+            assert b[k] == pytest.approx(a[k], rel=1e-9, abs=1e-12), (k, a[k], b[k])
+    assert ev1[1]["ppo_kl"] != 0.0  # step 2 has a ratio to train against
     a, b = _params(tmp_path / "o-one"), _params(tmp_path / "o-two")
     base = _params(tiny_checkpoint) if list(Path(tiny_checkpoint).glob("model-*")) else load_file(
         str(Path(tiny_checkpoint) / "model.safetensors"))
@@ -373,3 +394,91 @@ def test_failure_mid_step_exits_1_and_leaves_no_out(tiny_checkpoint, tmp_path):
     p = write_plan(tmp_path / "b", tiny_checkpoint, [[[s]]], tmp_path / "out")
     assert _run(p) == 1
     assert not (tmp_path / "out").exists()
+
+
+# -- PPO's old policy over several optimizer steps (docs/train.md §13)
+
+
+def _hf_logprobs(model, segs, temperature):
+    """Each segment alone through the plain HF forward, full vocabulary: an
+    independent path from the trainer's packed, right-padded one."""
+    out = []
+    with torch.no_grad():
+        for s in segs:
+            ids = torch.tensor([s["prompt"] + s["response"]])
+            n, r = ids.shape[1], len(s["response"])
+            logits = model(input_ids=ids).logits[0, n - r - 1:n - 1].double() / temperature
+            out.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor([s["response"]]).T).squeeze(-1))
+    return out
+
+
+def _step_reference(objective, segs, old, new, eps_lo, eps_hi, correction=None):
+    """One step's loss, ppo_kl and pg_clipfrac written from docs/train.md
+    §3.1, §3.2, §4, §8.1 (rollout reduction) on given old and new logprobs."""
+    D: dict[int, float] = {}
+    for s in segs:
+        D[s["rollout"]] = D.get(s["rollout"], 0.0) + sum(s["mask"])
+    G = len(D)
+    loss = kl = clip = 0.0
+    for s, o, n in zip(segs, old, new):
+        m = torch.tensor(s["mask"], dtype=torch.float64)
+        A = torch.tensor(s["adv"], dtype=torch.float64)
+        roll = torch.tensor(s["roll"], dtype=torch.float64)
+        lr = n - o
+        if objective == "gspo":  # the segment's mean log ratio on each token
+            lr = torch.full_like(n, float((m * lr).sum() / m.sum()))
+        r = torch.exp(lr)
+        rc = r.clamp(1 - eps_lo, 1 + eps_hi)
+        if objective == "cispo":
+            ell, c = -rc * A * n, (rc != r).double()
+        else:
+            ell, c = torch.maximum(-r * A, -rc * A), (-rc * A > -r * A).double()
+        w = torch.exp(o - roll).clamp(0.0, 2.0) if correction == "tis" else torch.ones_like(n)
+        k = m / D[s["rollout"]] / G
+        loss += float((ell * w * k).sum())
+        kl += float(((o - n) * k).sum())
+        clip += float((c * k).sum())
+    return loss, kl, clip
+
+
+@pytest.mark.parametrize("objective, old_mode, correction", [
+    ("ppo", "recompute", None), ("gspo", "recompute", "tis"), ("cispo", "recompute", None), ("ppo", "rollout", None),
+])
+def test_two_steps_on_one_batch_clip_against_reference(tiny_checkpoint, tmp_path, objective, old_mode, correction):
+    """Two optimizer steps on the same rollouts at a large learning rate:
+    step 2's ratio is the model after step 1 against the old policy
+    (the weights before step 1, or the rollout logprobs), so it clips, and
+    the trainer's loss, ppo_kl and pg_clipfrac equal the formulas
+    evaluated on logprobs computed here with the HF model: the base's (old)
+    and those of the model after step 1 (a one-step run of the same plan)."""
+    from transformers import AutoModelForCausalLM
+
+    g = torch.Generator().manual_seed(21)
+    segs = [segment(g, VOCAB, 4, 6, 0, 1.0), segment(g, VOCAB, 3, 5, 1, -1.0), segment(g, VOCAB, 5, 4, 1, -1.0),
+            segment(g, VOCAB, 3, 6, 2, 0.5, mask=[1, 1, 0, 1, 1, 1])]
+    T, lo, hi = 0.8, 0.1, 0.15  # not the default ε: a trainer that ignores the plan's ε fails
+    for s in segs:  # rollout logprobs near the model's (the tiny model's are about −12)
+        s["roll"] = [-12.0 + 0.05 * i for i in range(len(s["response"]))]
+    step = [segs[:2], segs[2:]]
+    kw = dict(loss={"objective": objective, "eps_clip": lo, "eps_clip_high": hi, "correction": correction,
+                    "old_logprobs": old_mode},
+              optimizer={"lr": 3e-2, "grad_clip": 0.0}, temperature=T, dtype="float64")
+    two = train.run(load_plan(write_plan(tmp_path / "two", tiny_checkpoint, [step, step], tmp_path / "o2", **kw)),
+                    train.Dist())
+    one = train.run(load_plan(write_plan(tmp_path / "one", tiny_checkpoint, [step], tmp_path / "o1", **kw)),
+                    train.Dist())
+    ev = [json.loads(x) for x in two["lines"]]
+    assert json.loads(one["lines"][0])["loss"] == ev[0]["loss"]
+    base = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float64)
+    start = _hf_logprobs(base, segs, T)
+    after1 = _hf_logprobs(one["model"], segs, T)
+    old = [torch.tensor(s["roll"], dtype=torch.float64) for s in segs] if old_mode == "rollout" else start
+    for i, new in enumerate((start, after1)):
+        loss, kl, clip = _step_reference(objective, segs, old, new, lo, hi, correction)
+        got = ev[i]
+        assert got["loss"] == pytest.approx(loss, abs=1e-6), (i, got["loss"], loss)
+        assert got["ppo_kl"] == pytest.approx(kl, abs=1e-6), (i, got["ppo_kl"], kl)
+        assert got["pg_clipfrac"] == pytest.approx(clip, abs=1e-9), (i, got["pg_clipfrac"], clip)
+    if old_mode == "recompute":  # step 1: the old policy is the current one, exactly
+        assert ev[0]["ppo_kl"] == 0.0 and ev[0]["pg_clipfrac"] == 0.0
+    assert ev[1]["pg_clipfrac"] > 0.05 and abs(ev[1]["ppo_kl"]) > 1e-3, ev[1]

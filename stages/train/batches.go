@@ -30,6 +30,11 @@ type LossConfig struct {
 	// heads (docs/train-stage.md §5); left out, the trainer reads them as
 	// top-p nuclei.
 	ScoreCenteringPath string `json:"score_centering_path,omitempty"`
+	// OldLogprobs is PPO's old policy (docs/train.md §13): "recompute"
+	// (the trainer's logprobs with the weights before the run's first
+	// optimizer step) or "rollout" (the sampler's). It changes the result,
+	// so it is part of the version id with the rest of the loss.
+	OldLogprobs string `json:"old_logprobs"`
 }
 
 // OptimizerConfig is plan.json's "optimizer": AdamW with gradient clipping.

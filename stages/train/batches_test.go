@@ -41,7 +41,7 @@ func fixturePlan(t *testing.T, dir string) (*Plan, []Segment, *Layout) {
 	require.NoError(t, err)
 	high := 0.28
 	p := &Plan{Format: PlanFormat, Model: "/models/base", Out: filepath.Join(dir, "out"), Seed: 7, Temperature: 0.6, GlobalBatchSize: 2,
-		Loss:      LossConfig{Objective: "ppo", EpsClip: 0.2, EpsClipHigh: &high, CorrectionLow: 0, CorrectionHigh: 2, Reduction: "rollout"},
+		Loss:      LossConfig{Objective: "ppo", EpsClip: 0.2, EpsClipHigh: &high, CorrectionLow: 0, CorrectionHigh: 2, Reduction: "rollout", OldLogprobs: "recompute"},
 		Optimizer: OptimizerConfig{LR: 1e-6, Betas: [2]float64{0.9, 0.999}, Eps: 1e-8, GradClip: 1}}
 	p.FillSteps(segs, l, ReduceRollout)
 	return p, segs, l

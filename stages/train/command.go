@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,7 +27,9 @@ import (
 // codeVersion is the train stage's code version (dataset.Identity): bump
 // it whenever the batches or the checkpoint for the same inputs and
 // arguments change.
-const codeVersion = "1"
+// 2: PPO's old policy is fixed before the first optimizer step
+// (--old-logprobs), so steps 2… of a run have a ratio to clip.
+const codeVersion = "2"
 
 // Flags is what kiln-train's flags set.
 type Flags struct {
@@ -35,6 +39,7 @@ type Flags struct {
 	Packing                                          string
 	SCPath                                           string
 	Objective, Correction, Reduction                 string
+	OldLogprobs                                      string
 	EpsClip, EpsClipHigh, EpsClipC                   float64
 	CorrectionLow, CorrectionHigh                    float64
 	KLCoef, EntropyCoef, LR, WeightDecay, GradClip   float64
@@ -66,6 +71,7 @@ func (f *Flags) Flags() []cli.Flag {
 		&cli.Float64Flag{Name: "eps-clip", Value: 0.2, Destination: &f.EpsClip, Usage: "PPO clip: lower epsilon"},
 		&cli.Float64Flag{Name: "eps-clip-high", Destination: &f.EpsClipHigh, Usage: "PPO clip: upper epsilon (default --eps-clip)"},
 		&cli.Float64Flag{Name: "eps-clip-c", Destination: &f.EpsClipC, Usage: "dual-clip constant (> 1; off by default)"},
+		&cli.StringFlag{Name: "old-logprobs", Value: "recompute", Destination: &f.OldLogprobs, Usage: "PPO's old policy, fixed before the first optimizer step: recompute (the trainer's logprobs with the starting weights, one forward pass; as slime and verl) or rollout (the sampler's logprobs)"},
 		&cli.StringFlag{Name: "correction", Value: "none", Destination: &f.Correction, Usage: "rollout-logprob correction: none, tis or mis"},
 		&cli.Float64Flag{Name: "correction-low", Value: 0, Destination: &f.CorrectionLow, Usage: "tis/mis lower bound"},
 		&cli.Float64Flag{Name: "correction-high", Value: 2, Destination: &f.CorrectionHigh, Usage: "tis/mis upper bound"},
@@ -112,6 +118,13 @@ metrics.jsonl, optimizer.pt, trainer_state.json), every file becomes an
 attachment of the new checkpoints version, listed in its rows (name, size,
 sha256), with the per-step metrics in the manifest. A trainer that fails or is
 killed commits nothing; rerunning the same command starts it again.
+
+PPO's old policy (the ratio's denominator, for ppo, gspo and cispo) is fixed
+before the first optimizer step: with --old-logprobs recompute (the default)
+the trainer computes it with the starting weights in one forward pass over the
+batches, so step 1's ratio is 1 and later steps clip against it; with rollout
+it is the sampler's logprobs. --correction weighs that old policy against the
+sampler's (decoupled PPO).
 
 --model and --resume-from take a directory or a checkpoints version, which is
 downloaded (and checked) into --cache-dir. With --resume-from the trainer
@@ -196,6 +209,17 @@ func (f *Flags) options(c *cli.Context) (Options, error) {
 	default:
 		return Options{}, stagecmd.Usagef("--correction %q: want none, tis or mis", f.Correction)
 	}
+	switch f.OldLogprobs {
+	case "recompute":
+	case "rollout":
+		if corr != nil && f.Objective != "reinforce" {
+			// old = rollout makes the correction's ratio exp(old − roll) 1
+			return Options{}, stagecmd.Usagef("--correction %s with --old-logprobs rollout does nothing for --objective %s: the rollout logprobs are already the old policy; use --old-logprobs recompute or --correction none",
+				*corr, f.Objective)
+		}
+	default:
+		return Options{}, stagecmd.Usagef("--old-logprobs %q: want recompute or rollout", f.OldLogprobs)
+	}
 	scPath := ""
 	switch f.SCPath {
 	case "top-p":
@@ -250,7 +274,8 @@ func (f *Flags) options(c *cli.Context) (Options, error) {
 		Batching: Batching{GlobalBatchSize: f.GlobalBatchSize, MaxTokens: f.MaxTokens, Packing: packing, Reduction: red},
 		Loss: LossConfig{Objective: f.Objective, EpsClip: f.EpsClip, EpsClipHigh: opt("eps-clip-high", f.EpsClipHigh), EpsClipC: opt("eps-clip-c", f.EpsClipC),
 			Correction: corr, CorrectionLow: f.CorrectionLow, CorrectionHigh: f.CorrectionHigh, Reduction: string(red),
-			KLCoef: f.KLCoef, EntropyCoef: f.EntropyCoef, ScoreCentering: f.ScoreCentering, ScoreCenteringPath: scPath},
+			KLCoef: f.KLCoef, EntropyCoef: f.EntropyCoef, ScoreCentering: f.ScoreCentering, ScoreCenteringPath: scPath,
+			OldLogprobs: f.OldLogprobs},
 		Optimizer: OptimizerConfig{LR: f.LR, WeightDecay: f.WeightDecay, Betas: [2]float64{0.9, 0.999}, Eps: 1e-8, GradClip: f.GradClip},
 		Seed:      f.Seed, Temp: f.Temperature, Launcher: l, NProc: f.NProc,
 		Python: python, GPUDir: gpu, CacheDir: cache, WorkDir: f.WorkDir, KeepWork: f.KeepWork, DryRun: f.DryRun,
@@ -259,6 +284,9 @@ func (f *Flags) options(c *cli.Context) (Options, error) {
 
 // Run trains per o and commits the checkpoints version out names.
 func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Output, o Options) (dataset.Result, error) {
+	if o.Loss.OldLogprobs == "" {
+		o.Loss.OldLogprobs = "recompute" // the zero Options trains as kiln-train's default
+	}
 	inputs, err := stagecmd.ResolveInputs(ctx, st, []string{o.Trajectories, o.Advantages}, out.Part)
 	if err != nil {
 		return dataset.Result{}, err
@@ -420,8 +448,75 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 		if resume != nil {
 			m["resume_from"] = modelName(resume)
 		}
+		m["generated_with_weights"] = generatedWith(tv.Metrics)
 		return m, nil
 	})
+}
+
+// GeneratedWeights is one weights version trajectories were generated
+// with, as kiln-train's manifest names it (generated_with_weights,
+// docs/train-stage.md §6.2).
+type GeneratedWeights struct {
+	// Weights is the weights reference (kiln-rollout run --weights).
+	Weights string `json:"weights"`
+	// Number is its weights number N, the version engines report;
+	// -1 when the trajectories' manifest did not say.
+	Number int64 `json:"weights_number"`
+}
+
+// generatedWith reads the weights the trajectories were generated with
+// from their manifest's metrics (kiln-rollout run records "weights" and
+// "weights_number", docs/rollout.md §2.5), not from their rows: the
+// distinct weights references, in order, with their numbers. Empty when
+// the trajectories name none (a run without --weights, or an import). A
+// value is a reference or a list of them, and its number a number, its
+// decimal string, or a list of them alongside.
+func generatedWith(metrics map[string]any) []GeneratedWeights {
+	out := []GeneratedWeights{}
+	refs, nums := listOf(metrics["weights"]), listOf(metrics["weights_number"])
+	for i, r := range refs {
+		ref, ok := r.(string)
+		if !ok || ref == "" {
+			continue
+		}
+		n := int64(-1)
+		if i < len(nums) {
+			if v, ok := weightsNumber(nums[i]); ok {
+				n = v
+			}
+		}
+		if !slices.ContainsFunc(out, func(g GeneratedWeights) bool { return g.Weights == ref }) {
+			out = append(out, GeneratedWeights{Weights: ref, Number: n})
+		}
+	}
+	return out
+}
+
+// listOf is v as a list: itself when a list, else a list of it (none for
+// nil).
+func listOf(v any) []any {
+	switch x := v.(type) {
+	case nil:
+		return nil
+	case []any:
+		return x
+	}
+	return []any{v}
+}
+
+// weightsNumber reads a weights number: a whole JSON number ≥ 0, or its
+// decimal string.
+func weightsNumber(v any) (int64, bool) {
+	switch x := v.(type) {
+	case float64:
+		if x >= 0 && x == math.Trunc(x) && x < 1<<53 {
+			return int64(x), true
+		}
+	case string:
+		n, err := strconv.ParseInt(x, 10, 64)
+		return n, err == nil && n >= 0
+	}
+	return 0, false
 }
 
 func modelName(m *Model) string {

@@ -256,6 +256,8 @@ func TestBadInputs(t *testing.T) {
 		{"bad launcher", []string{"--launcher", "mpirun"}, stagecmd.ExitUsage, "--launcher"},
 		{"bad dual clip", []string{"--eps-clip-c", "0.5"}, stagecmd.ExitUsage, "must be > 1"},
 		{"resume without optimizer", []string{"--resume-from", w.model}, stagecmd.ExitBadInput, "has no optimizer.pt"},
+		{"bad old logprobs", []string{"--old-logprobs", "cached"}, stagecmd.ExitUsage, "--old-logprobs \"cached\": want recompute or rollout"},
+		{"correction with rollout old logprobs", []string{"--old-logprobs", "rollout", "--correction", "tis"}, stagecmd.ExitUsage, "the rollout logprobs are already the old policy"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -295,6 +297,26 @@ func TestDryRun(t *testing.T) {
 	assert.ErrorIs(t, err, dataset.ErrNotFound)
 	ents, _ := os.ReadDir(w.work)
 	assert.Empty(t, ents)
+}
+
+// --old-logprobs reaches plan.json's loss and, since it changes what is
+// trained, the version id (docs/train-stage.md §7).
+func TestOldLogprobsInPlanAndIdentity(t *testing.T) {
+	w := newWorld(t)
+	version := map[string]string{}
+	for _, mode := range []string{"recompute", "rollout"} {
+		out, errs, code := w.run(t, "--trajectories", w.trajectories.String(), "--advantages", w.advantages.String(), "--model", w.model,
+			"--out", "ckpt", "--dry-run", "--old-logprobs", mode)
+		require.Equal(t, 0, code, errs)
+		assert.Contains(t, out, `"old_logprobs": "`+mode+`"`)
+		version[mode] = lastLine(out)
+	}
+	assert.NotEqual(t, version["recompute"], version["rollout"])
+	// the default is recompute: the same version as passing it
+	out, errs, code := w.run(t, "--trajectories", w.trajectories.String(), "--advantages", w.advantages.String(), "--model", w.model,
+		"--out", "ckpt", "--dry-run")
+	require.Equal(t, 0, code, errs)
+	assert.Equal(t, version["recompute"], lastLine(out))
 }
 
 var _ = cli.App{}

@@ -1,8 +1,11 @@
 package train
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"io"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -52,8 +55,29 @@ func TestRealTrainerTiny(t *testing.T) {
 	sm := v.Metrics["step_metrics"].(map[string]any)
 	require.Len(t, sm["loss"], 2)
 	require.Len(t, sm["grad_norm"], 2)
-	// On-policy first step: the trainer's logprobs are the old ones.
-	assert.InDelta(t, 0, sm["ppo_kl"].([]any)[0], 1e-6)
+	// --old-logprobs recompute (the default): step 1 trains with the
+	// weights that define the old policy, so its ratio is 1 exactly; step 2
+	// trains other rollouts with the weights step 1 moved, against old
+	// logprobs from before step 1, so its ratio is not 1 (with old = sg(lp)
+	// at every step it would be).
+	kl := sm["ppo_kl"].([]any)
+	assert.Zero(t, kl[0])
+	assert.Zero(t, sm["pg_clipfrac"].([]any)[0])
+	assert.NotZero(t, kl[1], "step 2's ppo_kl: the old policy must be the weights before step 1")
+
+	// --old-logprobs rollout: the old policy is the sampler's. The
+	// fixture's rollout logprobs (-0.5) are far above the tiny model's
+	// (about -12), so old - lp = roll - lp > 0 on every trained token and
+	// step 1's ppo_kl, the reduction of roll - lp, equals the reduction of
+	// |lp - roll|, train_rollout_logprob_abs_diff (docs/train.md §3.3).
+	stdout, stderr, code = w.run(t, args("--model", tiny, "--out", "tiny-ckpt-rollout-old", "--old-logprobs", "rollout")...)
+	require.Equal(t, 0, code, "stderr:\n%s", stderr)
+	vr, err := dataset.OpenString(ctx, w.st, lastLine(stdout))
+	require.NoError(t, err)
+	smr := vr.Metrics["step_metrics"].(map[string]any)
+	klr, diff := smr["ppo_kl"].([]any)[0].(float64), smr["train_rollout_logprob_abs_diff"].([]any)[0].(float64)
+	assert.Greater(t, diff, 5.0)
+	assert.InEpsilon(t, diff, klr, 1e-9, "step 1 ppo_kl under --old-logprobs rollout")
 
 	stdout, stderr, code = w.run(t, args("--model", ref, "--resume-from", ref, "--out", "tiny-ckpt-2")...)
 	require.Equal(t, 0, code, "stderr:\n%s", stderr)
@@ -104,7 +128,111 @@ func TestRealTrainerTopP(t *testing.T) {
 	require.Equal(t, 0, code, "stderr:\n%s", stderr)
 	v, err := dataset.OpenString(context.Background(), w.st, lastLine(stdout))
 	require.NoError(t, err)
-	assert.Len(t, v.Metrics["step_metrics"].(map[string]any)["loss"], 2)
+	sm := v.Metrics["step_metrics"].(map[string]any)
+	assert.Len(t, sm["loss"], 2)
+	// every recorded nucleus has mass 0.9 + 0.1
+	for i, m := range sm["sc_sampler_head_mass"].([]any) {
+		assert.InDelta(t, 1, m, 1e-6, "step %d sc_sampler_head_mass", i)
+	}
+	checkSCMetrics(t, ge, tiny, segs, "top-p", sm)
+}
+
+// scReference computes step 1's score-centering metrics (docs/train.md
+// §8.3, no correction, temperature 1, rollout reduction, G = 2) with the
+// base model, per segment, from the formulas: independent of the
+// trainer's packed path and of objectives.py. The input is the step's
+// segments as JSON on stdin.
+const scReference = `
+import json, sys, torch
+from transformers import AutoModelForCausalLM
+d = json.load(sys.stdin)
+m = AutoModelForCausalLM.from_pretrained(d["model"], dtype=torch.float64)
+D = {}
+for s in d["segments"]:
+    D[s["rollout"]] = D.get(s["rollout"], 0) + sum(s["mask"])
+out = {"sc_correction": 0.0, "sc_sampler_head_mass": 0.0, "sc_train_head_mass": 0.0}
+with torch.no_grad():
+    for s in d["segments"]:
+        toks, n = s["tokens"], s["response_length"]
+        lp_full = torch.log_softmax(m(input_ids=torch.tensor([toks])).logits[0, len(toks) - n - 1:-1], -1)
+        for i in range(n):
+            if not s["mask"][i]:
+                continue
+            ids = torch.tensor(s["ids"][i])
+            q = torch.tensor(s["probs"][i], dtype=torch.float64)
+            lp = lp_full[i, ids]
+            if d["path"] == "top-p":
+                lps = torch.log_softmax(lp, 0)
+                c = float(((q / q.sum() - lps.exp()) * lps).sum())
+            else:
+                P, Q = float(lp.exp().sum()), float(q.sum())
+                rho = max(1 - Q, 1e-6) / max(1 - P, 1e-6)
+                c = float(((q - rho * lp.exp()) * lp).sum())
+            k = 1.0 / D[s["rollout"]] / len(D)
+            out["sc_correction"] += c * k
+            out["sc_sampler_head_mass"] += float(q.sum()) * k
+            out["sc_train_head_mass"] += float(lp.exp().sum()) * k
+print(json.dumps(out))
+`
+
+// checkSCMetrics holds step 1's score-centering metrics of a real-trainer
+// run on segs (the fixture's first two rollouts train step 1) to
+// scReference, and checks each is a value a bug would move: the tiny
+// model's head mass is far below the sampler's.
+func checkSCMetrics(t *testing.T, ge gputest.Env, tiny string, segs []Segment, path string, sm map[string]any) {
+	t.Helper()
+	type row struct {
+		Rollout        int64       `json:"rollout"`
+		Tokens         []int32     `json:"tokens"`
+		ResponseLength int32       `json:"response_length"`
+		Mask           []int       `json:"mask"` // not []uint8, which JSON writes as base64
+		IDs            [][]int32   `json:"ids"`
+		Probs          [][]float64 `json:"probs"`
+	}
+	in := struct {
+		Model    string `json:"model"`
+		Path     string `json:"path"`
+		Segments []row  `json:"segments"`
+	}{Model: tiny, Path: path}
+	step1 := map[int64]bool{}
+	for _, s := range segs {
+		if len(step1) < 2 || step1[s.RolloutID] {
+			step1[s.RolloutID] = true
+		} else {
+			continue
+		}
+		r := row{Rollout: s.RolloutID, Tokens: s.Tokens, ResponseLength: s.ResponseLength}
+		for _, m := range s.LossMask {
+			r.Mask = append(r.Mask, int(m))
+		}
+		for i := 0; i < int(s.ResponseLength); i++ {
+			var ids []int32
+			var ps []float64
+			for j := s.TopPOffsets[i]; j < s.TopPOffsets[i+1]; j++ {
+				ids = append(ids, s.TopPIDs[j])
+				ps = append(ps, float64(float32(math.Exp(float64(s.TopPLogProbs[j])))))
+			}
+			r.IDs, r.Probs = append(r.IDs, ids), append(r.Probs, ps)
+		}
+		in.Segments = append(in.Segments, r)
+	}
+	b, err := json.Marshal(in)
+	require.NoError(t, err)
+	cmd := ge.Command(context.Background(), "-c", scReference)
+	cmd.Stdin = bytes.NewReader(b)
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	out, err := cmd.Output()
+	require.NoError(t, err, "the SC reference: %s", errb.String())
+	var want map[string]float64
+	require.NoError(t, json.Unmarshal(out, &want))
+	for k, v := range want {
+		got, ok := sm[k].([]any)[0].(float64)
+		require.True(t, ok, "step metric %s: %v", k, sm[k])
+		assert.InDelta(t, v, got, 1e-5, "step 1 %s (%s)", k, path)
+	}
+	assert.Less(t, want["sc_train_head_mass"], 1e-2*want["sc_sampler_head_mass"])
+	assert.NotZero(t, want["sc_correction"])
 }
 
 // Top-k heads through the stage into the real trainer: with
@@ -162,7 +290,24 @@ func TestRealTrainerTopK(t *testing.T) {
 	require.Equal(t, 0, code, "stderr:\n%s", stderr)
 	v, err := dataset.OpenString(ctx, w.st, lastLine(stdout))
 	require.NoError(t, err)
-	assert.Len(t, v.Metrics["step_metrics"].(map[string]any)["loss"], 2)
+	sm := v.Metrics["step_metrics"].(map[string]any)
+	assert.Len(t, sm["loss"], 2)
+	// every head holds e^-2.5 + e^-3.5 of the sampler's mass
+	q := float64(float32(math.Exp(-2.5))) + float64(float32(math.Exp(-3.5)))
+	for i, m := range sm["sc_sampler_head_mass"].([]any) {
+		assert.InDelta(t, q, m, 1e-6, "step %d sc_sampler_head_mass", i)
+	}
+	heads := make([]Segment, len(segs))
+	for i, s := range segs {
+		heads[i] = s
+		heads[i].TopPOffsets, heads[i].TopPIDs, heads[i].TopPLogProbs = []int32{0}, nil, nil
+		for _, tok := range s.Tokens[len(s.Tokens)-int(s.ResponseLength):] {
+			heads[i].TopPIDs = append(heads[i].TopPIDs, tok, tok+1)
+			heads[i].TopPLogProbs = append(heads[i].TopPLogProbs, -2.5, -3.5)
+			heads[i].TopPOffsets = append(heads[i].TopPOffsets, int32(len(heads[i].TopPIDs)))
+		}
+	}
+	checkSCMetrics(t, ge, tiny, heads, "top-k", sm)
 
 	_, _, code = w.run(t, "--python", ge.Python, "--gpu-dir", ge.Dir, "--trajectories", traj.String(), "--advantages", adv.String(),
 		"--model", tiny, "--out", "tiny-topk", "--score-centering-path", "top-q")
