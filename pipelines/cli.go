@@ -2,8 +2,10 @@ package pipelines
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"sync"
@@ -12,6 +14,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/formats/store"
 	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
@@ -63,12 +66,15 @@ const specHelp = `The spec language is pipelines/README.md: variables (NAME = va
 NAME ?= default; VAR=value arguments win, then the environment for ?=),
 targets "name: [attrs] prerequisites" with tab-indented recipe lines, step
 targets ("rollout/$(step): train/$(step-1)") expanded for step 1..$(STEPS),
-$(ref TARGET) for a prerequisite's committed ref. kiln verify FILE.kiln
+$(ref TARGET) for a prerequisite's committed ref, $(ref TARGET NAME) for
+its output NAME (kiln-rollout run writes OUT/rollouts, OUT/turns and
+OUT/trajectories: $(ref rollout/3 rollouts)). kiln verify FILE.kiln
 TARGET reruns a done target into a scratch dataset and compares content
 hashes (kiln verify REF is the dataset check).`
 
 // Commands are kiln's pipeline commands: run, plan, why.
 func Commands(env *stagecmd.Env) []*cli.Command {
+	var whyLog bool
 	var ro struct {
 		jobs      int
 		keepGoing bool
@@ -87,10 +93,14 @@ script in the spec's directory with KILN_STORE, KILN_TARGET, KILN_STEP,
 KILN_SHARD/KILN_SHARDS and KILN_TMPDIR (a fresh directory) set. Output lines
 go to stderr prefixed "[target] " and are kept in the store under
 _pipelines/NAME/logs/. A target whose recipe fails is retried (retries=N);
-otherwise the run stops starting targets and exits 1 (--keep-going runs
-the independent ones). A run holds the pipeline's lock in the store; a
-second run fails with a message naming the holder. After a crash or
-Ctrl-C, run again: done targets are recorded and are not rerun.
+otherwise its failure (reason and output) is recorded for kiln why and
+kiln status, the run stops starting targets and exits 1, whatever status
+the stage exited with (--keep-going runs the independent ones). A service
+starts once its own prerequisites are done, before its first user. A run
+holds the pipeline's lock in the store; a second run fails with a message
+naming the holder. A run that loses its lock (stopped past --lock-stale
+while another took it over) kills its targets and exits 1. After a crash
+or Ctrl-C, run again: done targets are recorded and are not rerun.
 
 --only TARGET runs that one target, without the lock, once its
 prerequisites are done: what each job of kiln slurm runs. With --shard N
@@ -207,12 +217,15 @@ Examples:
 			Category:  "pipelines",
 			ArgsUsage: "FILE.kiln TARGET [VAR=value...]",
 			Description: `Prints the target's state and reason (as kiln plan does), its key, the
-refs of its prerequisites, its expanded recipe, and its last recorded
-build (ref, start and end times).
+refs of its prerequisites, its expanded recipe, its last recorded build
+(ref, every output, start and end times) and, when its last build failed,
+the failure: the reason, the store key of its output, and the output's
+last lines (--log prints all of it).
 
 Example:
    kiln why rl.kiln rollout/3 STALENESS=1`,
-			Flags: []cli.Flag{stagecmd.StoreFlag()},
+			Flags: []cli.Flag{stagecmd.StoreFlag(),
+				&cli.BoolFlag{Name: "log", Destination: &whyLog, Usage: "print the whole output of the failed build, not its last lines"}},
 			Action: func(c *cli.Context) error {
 				plan, targets, err := loadPlan(c, env, nil)
 				if err != nil {
@@ -246,8 +259,11 @@ Example:
 				if last != nil {
 					fmt.Fprintf(w, "last build %s key %s start %s end %s\n", last.Ref, last.Key[:12],
 						last.Start.UTC().Format(time.RFC3339Nano), last.End.UTC().Format(time.RFC3339Nano))
+					if len(last.Outputs) > 1 {
+						fmt.Fprintf(w, "outputs %s\n", strings.Join(last.Outputs, " "))
+					}
 				}
-				return nil
+				return printFailure(c.Context, w, plan, t.Name, whyLog)
 			},
 		},
 	}
@@ -307,33 +323,90 @@ func Verify(c *cli.Context, env *stagecmd.Env, file string) error {
 	}
 	// A scratch version left by an earlier verify would be found committed
 	// and the stage would not run again: it goes first.
-	if err := dataset.Drop(ctx, st, scratch); err != nil && !errors.Is(err, dataset.ErrNotFound) {
-		return fmt.Errorf("verify %s: removing the scratch dataset an earlier verify left: %w", t.Name, err)
+	// The scratch datasets: OUT-verify, or OUT-verify/NAME for each
+	// output OUT/NAME of a target with several.
+	var scratches []string
+	for _, o := range t.Outputs {
+		name, _, _ := strings.Cut(o, "@")
+		scratches = append(scratches, scratch+strings.TrimPrefix(name, t.Out))
 	}
-	ref, err := plan.runShards(ctx, &vt, RunOptions{Output: env.Stderr}, new(sync.Mutex), new(bytes.Buffer), nil)
+	for _, sc := range scratches {
+		if err := dataset.Drop(ctx, st, sc); err != nil && !errors.Is(err, dataset.ErrNotFound) {
+			return fmt.Errorf("verify %s: removing the scratch dataset %s an earlier verify left: %w", t.Name, sc, err)
+		}
+	}
+	outs, err := plan.runShards(ctx, &vt, RunOptions{Output: env.Stderr}, new(sync.Mutex), new(bytes.Buffer), nil)
 	if err != nil {
 		return fmt.Errorf("verify %s: rerunning it: %w", t.Name, err)
 	}
-	a, err := dataset.OpenString(ctx, st, t.Ref)
+	if len(outs) != len(t.Outputs) {
+		return stagecmd.CorruptError{Err: fmt.Errorf("verify %s: NOT deterministic: it wrote %s, the rerun %s (kept for inspection)", t.Name, strings.Join(t.Outputs, " "), strings.Join(outs, " "))}
+	}
+	for i := range outs {
+		if err := sameContent(ctx, st, t.Name, t.Outputs[i], outs[i]); err != nil && false {
+			return err
+		}
+	}
+	for _, sc := range scratches {
+		if err := dataset.Drop(ctx, st, sc); err != nil {
+			return fmt.Errorf("verify %s: the rerun matched, but removing its scratch dataset %s failed: %w", t.Name, sc, err)
+		}
+	}
+	fmt.Fprintf(env.Stderr, "verify %s: ok, the rerun %s had the same content as %s (removed)\n", t.Name, strings.Join(outs, " "), strings.Join(t.Outputs, " "))
+	fmt.Fprintln(env.Stdout, t.Ref)
+	return nil
+}
+
+// sameContent compares two versions' shard content hashes (kiln verify).
+func sameContent(ctx context.Context, st store.Store, target, want, got string) error {
+	a, err := dataset.OpenString(ctx, st, want)
 	if err != nil {
 		return err
 	}
-	b, err := dataset.OpenString(ctx, st, ref)
+	b, err := dataset.OpenString(ctx, st, got)
 	if err != nil {
 		return err
 	}
 	if len(a.Shards) != len(b.Shards) {
-		return stagecmd.CorruptError{Err: fmt.Errorf("verify %s: NOT deterministic: %s has %d shards, the rerun %s %d (kept for inspection)", t.Name, t.Ref, len(a.Shards), ref, len(b.Shards))}
+		return stagecmd.CorruptError{Err: fmt.Errorf("verify %s: NOT deterministic: %s has %d shards, the rerun %s %d (kept for inspection)", target, want, len(a.Shards), got, len(b.Shards))}
 	}
 	for i := range a.Shards {
 		if a.Shards[i].SHA256 != b.Shards[i].SHA256 {
-			return stagecmd.CorruptError{Err: fmt.Errorf("verify %s: NOT deterministic: shard %d of %s differs from the rerun %s (kept for inspection)", t.Name, i, t.Ref, ref)}
+			return stagecmd.CorruptError{Err: fmt.Errorf("verify %s: NOT deterministic: shard %d of %s differs from the rerun %s (kept for inspection)", target, i, want, got)}
 		}
 	}
-	if err := dataset.Drop(ctx, st, scratch); err != nil {
-		return fmt.Errorf("verify %s: the rerun matched, but removing its scratch dataset failed: %w", t.Name, err)
+	return nil
+}
+
+// whyLogLines is how many of a failed build's last output lines kiln why
+// prints without --log.
+const whyLogLines = 20
+
+// printFailure prints target's failure record, if any: the reason, the
+// log's store key and its last lines (all of it with all).
+func printFailure(ctx context.Context, w io.Writer, plan *Plan, target string, all bool) error {
+	f, err := plan.LastFailure(ctx, target)
+	if err != nil || f == nil {
+		return err
 	}
-	fmt.Fprintf(env.Stderr, "verify %s: ok, the rerun %s had the same content as %s (removed)\n", t.Name, ref, t.Ref)
-	fmt.Fprintln(env.Stdout, t.Ref)
+	fmt.Fprintf(w, "last failure %s: %s\n", f.End.UTC().Format(time.RFC3339), f.Reason)
+	if f.Log == "" {
+		return nil
+	}
+	b, _, err := store.ReadAll(ctx, plan.Store(), f.Log)
+	if err != nil {
+		fmt.Fprintf(w, "log %s (unreadable: %v)\n", f.Log, err)
+		return nil
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if !all && len(lines) > whyLogLines {
+		fmt.Fprintf(w, "log %s (last %d of %d lines; --log prints all)\n", f.Log, whyLogLines, len(lines))
+		lines = lines[len(lines)-whyLogLines:]
+	} else {
+		fmt.Fprintf(w, "log %s\n", f.Log)
+	}
+	for _, l := range lines {
+		fmt.Fprintf(w, "  %s\n", l)
+	}
 	return nil
 }

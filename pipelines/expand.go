@@ -166,16 +166,27 @@ func expandRule(vt *varTable, r *Rule, step int) (*Target, error) {
 	}
 	sc.inRule, sc.target, sc.prereqs, sc.shards = true, name, t.Deps, max(t.Attrs.Shards, 1)
 	var refErr error
-	sc.refs = func(dep string) string {
+	sc.refs = func(dep, sel string) string {
 		for i, d := range t.Deps {
-			if d == dep {
-				ph := "KILN_REF_" + strconv.Itoa(i)
-				if t.Refs == nil {
-					t.Refs = map[string]string{}
-				}
-				t.Refs[ph] = d
-				return "${" + ph + "}"
+			if d != dep {
+				continue
 			}
+			ph := "KILN_REF_" + strconv.Itoa(i)
+			if sel != "" {
+				ph += "_" + EnvName(sel)
+				if old, ok := t.refSel[ph]; ok && old != sel && refErr == nil {
+					refErr = fmt.Errorf("$(ref %s %s) and $(ref %s %s) name outputs too alike (both are %s): name them apart", dep, old, dep, sel, ph)
+				}
+				if t.refSel == nil {
+					t.refSel = map[string]string{}
+				}
+				t.refSel[ph] = sel
+			}
+			if t.Refs == nil {
+				t.Refs = map[string]string{}
+			}
+			t.Refs[ph] = d
+			return "${" + ph + "}"
 		}
 		if refErr == nil {
 			refErr = fmt.Errorf("$(ref %s): %s is not a prerequisite of %s (add it after the colon)", dep, dep, name)
@@ -217,3 +228,22 @@ func outFlag(line string) string {
 	}
 	return ""
 }
+
+// EnvName is a name as part of an environment variable: upper case, every
+// character but a letter or a digit as '_' (KILN_SERVICE_<NAME>_HOST,
+// KILN_REF_n_<NAME>). pipelines/slurm spells service names the same way.
+func EnvName(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToUpper(s) {
+		if (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	return b.String()
+}
+
+// ServiceHostVar is the environment variable that holds service name's
+// host for its users: KILN_SERVICE_<NAME>_HOST (pipelines/README.md §4).
+func ServiceHostVar(name string) string { return "KILN_SERVICE_" + EnvName(name) + "_HOST" }

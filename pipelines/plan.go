@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -35,18 +34,21 @@ const keyVersion = "kiln-pipeline-key/1"
 
 // Entry is one recorded build of a target.
 type Entry struct {
-	Target string            `json:"target"`
-	Key    string            `json:"key"`
-	Ref    string            `json:"ref"`
-	Inputs [][2]string       `json:"inputs"` // prerequisite, its ref (or key:KEY)
-	Vars   map[string]string `json:"vars"`
-	Recipe []string          `json:"recipe"`
-	Attrs  string            `json:"attrs"`
-	Start  time.Time         `json:"start"`
-	End    time.Time         `json:"end"`
-	Host   string            `json:"host,omitempty"`
-	PID    int               `json:"pid,omitempty"`
-	Log    string            `json:"log,omitempty"` // store key of the output log
+	Target string `json:"target"`
+	Key    string `json:"key"`
+	Ref    string `json:"ref"`
+	// Outputs are every ref the build printed (Ref is the last); absent
+	// in entries written before targets had several outputs: then [Ref].
+	Outputs []string          `json:"outputs,omitempty"`
+	Inputs  [][2]string       `json:"inputs"` // prerequisite, its ref (or key:KEY)
+	Vars    map[string]string `json:"vars"`
+	Recipe  []string          `json:"recipe"`
+	Attrs   string            `json:"attrs"`
+	Start   time.Time         `json:"start"`
+	End     time.Time         `json:"end"`
+	Host    string            `json:"host,omitempty"`
+	PID     int               `json:"pid,omitempty"`
+	Log     string            `json:"log,omitempty"` // store key of the output log
 }
 
 type record struct {
@@ -58,6 +60,7 @@ type record struct {
 
 func (r *record) doneKey(key string) string { return r.prefix + "done/" + key + ".json" }
 func (r *record) lastKey(t string) string   { return r.prefix + "targets/" + t + ".json" }
+func (r *record) failedKey(t string) string { return r.prefix + "failed/" + t + ".json" }
 
 func (r *record) read(ctx context.Context, key string) (*Entry, error) {
 	b, _, err := store.ReadAll(ctx, r.st, key)
@@ -271,19 +274,83 @@ func (p *Plan) Users(s *Target) []*Target {
 	return out
 }
 
-// identity is what a prerequisite contributes to its users' keys.
+// identity is what a prerequisite contributes to its users' keys: its
+// refs (all of its outputs, space-separated, when it has several), or its
+// key when it writes no dataset.
 func identity(t *Target) string {
+	if len(t.Outputs) > 1 {
+		return strings.Join(t.Outputs, " ")
+	}
 	if t.Ref != "" {
 		return t.Ref
 	}
 	return "key:" + t.Key
 }
 
+// refValue is what $(ref T) (sel "") or $(ref T NAME) stands for once T is
+// done: T's ref (its last output; key:KEY without one), or its output
+// named NAME or OUT/NAME.
+func refValue(t *Target, sel string) (string, error) {
+	if sel == "" {
+		if t.Ref != "" {
+			return t.Ref, nil
+		}
+		return "key:" + t.Key, nil
+	}
+	outs := t.Outputs
+	if len(outs) == 0 && t.Ref != "" {
+		outs = []string{t.Ref}
+	}
+	for _, o := range outs {
+		name, _, _ := strings.Cut(o, "@")
+		if name == sel || (t.Out != "" && name == t.Out+"/"+sel) {
+			return o, nil
+		}
+	}
+	if len(outs) == 0 {
+		return "", fmt.Errorf("$(ref %s %s): %s wrote no dataset: write $(ref %s), or give it --out", t.Name, sel, t.Name, t.Name)
+	}
+	return "", fmt.Errorf("$(ref %s %s): %s has no output %q; its outputs are %s: name one of those (the part after %s/)", t.Name, sel, t.Name, sel, strings.Join(outs, ", "), t.Out)
+}
+
+// substitute is t's recipe with each placeholder replaced by the ref it
+// stands for; every prerequisite it names must be done.
+func (p *Plan) substitute(t *Target) ([]string, error) {
+	recipe := make([]string, len(t.text))
+	copy(recipe, t.text)
+	for ph, d := range t.Refs {
+		v, err := refValue(p.byName[d], t.refSel[ph])
+		if err != nil {
+			return nil, errAt(t.Pos, "target %s: %v", t.Name, err)
+		}
+		for j := range recipe {
+			recipe[j] = strings.ReplaceAll(recipe[j], "${"+ph+"}", v)
+		}
+	}
+	return recipe, nil
+}
+
+// resolveService substitutes the refs of service t's recipe once its
+// prerequisites are done (a service has no key and is never recorded).
+func (p *Plan) resolveService(t *Target) error {
+	for _, d := range t.Deps {
+		if dt := p.byName[d]; !dt.Service && !dt.Done {
+			return fmt.Errorf("service %s: prerequisite %s is not done (%s): it runs first", t.Name, d, dt.Why)
+		}
+	}
+	recipe, err := p.substitute(t)
+	if err != nil {
+		return err
+	}
+	t.Recipe = recipe
+	return nil
+}
+
 // Resolve (re)decides t from its prerequisites' current state: once they
 // are all done, it substitutes their refs into Recipe, computes Key and
 // looks it up. Executors call it when a target's prerequisites finish.
 func (p *Plan) Resolve(ctx context.Context, t *Target) error {
-	t.Done, t.Ref, t.Key, t.recorded = false, "", "", nil
+	t.Done, t.Ref, t.Outputs, t.Key, t.recorded = false, "", nil, "", nil
 	for _, d := range t.Deps {
 		dt := p.byName[d]
 		if dt.Service {
@@ -296,20 +363,16 @@ func (p *Plan) Resolve(ctx context.Context, t *Target) error {
 		}
 	}
 	var inputs [][2]string
-	recipe := make([]string, len(t.text))
-	copy(recipe, t.text)
 	for i := range t.Deps {
 		dt := p.byName[t.Deps[i]]
 		if dt.Service {
 			continue
 		}
 		inputs = append(inputs, [2]string{dt.Name, identity(dt)})
-		ph := "${KILN_REF_" + strconv.Itoa(i) + "}"
-		for j := range recipe {
-			if strings.Contains(recipe[j], ph) {
-				recipe[j] = strings.ReplaceAll(recipe[j], ph, identity(dt))
-			}
-		}
+	}
+	recipe, err := p.substitute(t)
+	if err != nil {
+		return err
 	}
 	t.Recipe = recipe
 	t.inputs = inputs
@@ -332,16 +395,19 @@ func (p *Plan) Resolve(ctx context.Context, t *Target) error {
 		return err
 	}
 	if e != nil {
-		t.Done, t.Ref, t.recorded = true, e.Ref, e
+		t.Done, t.Ref, t.Outputs, t.recorded = true, e.Ref, e.Outputs, e
+		if len(t.Outputs) == 0 && e.Ref != "" {
+			t.Outputs = []string{e.Ref}
+		}
 		t.Why = "recorded: built " + e.End.UTC().Format(time.RFC3339)
 		if e.Ref != "" {
 			t.Why += " as " + e.Ref
 		}
 		return nil
 	}
-	if ref, ok := p.probe(ctx, t); ok {
-		t.Done, t.Ref = true, ref
-		t.Why = "the store holds " + ref + " (--print-version)"
+	if outs, ok := p.probe(ctx, t); ok {
+		t.Done, t.Ref, t.Outputs = true, outs[len(outs)-1], outs
+		t.Why = "the store holds " + strings.Join(outs, ", ") + " (--print-version)"
 		return nil
 	}
 	last, err := p.Last(ctx, t.Name)
@@ -397,14 +463,16 @@ func why(t *Target, last *Entry) string {
 }
 
 // probe asks a one-line kiln-stage recipe, with --print-version, which
-// version it would write, and reports whether the store holds it.
-func (p *Plan) probe(ctx context.Context, t *Target) (string, bool) {
+// versions it would write, and reports whether the store holds them all.
+// It reads the printed refs with the rule that reads a build's (outputs),
+// so kiln plan and kiln run agree on what the target writes.
+func (p *Plan) probe(ctx context.Context, t *Target) ([]string, bool) {
 	if p.opts.NoProbe || t.Out == "" || len(t.Recipe) != 1 || t.Attrs.Shards > 1 {
-		return "", false
+		return nil, false
 	}
 	f := strings.Fields(t.Recipe[0])
 	if len(f) == 0 || (f[0] != "kiln" && !strings.HasPrefix(filepath.Base(f[0]), "kiln-")) {
-		return "", false
+		return nil, false
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -415,17 +483,47 @@ func (p *Plan) probe(ctx context.Context, t *Target) (string, bool) {
 	cmd.Stdout = &out
 	if err := cmd.Run(); err != nil {
 		p.opts.Log.Debug("probe failed; the target runs", "target", t.Name, "err", err)
-		return "", false
+		return nil, false
 	}
-	ref := lastLine(out.String())
-	r, err := dataset.ParseRef(ref)
-	if err != nil || !r.Pinned() {
-		return "", false
+	outs, err := outputs(out.String(), t.Out)
+	if err != nil || len(outs) == 0 {
+		p.opts.Log.Debug("probe printed no output of the target; it runs", "target", t.Name, "err", err)
+		return nil, false
 	}
-	if _, err := dataset.Open(ctx, p.opts.Store, r); err != nil {
-		return "", false
+	for _, o := range outs {
+		r, _ := dataset.ParseRef(o)
+		if _, err := dataset.Open(ctx, p.opts.Store, r); err != nil {
+			return nil, false
+		}
 	}
-	return ref, true
+	return outs, true
+}
+
+// outputs reads the refs a recipe printed (pipelines/README.md §3): with
+// an output dataset OUT, the trailing stdout lines that are pinned refs of
+// OUT or of OUT/... (a stage with several outputs prints one a line, its
+// committed refs last), in printed order; the last line must be one. With
+// no OUT, the last line when it is a pinned ref, else none.
+func outputs(stdout, out string) ([]string, error) {
+	lines := strings.Split(strings.TrimRight(stdout, "\r\n"), "\n")
+	if out == "" {
+		if r, err := dataset.ParseRef(strings.TrimSpace(lines[len(lines)-1])); err == nil && r.Pinned() {
+			return []string{r.String()}, nil
+		}
+		return nil, nil
+	}
+	var outs []string
+	for i := len(lines) - 1; i >= 0; i-- {
+		r, err := dataset.ParseRef(strings.TrimSpace(lines[i]))
+		if err != nil || !r.Pinned() || (r.Name != out && !strings.HasPrefix(r.Name, out+"/")) {
+			break
+		}
+		outs = append([]string{r.String()}, outs...)
+	}
+	if len(outs) == 0 {
+		return nil, fmt.Errorf("the recipe's last stdout line %q is not a ref of %s or %s/... (name@version): the writing command must come last", strings.TrimSpace(lines[len(lines)-1]), out, out)
+	}
+	return outs, nil
 }
 
 func lastLine(s string) string {
@@ -447,6 +545,8 @@ func (p *Plan) MarkDone(ctx context.Context, t *Target, ref string) error {
 type RunInfo struct {
 	Start, End time.Time
 	Log        string // store key of the kept output
+	// Outputs are every ref the build printed, ref last (nil: [ref]).
+	Outputs []string
 }
 
 // MarkDoneRun is MarkDone with the run's times and log.
@@ -455,11 +555,65 @@ func (p *Plan) MarkDoneRun(ctx context.Context, t *Target, ref string, ri RunInf
 		return fmt.Errorf("mark %s done: its prerequisites are not all done (call Resolve after they finish)", t.Name)
 	}
 	host, _ := os.Hostname()
-	e := &Entry{Target: t.Name, Key: t.Key, Ref: ref, Inputs: t.inputs, Vars: t.used, Recipe: t.Recipe,
+	outs := ri.Outputs
+	if len(outs) == 0 && ref != "" {
+		outs = []string{ref}
+	}
+	e := &Entry{Target: t.Name, Key: t.Key, Ref: ref, Outputs: outs, Inputs: t.inputs, Vars: t.used, Recipe: t.Recipe,
 		Attrs: t.attrText, Start: ri.Start, End: ri.End, Host: host, PID: os.Getpid(), Log: ri.Log}
 	if err := p.rec.write(ctx, e); err != nil {
 		return err
 	}
-	t.Done, t.Ref, t.Why = true, ref, "built"
+	// A failure recorded before this build is no longer the target's state.
+	if err := p.opts.Store.Delete(ctx, p.rec.failedKey(t.Name)); err != nil && !errors.Is(err, store.ErrNotExist) {
+		p.opts.Log.Warn("removing the target's old failure record failed", "target", t.Name, "err", err)
+	}
+	t.Done, t.Ref, t.Outputs, t.Why = true, ref, outs, "built"
 	return nil
+}
+
+// Failure is the record of a target's last failed build, kept at
+// failed/TARGET.json in the pipeline's record until a build of it
+// succeeds: kiln why and kiln status print it.
+type Failure struct {
+	Target string `json:"target"`
+	Key    string `json:"key,omitempty"`
+	// Reason is the error the build ended with (an exit status, a service
+	// that never became healthy, a lost lock...).
+	Reason string `json:"reason"`
+	// Log is the store key of the build's kept output ("" when none ran).
+	Log   string    `json:"log,omitempty"`
+	Start time.Time `json:"start"`
+	End   time.Time `json:"end"`
+	Host  string    `json:"host,omitempty"`
+	PID   int       `json:"pid,omitempty"`
+}
+
+// LastFailure reads target's failure record, or nil when its last build
+// did not fail (or it never ran).
+func (p *Plan) LastFailure(ctx context.Context, target string) (*Failure, error) {
+	b, _, err := store.ReadAll(ctx, p.opts.Store, p.rec.failedKey(target))
+	if errors.Is(err, store.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the failure record of %s in %s: %w", target, p.opts.Store.URI(), err)
+	}
+	var f Failure
+	if err := json.Unmarshal(b, &f); err != nil {
+		return nil, fmt.Errorf("failure record %q in %s is corrupt (%v): remove it", p.rec.failedKey(target), p.opts.Store.URI(), err)
+	}
+	return &f, nil
+}
+
+// recordFailure keeps why t failed and where its output is. It runs after
+// the build's context may have ended (a lost lock, Ctrl-C), so it does not
+// use it for the write.
+func (p *Plan) recordFailure(ctx context.Context, t *Target, reason, log string, start time.Time) {
+	host, _ := os.Hostname()
+	f := Failure{Target: t.Name, Key: t.Key, Reason: reason, Log: log, Start: start, End: time.Now(), Host: host, PID: os.Getpid()}
+	b, _ := json.MarshalIndent(f, "", "  ")
+	if _, err := p.opts.Store.Put(context.WithoutCancel(ctx), p.rec.failedKey(t.Name), bytes.NewReader(b), int64(len(b))); err != nil {
+		p.opts.Log.Warn("recording the target's failure failed", "target", t.Name, "err", err)
+	}
 }

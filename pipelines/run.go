@@ -50,14 +50,34 @@ type Lock struct {
 	PID       int       `json:"pid"`
 	Time      time.Time `json:"time"`
 	Refreshed time.Time `json:"refreshed"`
+	// Released: the run that held it has ended and let it go. A run
+	// releases its lock by overwriting it with this marker, conditionally
+	// on the lock's ETag still being the one it wrote, so that it can never
+	// remove a lock another run has taken over (the store has no
+	// conditional delete; a released lock is free to take).
+	Released bool `json:"released,omitempty"`
 }
 
 // ErrLocked: another live run holds the pipeline's lock.
 var ErrLocked = errors.New("pipeline is locked by another run")
 
-// lock takes the pipeline's lock: absent, stale (not refreshed for
-// LockStale), or held by a dead process on this host.
-func (p *Plan) lock(ctx context.Context, stale time.Duration) (func(), error) {
+// ErrLockLost: this run's pipeline lock was taken over by another run (it
+// was not refreshed for --lock-stale: the process was stopped, suspended
+// or cut off from the store), so this run stopped its targets.
+var ErrLockLost = errors.New("this run lost the pipeline lock")
+
+// lock takes the pipeline's lock: absent, released, stale (not written
+// for stale by the store's clock) or held by a dead process on this host.
+// The lock is refreshed every third of stale while the run goes on. The
+// returned context ends, with cause an ErrLockLost error, when the lock is
+// lost: a refresh finds another run's lock (a precondition failure), or no
+// refresh has succeeded for two thirds of stale (another run may take it
+// at stale). release lets the lock go only if it is still this run's.
+//
+// Staleness is judged by the store's ModTime, the store's own clock, and
+// not by the writer's Refreshed time: a lock written by a host whose clock
+// runs ahead would otherwise never go stale.
+func (p *Plan) lock(ctx context.Context, stale time.Duration) (context.Context, func(), error) {
 	st := p.opts.Store
 	key := p.rec.prefix + "lock.json"
 	host, _ := os.Hostname()
@@ -69,51 +89,94 @@ func (p *Plan) lock(ctx context.Context, stale time.Duration) (func(), error) {
 	if errors.Is(err, store.ErrExist) {
 		old, oinfo, rerr := store.ReadAll(ctx, st, key)
 		if rerr != nil {
-			return nil, fmt.Errorf("reading the lock %s: %w", key, rerr)
+			return nil, nil, fmt.Errorf("reading the lock %s in %s: %w", key, st.URI(), rerr)
 		}
 		var ol Lock
 		_ = json.Unmarshal(old, &ol)
 		dead := ol.Host == host && ol.PID > 0 && syscall.Kill(ol.PID, 0) == syscall.ESRCH
-		if !dead && time.Since(ol.Refreshed) < stale {
-			return nil, fmt.Errorf("%w: %s pid %d since %s (refreshed %s ago); wait for it, or if it is gone remove %s from %s",
-				ErrLocked, ol.Host, ol.PID, ol.Time.UTC().Format(time.RFC3339), time.Since(ol.Refreshed).Round(time.Second), key, st.URI())
+		age := time.Since(oinfo.ModTime)
+		if !ol.Released && !dead && age < stale {
+			return nil, nil, fmt.Errorf("%w: %s pid %d since %s (last written %s ago by the store's clock); wait for it, or if it is gone remove %s from %s",
+				ErrLocked, ol.Host, ol.PID, ol.Time.UTC().Format(time.RFC3339), age.Round(time.Second), key, st.URI())
 		}
 		info, err = st.PutIfMatch(ctx, key, bytes.NewReader(b), int64(len(b)), oinfo.ETag)
 		if errors.Is(err, store.ErrPrecondition) {
-			return nil, fmt.Errorf("%w: another run took the stale lock %s first", ErrLocked, key)
+			return nil, nil, fmt.Errorf("%w: another run took the stale lock %s first", ErrLocked, key)
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("taking the lock %s in %s: %w", key, st.URI(), err)
+		return nil, nil, fmt.Errorf("taking the lock %s in %s: %w", key, st.URI(), err)
 	}
+	lctx, cancel := context.WithCancelCause(ctx)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	etag, lost := info.ETag, false
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		tick := time.NewTicker(max(stale/3, 10*time.Millisecond))
 		defer tick.Stop()
-		etag := info.ETag
+		lastOK := time.Now()
 		for {
 			select {
 			case <-stop:
 				return
 			case <-tick.C:
-				l.Refreshed = time.Now()
-				b := enc()
-				if in, err := st.PutIfMatch(context.Background(), key, bytes.NewReader(b), int64(len(b)), etag); err == nil {
-					etag = in.ETag
-				} else {
-					p.opts.Log.Warn("refreshing the pipeline lock failed", "key", key, "err", err)
-				}
 			}
+			l.Refreshed = time.Now()
+			b := enc()
+			mu.Lock()
+			in, err := st.PutIfMatch(context.WithoutCancel(ctx), key, bytes.NewReader(b), int64(len(b)), etag)
+			if err == nil {
+				etag, lastOK = in.ETag, time.Now()
+				mu.Unlock()
+				continue
+			}
+			var why error
+			switch {
+			case errors.Is(err, store.ErrPrecondition) || errors.Is(err, store.ErrNotExist):
+				holder := "another run"
+				if cur, _, rerr := store.ReadAll(context.WithoutCancel(ctx), st, key); rerr == nil {
+					var cl Lock
+					if json.Unmarshal(cur, &cl) == nil && cl.PID > 0 {
+						holder = fmt.Sprintf("%s pid %d", cl.Host, cl.PID)
+					}
+				}
+				why = fmt.Errorf("%w: %s took %s over in %s (this run had not refreshed it for --lock-stale %s: stopped, suspended or cut off from the store); its targets were stopped: let that run finish, then run kiln run again",
+					ErrLockLost, holder, key, st.URI(), stale)
+			case time.Since(lastOK) >= stale*2/3:
+				why = fmt.Errorf("%w: refreshing %s in %s failed for %s, and another run may take it at --lock-stale %s (%v); its targets were stopped: check the store, then run kiln run again",
+					ErrLockLost, key, st.URI(), time.Since(lastOK).Round(time.Millisecond), stale, err)
+			default:
+				p.opts.Log.Warn("refreshing the pipeline lock failed; retrying", "key", key, "err", err)
+			}
+			if why != nil {
+				lost = true
+				mu.Unlock()
+				p.opts.Log.Error("lost the pipeline lock; stopping every target", "key", key, "err", why)
+				cancel(why)
+				return
+			}
+			mu.Unlock()
 		}
 	}()
-	return func() {
+	release := func() {
 		close(stop)
 		wg.Wait()
-		_ = st.Delete(context.Background(), key)
-	}, nil
+		cancel(nil)
+		mu.Lock()
+		defer mu.Unlock()
+		if lost {
+			return // another run's lock now: not ours to release
+		}
+		l.Released, l.Refreshed = true, time.Now()
+		b := enc()
+		if _, err := st.PutIfMatch(context.WithoutCancel(ctx), key, bytes.NewReader(b), int64(len(b)), etag); err != nil {
+			p.opts.Log.Warn("releasing the pipeline lock failed (another run may hold it now)", "key", key, "err", err)
+		}
+	}
+	return lctx, release, nil
 }
 
 // Only narrows the plan to the one target name (and the services it
@@ -127,10 +190,19 @@ func (p *Plan) Only(name string) error {
 	var keep []*Target
 	for _, d := range t.Deps {
 		dt := p.byName[d]
-		if dt.Service {
-			keep = append(keep, dt)
-		} else if !dt.Done {
-			return fmt.Errorf("--only %s: prerequisite %s is not done (%s): run it first", name, d, dt.Why)
+		if !dt.Service {
+			if !dt.Done {
+				return fmt.Errorf("--only %s: prerequisite %s is not done (%s): run it first", name, d, dt.Why)
+			}
+			continue
+		}
+		keep = append(keep, dt)
+		// A service may have to start here (no Slurm companion job runs
+		// it): its own prerequisites must be done as well.
+		for _, sd := range dt.Deps {
+			if sdt := p.byName[sd]; !sdt.Service && !sdt.Done {
+				return fmt.Errorf("--only %s: prerequisite %s of its service %s is not done (%s): run it first", name, sd, d, sdt.Why)
+			}
 		}
 	}
 	p.Targets = append(keep, t)
@@ -161,11 +233,14 @@ func (p *Plan) Run(ctx context.Context, o RunOptions) (*Result, error) {
 		o.OnEvent = func(*Target, string) {}
 	}
 	if !o.NoLock {
-		unlock, err := p.lock(ctx, o.LockStale)
+		lctx, unlock, err := p.lock(ctx, o.LockStale)
 		if err != nil {
 			return nil, err
 		}
 		defer unlock()
+		// Every target runs under the lock's context: losing the lock
+		// cancels them (their process groups are killed).
+		ctx = lctx
 	}
 	res := &Result{}
 	var mu sync.Mutex
@@ -207,14 +282,23 @@ func (p *Plan) Run(ctx context.Context, o RunOptions) (*Result, error) {
 			pending++
 			ready, blocked := true, false
 			for _, d := range t.Deps {
-				if p.byName[d].Service {
-					continue
+				// A service's prerequisites come before the service,
+				// which comes before its user (as on Slurm, where the
+				// service's job waits afterok on them).
+				deps := []string{d}
+				if dt := p.byName[d]; dt.Service {
+					deps = dt.Deps
 				}
-				if failed[d] {
-					blocked = true
-				}
-				if !finished[d] && (inPlan[d] || !p.byName[d].Done) {
-					ready = false
+				for _, d := range deps {
+					if p.byName[d].Service {
+						continue
+					}
+					if failed[d] {
+						blocked = true
+					}
+					if !finished[d] && (inPlan[d] || !p.byName[d].Done) {
+						ready = false
+					}
 				}
 			}
 			if blocked {
@@ -251,8 +335,16 @@ func (p *Plan) Run(ctx context.Context, o RunOptions) (*Result, error) {
 			wg.Add(1)
 			go func(t *Target) {
 				defer wg.Done()
+				start := time.Now()
 				err := p.startServices(ctx, t, services, &mu, o, &outMu)
-				if err == nil {
+				if err != nil {
+					var se *serviceError
+					log := ""
+					if errors.As(err, &se) {
+						log = se.log
+					}
+					p.recordFailure(ctx, t, err.Error(), log, start)
+				} else {
 					o.OnEvent(t, "start")
 					err = p.build(ctx, t, o, &outMu)
 				}
@@ -302,8 +394,12 @@ func (p *Plan) Run(ctx context.Context, o RunOptions) (*Result, error) {
 		}
 	}
 	wg.Wait()
-	if err := ctx.Err(); err != nil && firstErr == nil {
-		firstErr = err
+	// A lost lock or an interrupt explains the targets it stopped: it is
+	// the run's error (exit 1 for a lost lock, 130 for an interrupt).
+	if cause := context.Cause(ctx); errors.Is(cause, ErrLockLost) {
+		firstErr = cause
+	} else if err := ctx.Err(); err != nil {
+		firstErr = fmt.Errorf("kiln run interrupted (%w); done targets are recorded: run it again to resume", err)
 	}
 	p.settleServices()
 	for i := len(p.Targets) - 1; i >= 0; i-- {
@@ -335,6 +431,10 @@ type service struct {
 	cmd  *exec.Cmd
 	err  error
 	done chan struct{}
+	// tmp is the service's KILN_TMPDIR, removed when it stops; keep
+	// writes its output to the store (nil: nothing to keep).
+	tmp  string
+	keep func()
 }
 
 func (s *service) stop() {
@@ -349,11 +449,36 @@ func (s *service) stop() {
 			_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
 			<-s.done
 		}
+		if s.keep != nil {
+			s.keep()
+		}
+		if s.tmp != "" {
+			os.RemoveAll(s.tmp)
+		}
 	})
 }
 
-// startServices starts (once) every service t uses and waits until its
-// health command passes.
+// serviceError is a service that did not start or did not become
+// healthy; log is the store key of its output.
+type serviceError struct {
+	err error
+	log string
+}
+
+func (e *serviceError) Error() string { return e.err.Error() }
+func (e *serviceError) Unwrap() error { return e.err }
+
+// external reports whether another process runs service st for this run:
+// its host variable (KILN_SERVICE_<NAME>_HOST) is already set, as the job
+// script of a Slurm user sets it once the service's own job has published
+// its host after its health check passed there (pipelines/slurm/doc.go).
+func external(st *Target) bool {
+	return os.Getenv(ServiceHostVar(st.Name)) != ""
+}
+
+// startServices starts (once) every service t uses, with its recipe's
+// refs resolved (its prerequisites are done: Run waits for them), and
+// waits until its health command passes.
 func (p *Plan) startServices(ctx context.Context, t *Target, services map[string]*service, mu *sync.Mutex, o RunOptions, outMu *sync.Mutex) error {
 	for _, d := range t.Deps {
 		st := p.byName[d]
@@ -362,53 +487,25 @@ func (p *Plan) startServices(ctx context.Context, t *Target, services map[string
 		}
 		mu.Lock()
 		s := services[d]
+		if s == nil && external(st) {
+			// The service's Slurm companion job runs it and checked its
+			// health where it runs; this run neither starts nor stops it.
+			s = &service{done: make(chan struct{})}
+			close(s.done)
+			services[d] = s
+			p.opts.Log.Info("service runs elsewhere; using it", "service", st.Name, "host", os.Getenv(ServiceHostVar(st.Name)), "target", t.Name)
+		}
 		if s == nil && st.Attrs.Health != "" && p.healthy(ctx, st) {
-			// Already up: another process runs it (the service's Slurm
-			// companion job, which the user's job waited for); this run
-			// neither starts nor stops it.
+			// Already up: another process runs it; this run neither
+			// starts nor stops it.
 			s = &service{done: make(chan struct{})}
 			close(s.done)
 			services[d] = s
 			p.opts.Log.Info("service already healthy; using it", "service", st.Name, "target", t.Name)
 		}
 		if s == nil {
-			s = &service{done: make(chan struct{})}
+			s = p.startService(ctx, st, o, outMu)
 			services[d] = s
-			cmd := exec.Command("sh", "-c", strings.Join(st.Recipe, "\n"))
-			cmd.Dir = filepath.Dir(p.Spec.Path)
-			cmd.Env = p.env(st, -1)
-			pw := &prefixWriter{w: o.Output, mu: outMu, prefix: "[" + st.Name + "] "}
-			cmd.Stdout, cmd.Stderr = pw, pw
-			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-			if err := cmd.Start(); err != nil {
-				s.err = fmt.Errorf("starting service %s: %w", st.Name, err)
-				close(s.done)
-			} else {
-				s.cmd = cmd
-				go func() { _ = cmd.Wait(); close(s.done) }()
-				if st.Attrs.Health != "" {
-					deadline := time.Now().Add(2 * time.Minute)
-					for {
-						h := exec.CommandContext(ctx, "sh", "-c", st.Attrs.Health)
-						h.Dir, h.Env = cmd.Dir, cmd.Env
-						if h.Run() == nil {
-							break
-						}
-						select {
-						case <-s.done:
-							s.err = fmt.Errorf("service %s exited before its health check passed", st.Name)
-						case <-time.After(100 * time.Millisecond):
-						}
-						if s.err != nil {
-							break
-						}
-						if time.Now().After(deadline) || ctx.Err() != nil {
-							s.err = fmt.Errorf("service %s: health check %q did not pass within 2m", st.Name, st.Attrs.Health)
-							break
-						}
-					}
-				}
-			}
 		}
 		err := s.err
 		mu.Unlock()
@@ -419,18 +516,95 @@ func (p *Plan) startServices(ctx context.Context, t *Target, services map[string
 	return nil
 }
 
-// healthy reports whether service t's health command passes now.
+// startService starts service st and waits for its health check (2
+// minutes at most). Its output is kept at logs/SERVICE/service.log.
+func (p *Plan) startService(ctx context.Context, st *Target, o RunOptions, outMu *sync.Mutex) *service {
+	s := &service{done: make(chan struct{})}
+	logKey := p.rec.prefix + "logs/" + st.Name + "/service.log"
+	fail := func(err error) *service {
+		s.err = &serviceError{err: err, log: logKey}
+		return s
+	}
+	if err := p.resolveService(st); err != nil {
+		close(s.done)
+		return fail(err)
+	}
+	tmp, err := os.MkdirTemp("", "kiln-service-")
+	if err != nil {
+		close(s.done)
+		return fail(fmt.Errorf("service %s: creating its KILN_TMPDIR: %w", st.Name, err))
+	}
+	s.tmp = tmp
+	var logBuf bytes.Buffer
+	var logMu sync.Mutex
+	s.keep = func() {
+		logMu.Lock()
+		defer logMu.Unlock()
+		if _, err := p.opts.Store.Put(context.WithoutCancel(ctx), logKey, bytes.NewReader(logBuf.Bytes()), int64(logBuf.Len())); err != nil {
+			p.opts.Log.Warn("keeping the service's output failed", "service", st.Name, "err", err)
+		}
+	}
+	cmd := exec.Command("sh", "-c", strings.Join(st.Recipe, "\n"))
+	cmd.Dir = filepath.Dir(p.Spec.Path)
+	cmd.Env = append(p.env(st, -1), "KILN_TMPDIR="+tmp)
+	pw := &prefixWriter{w: io.MultiWriter(o.Output, lockedWriter{&logBuf, &logMu}), mu: outMu, prefix: "[" + st.Name + "] "}
+	cmd.Stdout, cmd.Stderr = pw, pw
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		close(s.done)
+		os.RemoveAll(tmp)
+		return fail(fmt.Errorf("starting service %s: %w", st.Name, err))
+	}
+	s.cmd = cmd
+	go func() { _ = cmd.Wait(); pw.flush(); close(s.done) }()
+	if st.Attrs.Health == "" {
+		return s
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if p.healthy(ctx, st) {
+			return s
+		}
+		var err error
+		select {
+		case <-s.done:
+			err = fmt.Errorf("service %s (%s:%d) exited before its health check passed; its output is in the store at %s", st.Name, st.Pos.File, st.Pos.Line, logKey)
+		case <-time.After(100 * time.Millisecond):
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				err = fmt.Errorf("service %s (%s:%d): health check %q did not pass within 2m; its output is in the store at %s", st.Name, st.Pos.File, st.Pos.Line, st.Attrs.Health, logKey)
+			}
+		}
+		if err != nil {
+			s.stop() // keeps its output
+			return fail(err)
+		}
+	}
+}
+
+// healthy reports whether service t's health command passes now. It runs
+// with the environment of t's users, KILN_SERVICE_<NAME>_HOST included.
 func (p *Plan) healthy(ctx context.Context, t *Target) bool {
 	h := exec.CommandContext(ctx, "sh", "-c", t.Attrs.Health)
 	h.Dir, h.Env = filepath.Dir(p.Spec.Path), p.env(t, -1)
 	return h.Run() == nil
 }
 
+// env is the environment of t's recipe: KILN_STORE, KILN_TARGET,
+// KILN_STEP, KILN_SHARDS (and KILN_SHARD for shard >= 0), and for each
+// service of the plan that no other process runs (external),
+// KILN_SERVICE_<NAME>_HOST=localhost: a local run starts its services on
+// this host, and the variable is what a recipe or health check uses to
+// reach one both locally and on Slurm.
 func (p *Plan) env(t *Target, shard int) []string {
 	env := append(os.Environ(), "KILN_STORE="+p.opts.Store.URI(), "KILN_TARGET="+t.Name,
 		"KILN_STEP="+strconv.Itoa(t.Step), "KILN_SHARDS="+strconv.Itoa(max(t.Attrs.Shards, 1)))
 	if shard >= 0 {
 		env = append(env, "KILN_SHARD="+strconv.Itoa(shard))
+	}
+	for _, d := range append([]string{t.Name}, t.Deps...) {
+		if dt := p.byName[d]; dt != nil && dt.Service && !external(dt) {
+			env = append(env, ServiceHostVar(dt.Name)+"=localhost")
+		}
 	}
 	return env
 }
@@ -440,7 +614,7 @@ func (p *Plan) env(t *Target, shard int) []string {
 func (p *Plan) build(ctx context.Context, t *Target, o RunOptions, outMu *sync.Mutex) error {
 	start := time.Now()
 	var logBuf bytes.Buffer
-	var ref string
+	var outs []string
 	var err error
 	var only []int
 	if t.Attrs.Shards > 1 {
@@ -450,7 +624,7 @@ func (p *Plan) build(ctx context.Context, t *Target, o RunOptions, outMu *sync.M
 		if attempt > 0 {
 			p.opts.Log.Warn("retrying", "target", t.Name, "attempt", attempt+1, "err", err)
 		}
-		ref, err = p.runShards(ctx, t, o, outMu, &logBuf, only)
+		outs, err = p.runShards(ctx, t, o, outMu, &logBuf, only)
 		if err == nil || ctx.Err() != nil {
 			break
 		}
@@ -462,13 +636,28 @@ func (p *Plan) build(ctx context.Context, t *Target, o RunOptions, outMu *sync.M
 	if _, perr := p.opts.Store.Put(context.WithoutCancel(ctx), logKey, bytes.NewReader(logBuf.Bytes()), int64(logBuf.Len())); perr != nil {
 		p.opts.Log.Warn("keeping the target's output failed", "target", t.Name, "err", perr)
 	}
-	if err != nil {
-		return fmt.Errorf("target %s (%s:%d): %w; its output is in the store at %s", t.Name, t.Pos.File, t.Pos.Line, err, logKey)
+	ri := RunInfo{Start: start, Log: logKey, Outputs: outs}
+	ref := ""
+	if len(outs) > 0 {
+		ref = outs[len(outs)-1]
 	}
-	if only != nil {
-		return p.shardsDone(ctx, t, only, ref, RunInfo{Start: start, End: time.Now(), Log: logKey})
+	if err == nil {
+		ri.End = time.Now()
+		if only != nil {
+			err = p.shardsDone(ctx, t, only, ri)
+		} else {
+			err = p.MarkDoneRun(ctx, t, ref, ri)
+		}
+		if err == nil {
+			return nil
+		}
 	}
-	return p.MarkDoneRun(ctx, t, ref, RunInfo{Start: start, End: time.Now(), Log: logKey})
+	if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
+		err = fmt.Errorf("%v (stopped: %v)", err, cause)
+	}
+	err = fmt.Errorf("target %s (%s:%d): %v; its output is in the store at %s (kiln why shows it)", t.Name, t.Pos.File, t.Pos.Line, err, logKey)
+	p.recordFailure(ctx, t, err.Error(), logKey, start)
+	return err
 }
 
 func joinInts(xs []int) string {
@@ -485,9 +674,11 @@ func joinInts(xs []int) string {
 // finds all the others' records and marks the target (its part was the
 // last to land, so the version is committed). Two shards finishing at once
 // may both mark it; the record is the same.
-func (p *Plan) shardsDone(ctx context.Context, t *Target, only []int, ref string, ri RunInfo) error {
+func (p *Plan) shardsDone(ctx context.Context, t *Target, only []int, ri RunInfo) error {
 	st := p.opts.Store
 	prefix := p.rec.prefix + "shards/" + t.Key + "/"
+	// A shard's record is its outputs, one a line.
+	ref := strings.Join(ri.Outputs, "\n")
 	for _, i := range only {
 		b := []byte(ref)
 		if _, err := st.Put(ctx, prefix+strconv.Itoa(i), bytes.NewReader(b), int64(len(b))); err != nil {
@@ -513,15 +704,21 @@ func (p *Plan) shardsDone(ctx context.Context, t *Target, only []int, ref string
 			return nil
 		}
 		if r != ref {
-			return fmt.Errorf("target %s: shards printed different refs (%q, %q): the shards must write parts of one version", t.Name, r, ref)
+			return fmt.Errorf("target %s: shards printed different refs (%q, %q): the shards must write parts of one version", t.Name, strings.ReplaceAll(r, "\n", " "), strings.ReplaceAll(ref, "\n", " "))
 		}
 	}
 	if t.Out != "" {
-		if _, err := dataset.OpenString(ctx, st, ref); err != nil {
-			return fmt.Errorf("target %s: every shard is done but the store does not hold %s: %w", t.Name, ref, err)
+		for _, o := range ri.Outputs {
+			if _, err := dataset.OpenString(ctx, st, o); err != nil {
+				return fmt.Errorf("target %s: every shard is done but the store does not hold %s: %w", t.Name, o, err)
+			}
 		}
 	}
-	return p.MarkDoneRun(ctx, t, ref, ri)
+	last := ""
+	if len(ri.Outputs) > 0 {
+		last = ri.Outputs[len(ri.Outputs)-1]
+	}
+	return p.MarkDoneRun(ctx, t, last, ri)
 }
 
 // Serve runs the service target name in the foreground until it exits or
@@ -536,9 +733,19 @@ func (p *Plan) Serve(ctx context.Context, name string, output io.Writer) error {
 	if output == nil {
 		output = io.Discard
 	}
+	// Its recipe's refs, as a local run resolves them (Only checked
+	// that its prerequisites are done).
+	if err := p.resolveService(t); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp("", "kiln-service-")
+	if err != nil {
+		return fmt.Errorf("service %s: creating its KILN_TMPDIR: %w", t.Name, err)
+	}
+	defer os.RemoveAll(tmp)
 	cmd := exec.Command("sh", "-c", strings.Join(t.Recipe, "\n"))
 	cmd.Dir = filepath.Dir(p.Spec.Path)
-	cmd.Env = p.env(t, -1)
+	cmd.Env = append(p.env(t, -1), "KILN_TMPDIR="+tmp)
 	pw := &prefixWriter{w: output, mu: new(sync.Mutex), prefix: "[" + t.Name + "] "}
 	cmd.Stdout, cmd.Stderr = pw, pw
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -563,9 +770,10 @@ func (p *Plan) Serve(ctx context.Context, name string, output io.Writer) error {
 }
 
 // runShards runs t's recipe once per shard (only those in only, when not
-// nil) and returns the ref they printed. With only, the version may still
-// wait for other shards' parts, so it is not required to be committed.
-func (p *Plan) runShards(ctx context.Context, t *Target, o RunOptions, outMu *sync.Mutex, logBuf *bytes.Buffer, only []int) (string, error) {
+// nil) and returns the refs they printed (outputs). With only, the
+// versions may still wait for other shards' parts, so they are not
+// required to be committed.
+func (p *Plan) runShards(ctx context.Context, t *Target, o RunOptions, outMu *sync.Mutex, logBuf *bytes.Buffer, only []int) ([]string, error) {
 	shards := only
 	if shards == nil {
 		for i := 0; i < max(t.Attrs.Shards, 1); i++ {
@@ -577,7 +785,7 @@ func (p *Plan) runShards(ctx context.Context, t *Target, o RunOptions, outMu *sy
 	if t.Attrs.Throttle > 0 {
 		par = min(t.Attrs.Throttle, n)
 	}
-	refs := make([]string, n)
+	stdouts := make([]string, n)
 	errs := make([]error, n)
 	sem := make(chan struct{}, par)
 	var wg sync.WaitGroup
@@ -606,7 +814,9 @@ func (p *Plan) runShards(ctx context.Context, t *Target, o RunOptions, outMu *sy
 			cmd.Dir = filepath.Dir(p.Spec.Path)
 			cmd.Env = append(p.env(t, shard), "KILN_TMPDIR="+tmp)
 			for ph, d := range t.Refs {
-				cmd.Env = append(cmd.Env, ph+"="+identity(p.byName[d]))
+				if v, err := refValue(p.byName[d], t.refSel[ph]); err == nil {
+					cmd.Env = append(cmd.Env, ph+"="+v)
+				}
 			}
 			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 			cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
@@ -614,40 +824,53 @@ func (p *Plan) runShards(ctx context.Context, t *Target, o RunOptions, outMu *sy
 			lw := &prefixWriter{w: io.MultiWriter(o.Output, lockedWriter{logBuf, &logMu}), mu: outMu, prefix: prefix}
 			cmd.Stdout = io.MultiWriter(&stdout, lw)
 			cmd.Stderr = lw
-			errs[i] = cmd.Run()
+			errs[i] = exitError(cmd.Run())
 			lw.flush()
-			refs[i] = lastLine(stdout.String())
+			stdouts[i] = stdout.String()
 		}(i, shard)
 	}
 	wg.Wait()
 	for _, err := range errs {
 		if err != nil {
-			return "", err
+			return nil, err
 		}
 	}
-	ref := refs[n-1]
-	if t.Out != "" {
-		r, err := dataset.ParseRef(ref)
-		if err != nil || !r.Pinned() || r.Name != t.Out {
-			return "", fmt.Errorf("the recipe's last stdout line %q is not a ref of %s (name@version): the writing command must come last", ref, t.Out)
+	outs, err := outputs(stdouts[n-1], t.Out)
+	if err != nil {
+		return nil, err
+	}
+	if t.Out == "" {
+		return outs, nil
+	}
+	for _, s := range stdouts {
+		so, _ := outputs(s, t.Out)
+		if strings.Join(so, " ") != strings.Join(outs, " ") {
+			return nil, fmt.Errorf("shards printed different refs (%q, %q): the shards must write parts of one version", strings.Join(so, " "), strings.Join(outs, " "))
 		}
-		for _, s := range refs {
-			if s != ref {
-				return "", fmt.Errorf("shards printed different refs (%q, %q): the shards must write parts of one version", s, ref)
-			}
-		}
-		if only != nil {
-			return ref, nil // shardsDone checks the commit once every shard is done
-		}
+	}
+	if only != nil {
+		return outs, nil // shardsDone checks the commit once every shard is done
+	}
+	for _, o := range outs {
+		r, _ := dataset.ParseRef(o)
 		if _, err := dataset.Open(ctx, p.opts.Store, r); err != nil {
-			return "", fmt.Errorf("the recipe printed %s but the store does not hold it: %w", ref, err)
+			return nil, fmt.Errorf("the recipe printed %s but the store does not hold it: %w", o, err)
 		}
-		return ref, nil
 	}
-	if r, err := dataset.ParseRef(ref); err == nil && r.Pinned() {
-		return ref, nil
+	return outs, nil
+}
+
+// exitError is a recipe's error without its process state: an
+// *exec.ExitError carries ExitCode(), which kiln's exit-status mapping
+// would take as the run's own exit status, and kiln run exits 1 when a
+// target fails, whatever the stage's status was (pipelines/README.md §5).
+// The status stays in the message.
+func exitError(err error) error {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return errors.New(ee.Error())
 	}
-	return "", nil
+	return err
 }
 
 type lockedWriter struct {

@@ -419,8 +419,8 @@ type scope struct {
 	step    int // -1: not a step target
 	target  string
 	prereqs []string
-	refs    func(name string) string // placeholder or ref for $(ref X)
-	used    map[string]string        // variables read, for "why"
+	refs    func(name, output string) string // placeholder for $(ref X [OUTPUT])
+	used    map[string]string                // variables read, for "why"
 	inRule  bool
 	shards  int
 }
@@ -461,14 +461,14 @@ func (vt *varTable) expandDepth(s string, sc *scope, pos Pos, depth int) (string
 				b.WriteString(sc.target)
 			case '<':
 				if len(sc.prereqs) > 0 {
-					b.WriteString(sc.refs(sc.prereqs[0]))
+					b.WriteString(sc.refs(sc.prereqs[0], ""))
 				}
 			case '^':
 				for j, p := range sc.prereqs {
 					if j > 0 {
 						b.WriteByte(' ')
 					}
-					b.WriteString(sc.refs(p))
+					b.WriteString(sc.refs(p, ""))
 				}
 			}
 			continue
@@ -544,7 +544,17 @@ func (vt *varTable) lookup(name string, sc *scope, pos Pos, depth int, text stri
 		if sc == nil || !sc.inRule {
 			return "", errAt(pos, "%s outside a recipe", text)
 		}
-		return sc.refs(strings.TrimSpace(name[4:])), nil
+		// $(ref T) is T's ref; $(ref T NAME) its output NAME (a target
+		// with several outputs, pipelines/README.md §3).
+		f := strings.Fields(name[4:])
+		if len(f) == 0 || len(f) > 2 {
+			return "", errAt(pos, "%s: want $(ref TARGET) or $(ref TARGET OUTPUT)", text)
+		}
+		sel := ""
+		if len(f) == 2 {
+			sel = f[1]
+		}
+		return sc.refs(f[0], sel), nil
 	}
 	if !varName.MatchString(name) {
 		return "", errAt(pos, "%s: %q is not a variable name, step arithmetic ($(step-1)) or $(ref TARGET)", text, name)

@@ -92,8 +92,15 @@ type Target struct {
 	// prerequisite is not done.
 	Key string
 	// Done: the store holds this target's output for Key; Ref names it.
+	// Ref is the last ref the recipe printed (a kiln stage's last stdout
+	// line): what $(ref T), $< and $^ stand for.
 	Done bool
 	Ref  string
+	// Outputs are every dataset the target wrote, in the order printed
+	// (the trailing stdout lines that are refs of Out or of Out/...; a
+	// kiln-rollout run writes OUT/rollouts, OUT/turns and
+	// OUT/trajectories): what $(ref T NAME) picks from. Ref is the last.
+	Outputs []string
 	// Why says, when not Done, why it must run (the first difference from
 	// the last recorded build), and when Done, what proves it.
 	Why string
@@ -103,7 +110,8 @@ type Target struct {
 	// or the out attribute), or "".
 	Out string
 	// Refs maps each KILN_REF_n placeholder in Recipe to the target whose
-	// committed ref it stands for.
+	// committed ref it stands for ($(ref T NAME) makes KILN_REF_n_NAME,
+	// which stands for T's output NAME).
 	Refs map[string]string
 	// Step is the step index for step-pattern targets (-1 otherwise).
 	Step int
@@ -115,6 +123,7 @@ type Target struct {
 	rule     *Rule
 	attrText string
 	text     []string          // recipe with ${KILN_REF_n} placeholders
+	refSel   map[string]string // placeholder -> output NAME of $(ref T NAME)
 	used     map[string]string // variables the target's expansion read
 	inputs   [][2]string       // prerequisite, identity (set by Resolve)
 	recorded *Entry            // the done entry that makes it done (set by Resolve)

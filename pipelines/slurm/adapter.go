@@ -36,9 +36,28 @@ func PipelinePlanner(env *stagecmd.Env) Planner {
 			out = append(out, Target{
 				Name: t.Name, Deps: t.Deps, Done: t.Done, Why: t.Why, Service: t.Service, Health: a.Health,
 				Shards: a.Shards, Throttle: a.Throttle, CPUs: a.CPUs, GPUs: a.GPUs, Nodes: a.Nodes,
-				Memory: a.Memory, Time: a.Time, Partition: a.Partition,
+				Memory: a.Memory, Time: a.Time, Partition: a.Partition, Step: t.Step,
+				Describe: func(ctx context.Context, metrics bool) (Details, error) {
+					return describe(ctx, plan, t, metrics)
+				},
 			})
 		}
 		return out, nil
 	}
+}
+
+// describe adapts the plan's summary of t to what kiln status prints.
+func describe(ctx context.Context, plan *pipelines.Plan, t *pipelines.Target, metrics bool) (Details, error) {
+	s, err := plan.Summary(ctx, t, metrics)
+	if err != nil {
+		return Details{}, err
+	}
+	d := Details{Ref: s.Ref, WallSeconds: s.WallSeconds}
+	for _, o := range s.Outputs {
+		d.Outputs = append(d.Outputs, Output{Ref: o.Ref, Rows: o.Rows, Metrics: o.Metrics})
+	}
+	if s.Failure != nil {
+		d.Failure, d.FailureLog = s.Failure.Reason, s.Failure.Log
+	}
+	return d, nil
 }

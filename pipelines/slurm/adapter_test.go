@@ -44,9 +44,14 @@ func TestPipelinePlannerDryRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "data.sbatch\nengine.sbatch afterok=data\nshards.sbatch afterok=data after=engine\nfinal.sbatch afterok=shards\n"
+	// Every job kiln slurm would submit, the service's stop job included.
+	want := "data.sbatch\nengine.sbatch afterok=data\nshards.sbatch afterok=data after=engine\nfinal.sbatch afterok=shards\nengine.stop.sbatch afterany=shards\n"
 	if string(order) != want {
 		t.Errorf("submit.order:\n%s\nwant:\n%s", order, want)
+	}
+	stop, err := os.ReadFile(filepath.Join(dry, "engine.stop.sbatch"))
+	if err != nil || !strings.Contains(string(stop), "touch "+filepath.Join(dir, ".kiln-slurm", "p", "services", "engine.stop")+"\n") {
+		t.Errorf("engine.stop.sbatch (%v):\n%s", err, stop)
 	}
 	sh, _ := os.ReadFile(filepath.Join(dry, "shards.sbatch"))
 	for _, w := range []string{"#SBATCH --array=0-2%2\n", "#SBATCH --cpus-per-task=1\n", `/opt/kiln --store ` + filepath.Join(dir, "store") + ` run ` + file + ` --only shards --shard "$KILN_SHARD" N=3`} {
@@ -86,12 +91,24 @@ sbatch data.sbatch
 sbatch engine.sbatch service afterok=data
 sbatch shards.sbatch array=0-2%2 afterok=data after=engine cpus=1
 sbatch final.sbatch afterok=shards
-slurm: 4 job(s) to submit; 0 target(s) already in Slurm
+sbatch engine.stop.sbatch afterany=shards
+slurm: 5 job(s) to submit; 0 target(s) already in Slurm
 `
 	if out.String() != want {
 		t.Errorf("kiln plan --slurm printed\n%s\nwant\n%s", out.String(), want)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "run")); err == nil {
 		t.Error("kiln plan --slurm wrote the run directory")
+	}
+}
+
+// TestServiceHostVar: the job scripts export the variable kiln run reads
+// to know a service runs elsewhere (pipelines.ServiceHostVar), spelled the
+// same way.
+func TestServiceHostVar(t *testing.T) {
+	for _, name := range []string{"engine", "engine/3", "grader.v2-a", "x_y"} {
+		if got, want := "KILN_SERVICE_"+envName(name)+"_HOST", pipelines.ServiceHostVar(name); got != want {
+			t.Errorf("%s: the job script exports %s, kiln run reads %s", name, got, want)
+		}
 	}
 }

@@ -8,8 +8,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -28,6 +31,37 @@ type Target struct {
 
 	Shards, Throttle, CPUs, GPUs, Nodes int
 	Memory, Time, Partition             string
+
+	// Step is the target's step index (-1: not a step target): kiln status
+	// --summary groups targets by it.
+	Step int
+	// Failure is why the target's last build failed, with the store key
+	// of its output ("" when it did not fail); kiln status fills it from
+	// Describe.
+	Failure string
+	// Describe, when not nil, reads what kiln status prints beyond the
+	// state; with metrics, the outputs' manifest metrics too.
+	Describe func(ctx context.Context, metrics bool) (Details, error)
+}
+
+// Details are a target's record in the store, as kiln status prints it
+// (pipelines.Summary, adapted).
+type Details struct {
+	Ref     string   `json:"ref,omitempty"`
+	Outputs []Output `json:"outputs,omitempty"`
+	// WallSeconds is the recorded build's wall time (0: unknown).
+	WallSeconds float64 `json:"wall_s,omitempty"`
+	// Failure and FailureLog are the last build's failure and the store
+	// key of its output, when it failed.
+	Failure    string `json:"failure,omitempty"`
+	FailureLog string `json:"failure_log,omitempty"`
+}
+
+// Output is one committed output of a target with its manifest's metrics.
+type Output struct {
+	Ref     string         `json:"ref"`
+	Rows    int64          `json:"rows"`
+	Metrics map[string]any `json:"metrics,omitempty"`
 }
 
 // Planner plans FILE for the goals with the variables, reading done-ness
@@ -133,39 +167,152 @@ Examples:
 }
 
 func statusCommand(env *stagecmd.Env, o Options) *cli.Command {
-	var dirFlag string
+	var f struct {
+		dir           string
+		summary, json bool
+	}
 	return &cli.Command{
 		Name:      "status",
 		Category:  "pipelines",
-		Usage:     "each target's state, from the store and from Slurm (squeue, sacct)",
+		Usage:     "each target's state, from the store and from Slurm (squeue, sacct); --summary: each step's metrics",
 		ArgsUsage: "FILE [TARGET...] [VAR=value...]",
 		Description: `Prints one line per target: its name, its state, the Slurm job ID and a
 detail. The store decides first: a target whose output the store holds is
-"done", whatever Slurm says. Otherwise the job "kiln slurm" submitted for it
-is looked up (squeue --states=all, then sacct): pending, running, failed,
-cancelled (a dependency failed: DependencyNeverSatisfied), timeout, ...; a
-target never submitted, or whose job Slurm no longer knows, is "missing".
-"kiln slurm FILE" again resubmits the failed, cancelled and missing ones.
+"done", whatever Slurm says. A target whose last build failed (kiln run, or
+the kiln run --only of its Slurm job) is "failed" with the reason and the
+store key of its output (kiln why FILE TARGET prints it). Otherwise the
+job "kiln slurm" submitted for it is looked up (squeue --states=all, then
+sacct): pending, running, failed, cancelled (a dependency failed:
+DependencyNeverSatisfied), timeout, ...; a target never submitted, or
+whose job Slurm no longer knows, is "missing". "kiln slurm FILE" again
+resubmits the failed, cancelled and missing ones.
+
+--summary then prints each done target grouped by step: its wall time and
+the metrics of its committed outputs' manifests (what each stage records:
+kiln-rollout's runs and aborts, kiln-grade's rewards, kiln-advantages'
+counts, kiln-train's losses and weights version), so a run's progress is
+read without exporting a dataset. --json prints the same as one JSON
+object per target and line instead: target, step (-1: not a step
+target), state, job, detail, ref, outputs (ref, rows, metrics), wall_s,
+failure, failure_log.
 
 Examples:
   kiln status rl.kiln
-  kiln status rl.kiln STEPS=10 --dir /shared/runs/rl`,
+  kiln status rl.kiln STEPS=10 --dir /shared/runs/rl
+  kiln status rl.kiln --summary`,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
-			&cli.StringFlag{Name: "dir", Usage: "the run `DIR` kiln slurm used", Destination: &dirFlag},
+			&cli.StringFlag{Name: "dir", Usage: "the run `DIR` kiln slurm used", Destination: &f.dir},
+			&cli.BoolFlag{Name: "summary", Usage: "also print each step's targets with their wall time and their outputs' manifest metrics", Destination: &f.summary},
+			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per target (state, outputs with their metrics, wall time, failure) instead of the table", Destination: &f.json},
 		},
 		Action: func(c *cli.Context) error {
-			p, err := o.load(c, dirFlag)
+			p, err := o.load(c, f.dir)
 			if err != nil {
 				return err
+			}
+			details := make([]Details, len(p.targets))
+			for i, t := range p.targets {
+				if t.Describe == nil {
+					continue
+				}
+				d, err := t.Describe(c.Context, f.summary || f.json)
+				if err != nil {
+					return err
+				}
+				details[i] = d
+				if d.Failure != "" {
+					p.targets[i].Failure = d.Failure
+					if d.FailureLog != "" {
+						p.targets[i].Failure += " (log " + d.FailureLog + ")"
+					}
+				}
 			}
 			rows, err := Reconcile(c.Context, p.targets, p.rec, QueryOptions{})
 			if err != nil {
 				return err
 			}
-			return printStatus(env.Stdout, rows)
+			if f.json {
+				return printStatusJSON(env.Stdout, p.targets, rows, details)
+			}
+			if err := printStatus(env.Stdout, rows); err != nil {
+				return err
+			}
+			if f.summary {
+				return printSummary(env.Stdout, p.targets, rows, details)
+			}
+			return nil
 		},
 	}
+}
+
+// printStatusJSON writes one JSON object per target (kiln status --json).
+func printStatusJSON(w io.Writer, targets []Target, rows []Row, details []Details) error {
+	enc := json.NewEncoder(w)
+	for i, t := range targets {
+		v := struct {
+			Target string `json:"target"`
+			Step   int    `json:"step"`
+			State  string `json:"state"`
+			Job    string `json:"job,omitempty"`
+			Detail string `json:"detail,omitempty"`
+			Details
+		}{t.Name, t.Step, rows[i].State, rows[i].Job, rows[i].Detail, details[i]}
+		if err := enc.Encode(v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// printSummary writes the done targets grouped by step, in step order
+// (targets of no step first): wall time and the outputs' metrics, merged
+// across a target's outputs (one stage invocation writes them all; the
+// first output's value of a metric wins), as key=value sorted by key.
+func printSummary(w io.Writer, targets []Target, rows []Row, details []Details) error {
+	idx := make([]int, 0, len(targets))
+	for i := range targets {
+		if rows[i].State == "done" && !targets[i].Service {
+			idx = append(idx, i)
+		}
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return targets[idx[a]].Step < targets[idx[b]].Step })
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nSTEP\tTARGET\tWALL\tREF\tMETRICS")
+	for _, i := range idx {
+		t, d := targets[i], details[i]
+		step := "-"
+		if t.Step >= 0 {
+			step = strconv.Itoa(t.Step)
+		}
+		wall := "-"
+		if d.WallSeconds > 0 {
+			wall = (time.Duration(d.WallSeconds * float64(time.Second))).Round(100 * time.Millisecond).String()
+		}
+		merged := map[string]any{}
+		for _, o := range d.Outputs {
+			for k, v := range o.Metrics {
+				if _, ok := merged[k]; !ok {
+					merged[k] = v
+				}
+			}
+		}
+		var kv []string
+		for _, k := range sortedKeys(merged) {
+			b, _ := json.Marshal(merged[k])
+			v := string(b)
+			if s, ok := merged[k].(string); ok && !strings.ContainsAny(s, " \t\"") {
+				v = s
+			}
+			kv = append(kv, k+"="+v)
+		}
+		ref := d.Ref
+		if ref == "" {
+			ref = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", step, t.Name, wall, ref, strings.Join(kv, " "))
+	}
+	return tw.Flush()
 }
 
 // pipelineState is what a Slurm command knows of a pipeline before it
@@ -240,6 +387,10 @@ func Reconcile(ctx context.Context, targets []Target, rec map[string]string, o Q
 		switch s, ok := st[r.Job]; {
 		case t.Done:
 			r.State, r.Detail = "done", t.Why
+		case (r.Job == "" || !ok || s.State == "UNKNOWN") && t.Failure != "":
+			// Not in Slurm, and its last build failed (a local kiln run,
+			// or a job Slurm no longer knows): the store says why.
+			r.State, r.Detail = "failed", t.Failure
 		case r.Job == "" || !ok || s.State == "UNKNOWN":
 			r.State, r.Detail = "missing", t.Why
 		case s.State == "COMPLETED":
@@ -252,6 +403,9 @@ func Reconcile(ctx context.Context, targets []Target, rec map[string]string, o Q
 			r.State, r.Detail = strings.ToLower(s.State), s.Reason
 			if len(s.Tasks) > 0 {
 				r.Detail = strings.TrimSpace(r.Detail + " " + taskSummary(s.Tasks))
+			}
+			if !s.Active() && t.Failure != "" {
+				r.Detail = strings.TrimSpace(strings.TrimSuffix(r.Detail, "None") + " " + t.Failure)
 			}
 		}
 		if r.Detail == "None" {
@@ -501,6 +655,9 @@ func printJobs(w io.Writer, scripts []Script, jobs []Job, live map[string]string
 		}
 		if len(s.Started) > 0 {
 			fmt.Fprintf(&b, " after=%s", strings.Join(s.Started, ","))
+		}
+		if len(s.AfterAny) > 0 {
+			fmt.Fprintf(&b, " afterany=%s", strings.Join(s.AfterAny, ","))
 		}
 		for _, r := range []struct {
 			k string

@@ -44,7 +44,8 @@ func TestCompileGolden(t *testing.T) {
 			t.Errorf("%s differs from %s:\n%s", s.Name, golden, s.Text)
 		}
 	}
-	if got, want := strings.Join(order, " "), "data engine rollout/2 train/2"; got != want {
+	// The service's stop job comes last, after its users (afterany).
+	if got, want := strings.Join(order, " "), "data engine rollout/2 train/2 engine.stop"; got != want {
 		t.Errorf("order %q, want %q", got, want)
 	}
 	byName := map[string]Script{}
@@ -56,6 +57,9 @@ func TestCompileGolden(t *testing.T) {
 	}
 	if e := byName["engine"]; strings.Join(e.StopAfter, ",") != "rollout/2" {
 		t.Errorf("engine stops after %v, want [rollout/2]", e.StopAfter)
+	}
+	if e := byName["engine.stop"]; strings.Join(e.AfterAny, ",") != "rollout/2" || e.File != "engine.stop.sbatch" {
+		t.Errorf("engine's stop job: %+v, want engine.stop.sbatch afterany rollout/2", e)
 	}
 }
 
@@ -104,11 +108,22 @@ func TestWriteScripts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "data.sbatch\nengine.sbatch afterok=data\nrollout--2.sbatch afterok=data after=engine\ntrain--2.sbatch afterok=rollout/2\n"
-	if string(order) != want {
-		t.Errorf("submit.order:\n%s\nwant:\n%s", order, want)
+	// Every job a submission has, the service's stop job included
+	// (before, the dry run left it out).
+	golden := filepath.Join("testdata", "submit.order")
+	if *update {
+		if err := os.WriteFile(golden, order, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
-	for _, f := range []string{"data.sbatch", "engine.sbatch", "rollout--2.sbatch", "train--2.sbatch"} {
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run go test -run TestWriteScripts -update)", err)
+	}
+	if string(order) != string(want) {
+		t.Errorf("submit.order:\n%s\nwant (%s):\n%s", order, golden, want)
+	}
+	for _, f := range []string{"data.sbatch", "engine.sbatch", "rollout--2.sbatch", "train--2.sbatch", "engine.stop.sbatch"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			t.Error(err)
 		}

@@ -35,18 +35,25 @@
 // # Service targets
 //
 // A service (an inference engine, a grading server) is a companion job, not
-// a heterogeneous job: it waits afterok on its own prerequisites, runs its
-// recipe in the background on the node Slurm gives it, and writes that
-// node's short hostname to DIR/services/NAME.host. Its users are submitted
-// with --dependency=after:SERVICE_ID (the service has started); each first
-// waits for the host file, exports KILN_SERVICE_<NAME>_HOST, and runs the
-// service's health command until it succeeds (a timeout fails the user
-// with exit 75). A one-line stop job, --dependency=afterany on all the
-// users, touches DIR/services/NAME.stop, and the service job then stops its
-// recipe and exits 0. A companion job was chosen over "#SBATCH hetjob"
-// because a heterogeneous job's components start together, so the users
-// could not wait on their own prerequisites separately, and a service can
-// serve users from several steps.
+// a heterogeneous job: it waits afterok on its own prerequisites, exports
+// KILN_SERVICE_<NAME>_HOST (its node's short hostname; NAME upper-cased,
+// other characters '_') and runs its recipe in the background on the node
+// Slurm gives it, runs its health command there, where the service is
+// reachable (one bound to 127.0.0.1 included), and only once that passes
+// writes the hostname to DIR/services/NAME.host (a timeout fails the
+// service's job with exit 75 and, through their wait, its users). Its
+// users are submitted with --dependency=after:SERVICE_ID (the service has
+// started); each waits for the host file (exit 75 past the health timeout)
+// and exports KILN_SERVICE_<NAME>_HOST, the address recipes use; the kiln
+// run --only in it sees the variable set and neither starts nor checks the
+// service itself. A one-line stop job, NAME.stop, compiled and submitted
+// like the others (kiln slurm --dry-run writes NAME.stop.sbatch, kiln plan
+// --slurm lists it) with --dependency=afterany on all the users, touches
+// DIR/services/NAME.stop, and the service job then stops its recipe and
+// exits 0. A companion job was chosen over "#SBATCH hetjob" because a
+// heterogeneous job's components start together, so the users could not
+// wait on their own prerequisites separately, and a service can serve
+// users from several steps.
 //
 // # Completion
 //
@@ -57,8 +64,10 @@
 // the store holds only what succeeded. An array's target is recorded by
 // the task that finds every shard's part recorded (pipelines/README.md §7).
 // A service's job runs "kiln run --only SERVICE", which keeps the recipe in
-// the foreground until the stop file ends it; its users' kiln run finds it
-// healthy and does not start another. "kiln status" reconciles each target from the store first
+// the foreground until the stop file ends it; its users' kiln run finds
+// KILN_SERVICE_<NAME>_HOST set and does not start another. A kiln run
+// --only whose target fails records the failure in the store (reason and
+// output), which kiln status prints beside Slurm's state. "kiln status" reconciles each target from the store first
 // (done is done, whatever Slurm says) and then from Slurm: squeue
 // --states=all for jobs the controller still holds, sacct for older ones.
 package slurm

@@ -47,10 +47,15 @@ type Script struct {
 	File string // file name within the script directory
 	Text string
 	// After are the names of the jobs this one waits to succeed; Started
-	// the services it waits to start (after:), then checks health; StopAfter
-	// (for a service) the jobs whose end stops it.
-	After, Started, StopAfter []string
+	// the services it waits to start (after:), then for their host files;
+	// StopAfter (for a service) the jobs whose end stops it; AfterAny (for
+	// a service's stop job, NAME.stop) the jobs it waits to end, however
+	// they end (afterany:).
+	After, Started, StopAfter, AfterAny []string
 }
+
+// stopSuffix names a service's stop job: NAME.stop, file NAME.stop.sbatch.
+const stopSuffix = ".stop"
 
 // CompileOptions say where the jobs' files live on the shared filesystem.
 type CompileOptions struct {
@@ -169,7 +174,28 @@ func compile(jobs []Job, o CompileOptions, known func(string) bool) ([]Script, e
 		s.Text = scriptText(j, byName, o)
 		out = append(out, s)
 	}
+	// Each service with users gets a stop job after all of them, last:
+	// it is a job of the submission like the others (kiln slurm --dry-run
+	// writes it, kiln plan --slurm lists it).
+	for _, j := range ordered {
+		if !j.Service || len(users[j.Name]) == 0 {
+			continue
+		}
+		name := j.Name + stopSuffix
+		if _, clash := byName[name]; clash {
+			return nil, fmt.Errorf("job %q: the stop job of service %q has that name: rename the target", name, j.Name)
+		}
+		out = append(out, Script{Name: name, File: FileName(name), AfterAny: users[j.Name], Text: stopText(j.Name, o)})
+	}
 	return out, nil
+}
+
+// stopText is the stop job of service name: it touches the stop file the
+// service's job watches.
+func stopText(name string, o CompileOptions) string {
+	stopFile := filepath.Join(o.Dir, "services", strings.ReplaceAll(name, "/", "--")+".stop")
+	return fmt.Sprintf("#!/bin/bash\n#SBATCH --job-name=%s%s\n#SBATCH --output=/dev/null\nset -euo pipefail\n# after every user of service %s has ended, however it ended\ntouch %s\n",
+		name, stopSuffix, name, shq(stopFile))
 }
 
 func scriptText(j Job, byName map[string]Job, o CompileOptions) string {
@@ -218,7 +244,8 @@ func scriptText(j Job, byName map[string]Job, o CompileOptions) string {
 	if j.Shards > 0 {
 		w("export KILN_SHARD=\"$SLURM_ARRAY_TASK_ID\" KILN_SHARDS=%d\n", j.Shards)
 	}
-	// Services this job uses: wait until each is healthy.
+	// Services this job uses: wait until each has published its host,
+	// which its own job does once its health check passed on its node.
 	for _, d := range j.After {
 		svc, ok := byName[d]
 		if !ok || !svc.Service {
@@ -226,22 +253,27 @@ func scriptText(j Job, byName map[string]Job, o CompileOptions) string {
 		}
 		v := envName(d)
 		hostFile := filepath.Join(o.Dir, "services", strings.ReplaceAll(d, "/", "--")+".host")
-		w("# service %s: wait for its host file, then for its health check\n", d)
+		w("# service %s: wait for its host file (written once it is healthy)\n", d)
 		w("kiln_deadline=$((SECONDS + %d))\n", o.HealthTimeout)
-		w("until [ -s %s ]; do (( SECONDS < kiln_deadline )) || { echo \"kiln: service %s did not start within %ds\" >&2; exit 75; }; sleep 1; done\n", shq(hostFile), d, o.HealthTimeout)
+		w("until [ -s %s ]; do (( SECONDS < kiln_deadline )) || { echo \"kiln: service %s not healthy within %ds\" >&2; exit 75; }; sleep 1; done\n", shq(hostFile), d, o.HealthTimeout)
 		w("export KILN_SERVICE_%s_HOST=\"$(cat %s)\"\n", v, shq(hostFile))
-		if svc.Health != "" {
-			w("until ( %s ) >/dev/null 2>&1; do (( SECONDS < kiln_deadline )) || { echo \"kiln: service %s not healthy within %ds\" >&2; exit 75; }; sleep 1; done\n", svc.Health, d, o.HealthTimeout)
-		}
 	}
 	switch {
 	case j.Service:
 		hostFile := filepath.Join(o.Dir, "services", strings.ReplaceAll(j.Name, "/", "--")+".host")
 		stopFile := filepath.Join(o.Dir, "services", strings.ReplaceAll(j.Name, "/", "--")+".stop")
-		w("# service: run the recipe in the background, publish this node's name,\n# and stop when the stop job (after the last user) touches the stop file.\n")
+		w("# service: run the recipe in the background on this node, check its health\n# here (where the service is reachable), then publish this node's name for\n# the users; stop when the stop job (after the last user) touches the stop file.\n")
 		w("mkdir -p %s\nrm -f %s\n", shq(filepath.Dir(hostFile)), shq(stopFile))
+		w("export KILN_SERVICE_%s_HOST=\"$(hostname -s)\"\n", envName(j.Name))
 		w("( %s\n) &\nkiln_pid=$!\n", body(j.Script))
-		w("hostname -s > %s.tmp && mv %s.tmp %s\n", shq(hostFile), shq(hostFile), shq(hostFile))
+		if j.Health != "" {
+			w("kiln_deadline=$((SECONDS + %d))\n", o.HealthTimeout)
+			w("until ( %s ) >/dev/null 2>&1; do\n", j.Health)
+			w("\tkill -0 \"$kiln_pid\" 2>/dev/null || { wait \"$kiln_pid\" || true; echo \"kiln: service %s exited before its health check passed\" >&2; exit 1; }\n", j.Name)
+			w("\t(( SECONDS < kiln_deadline )) || { echo \"kiln: service %s not healthy within %ds\" >&2; kill \"$kiln_pid\" 2>/dev/null || true; exit 75; }\n", j.Name, o.HealthTimeout)
+			w("\tsleep 1\ndone\n")
+		}
+		w("echo \"$KILN_SERVICE_%s_HOST\" > %s.tmp && mv %s.tmp %s\n", envName(j.Name), shq(hostFile), shq(hostFile), shq(hostFile))
 		w("while [ ! -e %s ]; do\n\tkill -0 \"$kiln_pid\" 2>/dev/null || { wait \"$kiln_pid\"; echo \"kiln: service %s exited before it was stopped\" >&2; exit 1; }\n\tsleep 1\ndone\n", shq(stopFile), j.Name)
 		w("kill \"$kiln_pid\" 2>/dev/null || true\nwait \"$kiln_pid\" || true\nrm -f %s\n", shq(hostFile))
 	case nodes > 1:
@@ -306,6 +338,9 @@ func WriteScripts(dir string, jobs []Job, o CompileOptions) ([]Script, error) {
 		}
 		if len(s.Started) > 0 {
 			fmt.Fprintf(&order, " after=%s", strings.Join(s.Started, ","))
+		}
+		if len(s.AfterAny) > 0 {
+			fmt.Fprintf(&order, " afterany=%s", strings.Join(s.AfterAny, ","))
 		}
 		order.WriteString("\n")
 	}
@@ -381,6 +416,16 @@ func Submit(ctx context.Context, jobs []Job, o SubmitOptions) (map[string]string
 				deps = append(deps, "after:"+id)
 			}
 		}
+		// A stop job waits for every user to end, however it ends.
+		var anyIDs []string
+		for _, d := range s.AfterAny {
+			if id := idOf(d); id != "" {
+				anyIDs = append(anyIDs, id)
+			}
+		}
+		if len(anyIDs) > 0 {
+			deps = append(deps, "afterany:"+strings.Join(anyIDs, ":"))
+		}
 		args := []string{"--parsable", "--kill-on-invalid-dep=yes"}
 		if len(deps) > 0 {
 			args = append(args, "--dependency="+strings.Join(deps, ","))
@@ -391,30 +436,6 @@ func Submit(ctx context.Context, jobs []Job, o SubmitOptions) (map[string]string
 			return ids, fmt.Errorf("submitting %q: %w", s.Name, err)
 		}
 		ids[s.Name] = id
-	}
-	// Each service is stopped by a small job after its users end, however
-	// they end (afterany).
-	for _, s := range scripts {
-		if len(s.StopAfter) == 0 {
-			continue
-		}
-		var users []string
-		for _, u := range s.StopAfter {
-			if id := idOf(u); id != "" {
-				users = append(users, id)
-			}
-		}
-		stopFile := filepath.Join(o.Dir, "services", strings.ReplaceAll(s.Name, "/", "--")+".stop")
-		args := []string{"--parsable", "--job-name=" + s.Name + ".stop", "--output=/dev/null"}
-		if len(users) > 0 {
-			args = append(args, "--dependency=afterany:"+strings.Join(users, ":"))
-		}
-		args = append(args, "--wrap=touch "+shq(stopFile))
-		id, err := runSbatch(ctx, sbatch, args, o.Env)
-		if err != nil {
-			return ids, fmt.Errorf("submitting the stop job of service %q: %w", s.Name, err)
-		}
-		ids[s.Name+".stop"] = id
 	}
 	return ids, nil
 }

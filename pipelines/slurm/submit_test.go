@@ -193,3 +193,33 @@ func TestSubmitService(t *testing.T) {
 		t.Errorf("no stop job for the service: %v", ids)
 	}
 }
+
+// TestSubmitServiceHealthWhereItRuns: a service's health check runs in the
+// service's own job, where the service is reachable (here: only the
+// service's job sees its job name), and its users wait for the host it
+// publishes after that. Before, each user ran the health check on its own
+// node, where a check on localhost never passes.
+func TestSubmitServiceHealthWhereItRuns(t *testing.T) {
+	c := slurmtest.Start(t)
+	dir := t.TempDir()
+	os.Chmod(dir, 0o755)
+	jobs := []Job{
+		{Name: "engine", Service: true, Health: `test "$SLURM_JOB_NAME" = engine -a "$KILN_SERVICE_ENGINE_HOST" = "$(hostname -s)"`,
+			Script: "sleep 300\n"},
+		{Name: "use", After: []string{"engine"}, Script: fmt.Sprintf(`test "$KILN_SERVICE_ENGINE_HOST" = "$(hostname -s)"; echo used > %s/used`+"\n", dir)},
+	}
+	ids, err := Submit(context.Background(), jobs, SubmitOptions{CompileOptions: CompileOptions{Dir: dir, HealthTimeout: 30}, Env: c.Env})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := waitSettled(t, c, ids, 90*time.Second)
+	for name, id := range ids {
+		if st[id].State != "COMPLETED" {
+			log, _ := os.ReadFile(filepath.Join(dir, "logs", name+"-"+id+".out"))
+			t.Errorf("%s (%s): %+v, want COMPLETED\n%s", name, id, st[id], log)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "used")); err != nil {
+		t.Errorf("the user did not run: %v", err)
+	}
+}
