@@ -3,6 +3,9 @@
     python -m kiln_gpu.serve --model DIR [--host 127.0.0.1] [--port N|0]
         [--port-file F] [--seed S] [--max-batch N] [--served-model-name NAME]
         [--max-model-len N] [--device cpu|cuda] [--tokenizer-only]
+        [--api-key KEY] [--max-logprobs N] [--max-body-bytes N]
+        [--max-connections N] [--request-timeout S]
+        [--allow-request-chat-template]
 
 Routes (docs/serve.md §2): GET /health, /version, /v1/models, /is_paused,
 /weight_info; POST /tokenize, /detokenize, /inference/v1/generate,
@@ -20,14 +23,21 @@ requests to it (docs/serve.md §5).
 weights, and serves the GETs, /tokenize and /detokenize through the same
 code as the full server; every generation route answers 503. It is the
 renderer of a replay, which needs no GPU (docs/serve.md §9).
+
+Limits (docs/serve.md §10) keep one client on a shared node from taking the
+server down or steering it: --api-key guards every route but /health, and
+bodies, connections, slow clients, logprobs and request-supplied chat
+templates are bounded or refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import os
 import queue
+import socket
 import sys
 import threading
 import time
@@ -64,7 +74,7 @@ def bad(msg: str) -> APIError:
 class Sampling:
     """The sampling_params kiln_gpu.serve honours, validated (docs/serve.md §3)."""
 
-    def __init__(self, d: dict, max_model_len: int, prompt_len: int):
+    def __init__(self, d: dict, max_model_len: int, prompt_len: int, max_logprobs: int = 20):
         if not isinstance(d, dict):
             raise bad("sampling_params must be an object")
 
@@ -94,6 +104,8 @@ class Sampling:
         self.logprobs = num("logprobs", 0, -1, None, int)
         if self.logprobs == -1:
             raise bad("logprobs=-1 (the full vocabulary) is not supported by kiln_gpu.serve")
+        if self.logprobs > max_logprobs:  # vLLM's check and message (--max-logprobs)
+            raise bad(f"Requested sample logprobs of {self.logprobs}, which is greater than max allowed: {max_logprobs}")
         ids = d.get("stop_token_ids") or []
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
             raise bad("stop_token_ids must be a list of non-negative integers")
@@ -441,6 +453,112 @@ class Engine(Renderer):
         )
 
 
+# ------------------------------------------------------------------ limits
+
+
+class Limits:
+    """What the server accepts from its clients (docs/serve.md §10): vLLM's
+    max_logprobs, a body size, a connection count, the time a request may
+    take to arrive, whether a request may bring its own chat template, and
+    the API key every route but /health needs (None: no key)."""
+
+    def __init__(self, max_logprobs: int = 20, max_body_bytes: int = 8 << 20, max_connections: int = 128,
+                 request_timeout: float = 30.0, allow_request_chat_template: bool = False,
+                 api_key: Optional[str] = None):
+        self.max_logprobs = max_logprobs
+        self.max_body_bytes = max_body_bytes
+        self.max_connections = max_connections
+        self.request_timeout = request_timeout
+        self.allow_request_chat_template = allow_request_chat_template
+        self.api_key = api_key or None
+
+
+class Deadlines:
+    """One reaper thread that shuts down the connection of each handler
+    whose request has not fully arrived by its deadline: a client sending
+    partial headers, a slow body or nothing at all (an idle keep-alive)
+    holds its connection slot for at most the timeout. The deadline covers
+    the request only; generating and answering are not timed here."""
+
+    def __init__(self, timeout: float):
+        self.timeout = timeout
+        self.lock = threading.Lock()
+        self.due: dict = {}  # handler -> time.monotonic() deadline
+        threading.Thread(target=self._reap, name="kiln-serve-reaper", daemon=True).start()
+
+    def arm(self, handler) -> None:
+        with self.lock:
+            self.due[handler] = time.monotonic() + self.timeout
+
+    def disarm(self, handler) -> bool:
+        """False when the handler's deadline passed: its socket is shut
+        down and the request must not be acted on."""
+        with self.lock:
+            return self.due.pop(handler, None) is not None
+
+    def _reap(self) -> None:
+        tick = min(1.0, max(0.02, self.timeout / 4))
+        while True:
+            time.sleep(tick)
+            now = time.monotonic()
+            with self.lock:
+                late = [h for h, d in self.due.items() if d <= now]
+                for h in late:
+                    del self.due[h]
+            for h in late:
+                try:
+                    h.connection.shutdown(socket.SHUT_RDWR)  # the blocked read returns EOF
+                except OSError:
+                    pass
+
+
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, at most limits.max_connections of them: a
+    connection beyond is answered 503 and closed from the accepting thread,
+    with no thread of its own."""
+
+    daemon_threads = True
+    block_on_close = False  # a stalled client never blocks shutdown
+    request_queue_size = 128  # the listen backlog (socketserver's 5 drops bursts of connects)
+
+    def __init__(self, addr, handler, limits: Limits):
+        self.limits = limits
+        self.slots = threading.BoundedSemaphore(limits.max_connections)
+        self.deadlines = Deadlines(limits.request_timeout)
+        super().__init__(addr, handler)
+
+    def process_request(self, request, client_address):
+        if not self.slots.acquire(blocking=False):
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            self.shutdown_request(request)
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def _refuse(self, request) -> None:
+        msg = (f"kiln_gpu.serve has {self.limits.max_connections} connections open (--max-connections); "
+               "retry later")
+        body = json.dumps({"error": {"message": msg, "type": "ServiceUnavailableError", "param": None,
+                                     "code": 503}}).encode()
+        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+        try:
+            request.setblocking(False)  # a fresh socket's send buffer takes it; never wait on the client
+            request.send(head + body)
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+
 # ------------------------------------------------------------------ server
 
 
@@ -519,8 +637,9 @@ class Server:
     """The routes over an Engine, or over a Renderer alone (--tokenizer-only:
     the GETs, /tokenize and /detokenize; docs/serve.md §2, §9)."""
 
-    def __init__(self, engine: Renderer):
+    def __init__(self, engine: Renderer, limits: Optional[Limits] = None):
         self.e = engine
+        self.limits = limits or Limits()
 
     def check_route(self, path: str) -> None:
         """503 for a generation route when no model is loaded."""
@@ -551,6 +670,11 @@ class Server:
             if not isinstance(kw, dict):
                 raise bad("chat_template_kwargs must be an object")
             tools = _tools_for_template(body.get("tools"))
+            if (body.get("chat_template") or kw.get("chat_template")) and not self.limits.allow_request_chat_template:
+                # vLLM's refusal (--trust-request-chat-template): a template
+                # is code the server runs, e.g. {{ "x" * 6000000000 }}
+                raise bad("Chat template is passed with request, but --allow-request-chat-template is not set. "
+                          "Refused request with untrusted chat template.")
             args = dict(kw)
             if body.get("chat_template"):
                 args["chat_template"] = body["chat_template"]
@@ -589,7 +713,7 @@ class Server:
         for i, t in enumerate(prompt):
             if t >= vocab:
                 raise bad(f"Token id {t} is out of vocabulary (prompt[{i}])")
-        s = Sampling(sp, self.e.max_model_len, len(prompt))
+        s = Sampling(sp, self.e.max_model_len, len(prompt), self.limits.max_logprobs)
         seed = s.seed if s.seed is not None else self.e.next_seed()
         return s, self.e.submit(Job(prompt, s, seed))
 
@@ -686,11 +810,33 @@ class Server:
 
 
 def make_handler(srv: Server):
+    lim = srv.limits
+    key = None if lim.api_key is None else lim.api_key.encode()
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = lim.request_timeout  # each socket read and write (StreamRequestHandler.setup)
 
         def log_message(self, fmt, *args):  # quiet: kiln reads stdout/stderr
             pass
+
+        def handle_one_request(self):
+            """One request, its arrival (request line, headers, body) timed
+            by the server's Deadlines; a keep-alive's wait for its next
+            request too."""
+            self.server.deadlines.arm(self)
+            try:
+                super().handle_one_request()
+            finally:
+                self.server.deadlines.disarm(self)
+
+        def _arrived(self) -> bool:
+            """Stops the request's clock; False (drop it, act on nothing)
+            when it ran out: headers cut short by the reaper look complete."""
+            if self.server.deadlines.disarm(self):
+                return True
+            self.close_connection = True
+            return False
 
         def _send(self, status: int, obj: Any, version: Optional[int] = None) -> None:
             data = b"" if obj is None else json.dumps(obj).encode()
@@ -698,15 +844,58 @@ def make_handler(srv: Server):
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.send_header("x-kiln-weight-version", str(srv.e.weight_version if version is None else version))
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data)
 
         def _error(self, e: APIError) -> None:
             self._send(e.status, {"error": {"message": e.message, "type": e.typ, "param": None, "code": e.status}})
 
-        def _body(self, path: str) -> dict:
-            n = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(n) if n else b""  # read whole: the connection is kept alive
+        def _authorized(self, path: str) -> bool:
+            """--api-key: every route but /health needs "Authorization:
+            Bearer KEY"; else 401 as vLLM answers it, the body unread and
+            the connection closed."""
+            if key is None or path == "/health":
+                return True
+            got = (self.headers.get("Authorization") or "").encode()
+            if hmac.compare_digest(got, b"Bearer " + key):
+                return True
+            self.close_connection = True
+            self._send(401, {"error": "Unauthorized"})
+            return False
+
+        def _content_length(self) -> int:
+            """The body's length from its headers, checked before a byte of
+            it is read: chunked is 411, a malformed length 400, one over
+            --max-body-bytes 413. Each closes the connection (the body's
+            end is unknown or unread)."""
+            keep, self.close_connection = self.close_connection, True
+            if self.headers.get("Transfer-Encoding"):
+                raise APIError(411, "kiln_gpu.serve needs a Content-Length (no Transfer-Encoding)", "LengthRequired")
+            vals = self.headers.get_all("Content-Length") or ["0"]
+            v = vals[0].strip()
+            if len(set(x.strip() for x in vals)) != 1 or not (v.isascii() and v.isdigit()):
+                raise bad(f"Content-Length {', '.join(vals)!r} is not a non-negative integer")
+            n = int(v)
+            if n > lim.max_body_bytes:
+                raise APIError(413, f"request body of {n} bytes is over the server's limit of {lim.max_body_bytes} "
+                                    "(--max-body-bytes)", "RequestEntityTooLarge")
+            self.close_connection = keep
+            return n
+
+        def _body(self, path: str) -> Optional[dict]:
+            """The JSON body, or None when the client was dropped."""
+            n = self._content_length()
+            try:
+                raw = self.rfile.read(n) if n else b""
+            except OSError:  # a read timed out (--request-timeout) or the connection broke
+                raw = b""
+            if len(raw) < n:  # the client closed, timed out, or its deadline shut the socket
+                self.close_connection = True
+                return None
+            if not self._arrived():
+                return None
             srv.check_route(path)
             try:
                 body = json.loads(raw or b"{}")
@@ -718,6 +907,10 @@ def make_handler(srv: Server):
 
         def do_GET(self):
             path = urlparse(self.path).path
+            if not self._arrived() or not self._authorized(path):
+                return
+            if self.headers.get("Content-Length", "0").strip() != "0" or self.headers.get("Transfer-Encoding"):
+                self.close_connection = True  # a GET's body is never read
             if path == "/health":
                 return self._send(200, None)
             if path == "/version":
@@ -733,7 +926,11 @@ def make_handler(srv: Server):
         def do_POST(self):
             u = urlparse(self.path)
             try:
+                if not self._authorized(u.path):
+                    return
                 body = self._body(u.path)
+                if body is None:
+                    return
                 if u.path == "/tokenize":
                     return self._send(200, srv.tokenize(body))
                 if u.path == "/detokenize":
@@ -772,12 +969,13 @@ def make_handler(srv: Server):
     return Handler
 
 
-def serve(engine: Renderer, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+def serve(engine: Renderer, host: str = "127.0.0.1", port: int = 0,
+          limits: Optional[Limits] = None) -> ThreadingHTTPServer:
     """A started-not-serving HTTP server over engine, an Engine or (for
-    --tokenizer-only) a Renderer; call serve_forever."""
-    httpd = ThreadingHTTPServer((host, port), make_handler(Server(engine)))
-    httpd.daemon_threads = True
-    return httpd
+    --tokenizer-only) a Renderer, within limits (default Limits()); call
+    serve_forever."""
+    limits = limits or Limits()
+    return BoundedHTTPServer((host, port), make_handler(Server(engine, limits)), limits)
 
 
 EXAMPLES = """examples:
@@ -810,10 +1008,36 @@ def main(argv=None) -> int:
                         "/v1/models, /is_paused, POST /tokenize, /detokenize as the full server does and answer "
                         "every generation route 503; the no-GPU renderer of a replay "
                         "(kiln-rollout run --replay-renderer; docs/serve.md §9)")
+    p.add_argument("--api-key", default=os.environ.get("KILN_ENGINE_API_KEY") or None,
+                   help="every route but /health needs 'Authorization: Bearer KEY', else 401 (default "
+                        "$KILN_ENGINE_API_KEY, which kiln-sync and kiln-rollout send too; the environment keeps the "
+                        "key out of ps, where an argument is visible to every local user)")
+    p.add_argument("--max-logprobs", type=int, default=20,
+                   help="the most top logprobs a request may ask for (vLLM's default 20); more is 400")
+    p.add_argument("--max-body-bytes", type=int, default=8 << 20,
+                   help="the largest request body; a larger Content-Length is 413, never read (default 8 MiB)")
+    p.add_argument("--max-connections", type=int, default=128,
+                   help="connections served at once, a thread each; one beyond is answered 503 and closed")
+    p.add_argument("--request-timeout", type=float, default=30.0,
+                   help="seconds a request (request line, headers, body) or an idle keep-alive may take to "
+                        "arrive before its connection is dropped; each socket read and write is bounded by it too")
+    p.add_argument("--allow-request-chat-template", "--trust-request-chat-template", action="store_true",
+                   help="let /tokenize requests bring their own chat_template (code the server runs); without it "
+                        "they are 400, as vLLM without --trust-request-chat-template")
     a = p.parse_args(argv)
     if a.max_model_len is not None and a.max_model_len < 1:
         print(f"kiln_gpu.serve: --max-model-len {a.max_model_len}: want a positive number of tokens", file=sys.stderr)
         return 2
+    if a.max_logprobs < 0:
+        print(f"kiln_gpu.serve: --max-logprobs {a.max_logprobs}: want 0 or more", file=sys.stderr)
+        return 2
+    for flag, v in (("--max-body-bytes", a.max_body_bytes), ("--max-connections", a.max_connections),
+                    ("--request-timeout", a.request_timeout)):
+        if not v > 0:
+            print(f"kiln_gpu.serve: {flag} {v}: want a positive number", file=sys.stderr)
+            return 2
+    limits = Limits(a.max_logprobs, a.max_body_bytes, a.max_connections, a.request_timeout,
+                    a.allow_request_chat_template, a.api_key)
     torch.manual_seed(a.seed)
     try:
         if a.tokenizer_only:
@@ -823,7 +1047,7 @@ def main(argv=None) -> int:
     except FileNotFoundError as ex:
         print(f"kiln_gpu.serve: {ex}", file=sys.stderr)
         return 2
-    httpd = serve(eng, a.host, a.port)
+    httpd = serve(eng, a.host, a.port, limits)
     port = httpd.server_address[1]
     if a.port_file:
         tmp = a.port_file + ".tmp"
@@ -831,6 +1055,8 @@ def main(argv=None) -> int:
             f.write(f"{port}\n")
         os.replace(tmp, a.port_file)
     mode = " (--tokenizer-only: renders and decodes, never generates)" if a.tokenizer_only else ""
+    if limits.api_key is not None:
+        mode += " (--api-key: every route but /health needs the key)"
     print(f"kiln_gpu.serve: serving {eng.served_name} on http://{a.host}:{port}{mode}", flush=True)
     try:
         httpd.serve_forever()

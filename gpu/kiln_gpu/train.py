@@ -26,7 +26,7 @@ from typing import Any, Optional
 import torch
 
 from .batches import MicroBatch, Plan, PlanError, load_micro_batch, load_plan
-from .checkpoint import DEFAULT_SHARD_BYTES, write_checkpoint
+from .checkpoint import DEFAULT_SHARD_BYTES, CheckpointError, load_optimizer_state, write_checkpoint
 from .loss import LossConfig
 from .objectives import Objective, micro_batch_loss, policy_logprobs
 
@@ -271,6 +271,8 @@ def run(plan: Plan, dist: Dist) -> dict:
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if (cuda and bf16) else contextlib.nullcontext
     torch.manual_seed(plan.seed)
     src = plan.resume_from or plan.model
+    # before any weights: a refused optimizer state fails fast (exit 2)
+    resumed = None if plan.resume_from is None else load_optimizer_state(plan.resume_from, device)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).to(device)
     model.train()
     if cuda and plan.flag("activation_checkpointing", True):
@@ -291,8 +293,8 @@ def run(plan: Plan, dist: Dist) -> dict:
         model.set_reduce_scatter_divide_factor(1.0)
     opt = build_optimizer(model, plan.optimizer)
     done_steps = 0
-    if plan.resume_from is not None:
-        st = torch.load(plan.resume_from / "optimizer.pt", map_location=device, weights_only=False)
+    if resumed is not None:
+        st = resumed
         if "master" in st:
             model.load_state_dict(st["master"])
         opt.load_state_dict(st["optimizer"])
@@ -412,6 +414,9 @@ def main(argv=None) -> int:
         return 0
     except PlanError as e:
         log.error("bad plan: %s", e)
+        return 2
+    except CheckpointError as e:
+        log.error("refused --resume-from checkpoint: %s", e)
         return 2
     except Exception:
         log.exception("training failed")

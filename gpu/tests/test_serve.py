@@ -551,3 +551,285 @@ def test_update_weight_version_and_weight_info(server):
     finally:
         call(base, "/resume", {})
         eng.set_weight_version(before)
+
+
+# -- limits on a shared node (docs/serve.md §10): small caps and timeouts
+# keep these fast; each server below shares the module's engine.
+
+import socket  # noqa: E402
+import time  # noqa: E402
+
+from kiln_gpu.serve import Limits  # noqa: E402
+
+
+@pytest.fixture
+def limited(server):
+    """start(**limits) serves the module's engine under Limits(**limits)
+    and returns (base URL, port); each is shut down after the test."""
+    started = []
+
+    def start(**kw):
+        httpd = serve(server[1], "127.0.0.1", 0, Limits(**kw))
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        started.append(httpd)
+        port = httpd.server_address[1]
+        return f"http://127.0.0.1:{port}", port
+
+    yield start
+    for h in started:
+        h.shutdown()
+        h.server_close()
+
+
+def connect(port, data=b""):
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    if data:
+        s.sendall(data)
+    return s
+
+
+def read_until_closed(s, limit=10.0):
+    """Everything the server sends until it closes (EOF or reset)."""
+    s.settimeout(limit)
+    got = b""
+    try:
+        while True:
+            b = s.recv(65536)
+            if not b:
+                return got
+            got += b
+    except ConnectionResetError:
+        return got
+
+
+def status_of(reply: bytes) -> int:
+    return int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/1.1 ") else 0
+
+
+def test_logprobs_over_max_logprobs_is_400(server):
+    """The audit's logprobs: 1e9 (as an integer) ran the server out of
+    memory; vLLM's max_logprobs (20) bounds it."""
+    base, _ = server
+    for n in (10**9, 21):
+        t0 = time.monotonic()
+        st, r, _ = call(base, "/inference/v1/generate", {"token_ids": PROMPT, "sampling_params": {
+            "max_tokens": 2, "logprobs": n}})
+        assert st == 400 and f"Requested sample logprobs of {n}, which is greater than max allowed: 20" in \
+            r["error"]["message"], r
+        assert time.monotonic() - t0 < 5
+    st, r, _ = call(base, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "logprobs": 21})
+    assert st == 400 and "max allowed: 20" in r["error"]["message"]
+    r = gen(base, max_tokens=2, logprobs=20, temperature=0.0)
+    assert len(r["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) >= 20
+
+
+def test_max_logprobs_flag(limited):
+    base, _ = limited(max_logprobs=2)
+    st, r, _ = call(base, "/inference/v1/generate", {"token_ids": PROMPT, "sampling_params": {
+        "max_tokens": 2, "logprobs": 3}})
+    assert st == 400 and "max allowed: 2" in r["error"]["message"]
+    assert gen(base, max_tokens=2, logprobs=2)["choices"][0]["token_ids"]
+
+
+BOMB = '{{ "x" * 6000000000 }}'
+
+
+def test_request_chat_template_refused_unless_allowed(server, limited):
+    """A request's chat_template is code the server runs: the audit's
+    6 GB string killed it in 6 s. Refused (400) as vLLM refuses it without
+    --trust-request-chat-template, in the body or in chat_template_kwargs."""
+    base, _ = server
+    msgs = [{"role": "user", "content": "hi"}]
+    for body in ({"messages": msgs, "chat_template": BOMB},
+                 {"messages": msgs, "chat_template_kwargs": {"chat_template": BOMB}}):
+        t0 = time.monotonic()
+        st, r, _ = call(base, "/tokenize", body)
+        assert st == 400 and "Refused request with untrusted chat template" in r["error"]["message"], r
+        assert "--allow-request-chat-template" in r["error"]["message"]
+        assert time.monotonic() - t0 < 5
+    # the model's own template still renders
+    assert call(base, "/tokenize", {"messages": msgs})[0] == 200
+    # allowed by the flag, a request's template is used
+    base2, _ = limited(allow_request_chat_template=True)
+    tpl = "{% for m in messages %}<<{{ m.content }}>>{% endfor %}"
+    st, r, _ = call(base2, "/tokenize", {"messages": msgs, "chat_template": tpl})
+    assert st == 200 and r["tokens"] == server[1].tokenizer.encode("<<hi>>", add_special_tokens=False)
+
+
+def test_body_over_max_body_bytes_is_413_unread(server, limited):
+    """The audit's 1 GiB body was read whole: a Content-Length over
+    --max-body-bytes is 413 at once, the body never read and the
+    connection closed."""
+    _, port = limited(max_body_bytes=1000)
+    for n in (2**30, 1001):
+        s = connect(port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n" % n + b"{" * 500)
+        t0 = time.monotonic()
+        reply = read_until_closed(s)
+        s.close()
+        assert status_of(reply) == 413 and b"--max-body-bytes" in reply, reply
+        assert b"Connection: close" in reply and time.monotonic() - t0 < 5
+    # the module's server: the default limit (8 MiB) refuses the audit's 1 GiB
+    s = connect(int(server[0].rsplit(":", 1)[1]),
+                b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % 2**30)
+    reply = read_until_closed(s)
+    s.close()
+    assert status_of(reply) == 413, reply
+    # at the limit, the body is read and parsed
+    body = json.dumps({"prompt": "a" * 900}).encode()
+    assert len(body) <= 1000
+    st, r, _ = call(limited(max_body_bytes=1000)[0], "/tokenize", {"prompt": "a" * 900})
+    assert st == 200, r
+
+
+@pytest.mark.parametrize("header,status", [
+    (b"Content-Length: -1\r\n", 400),
+    (b"Content-Length: nope\r\n", 400),
+    (b"Content-Length: 5\r\nContent-Length: 6\r\n", 400),
+    (b"Transfer-Encoding: chunked\r\n", 411),
+])
+def test_bad_content_length_is_answered_and_closed(limited, header, status):
+    """The audit's Content-Length: -1 hung a thread until the client
+    closed (read to EOF): malformed framing is answered at once and the
+    connection closed, without reading on."""
+    _, port = limited(request_timeout=30.0)
+    s = connect(port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + header + b"\r\n{}")
+    t0 = time.monotonic()
+    reply = read_until_closed(s)
+    s.close()
+    assert status_of(reply) == status, reply
+    assert time.monotonic() - t0 < 5
+
+
+def _threads():
+    return threading.active_count()
+
+
+def test_connections_bounded_and_slow_clients_dropped(server, limited):
+    """The audit's 3,000 partial-header connections took 3,000 threads and
+    /health was unanswered for minutes: connections beyond
+    --max-connections are answered 503 with no thread of their own, and
+    a client whose request has not arrived within --request-timeout is
+    dropped, so /health answers while the clients are still connected. A
+    request cut short by the timeout is never acted on (here a /pause)."""
+    base, port = limited(max_connections=4, request_timeout=1.0)
+    before = _threads()
+    partial = [connect(port, b"POST /pause?mode=keep HTTP/1.1\r\nHost: x\r\n") for _ in range(40)]
+    try:
+        time.sleep(0.3)
+        assert _threads() <= before + 4, "a thread per connection beyond --max-connections"
+        refused = 0
+        for s in partial[4:]:
+            reply = read_until_closed(s, 5)
+            refused += status_of(reply) == 503 and b"--max-connections" in reply
+        assert refused == 36
+        t0 = time.monotonic()
+        for s in partial[:4]:
+            assert read_until_closed(s, 5) == b""  # dropped, no answer
+        assert time.monotonic() - t0 < 3
+        assert call(base, "/health")[0] == 200
+        assert call(base, "/is_paused")[1] == {"is_paused": False}, "a timed-out partial request was acted on"
+    finally:
+        for s in partial:
+            s.close()
+        call(server[0], "/resume", {})
+
+
+def test_request_cut_short_is_never_acted_on(server, limited):
+    """Headers trickled a line at a time (each read within the socket
+    timeout) are cut off by --request-timeout; the socket's EOF then ends
+    the header block, and what looks like a complete POST /pause must not
+    pause the engine."""
+    base, port = limited(request_timeout=1.0)
+    s = connect(port, b"POST /pause?mode=keep HTTP/1.1\r\nHost: x\r\n")
+    t0 = time.monotonic()
+    closed = False
+    try:
+        while time.monotonic() - t0 < 6:
+            s.sendall(b"X-Pad: 1\r\n")
+            time.sleep(0.2)
+    except (BrokenPipeError, ConnectionResetError):
+        closed = True
+    finally:
+        s.close()
+    try:
+        assert closed and time.monotonic() - t0 < 4
+        time.sleep(0.3)
+        assert call(base, "/is_paused")[1] == {"is_paused": False}, "a request cut short was acted on"
+    finally:
+        call(server[0], "/resume", {})
+
+
+def test_slow_body_dropped_after_request_timeout(limited):
+    """A body trickled a byte at a time (each read well within the socket
+    timeout) or stalled midway is dropped once --request-timeout has passed
+    since the request began; so is an idle keep-alive."""
+    base, port = limited(request_timeout=1.0)
+    s = connect(port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+    t0 = time.monotonic()
+    closed = False
+    try:
+        while time.monotonic() - t0 < 6:
+            s.sendall(b" ")
+            time.sleep(0.2)
+    except (BrokenPipeError, ConnectionResetError):
+        closed = True
+    s.close()
+    assert closed and time.monotonic() - t0 < 4
+    s = connect(port, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\"")
+    t0 = time.monotonic()
+    assert read_until_closed(s) == b"" and time.monotonic() - t0 < 3
+    s.close()
+    # an idle keep-alive after a served request
+    s = connect(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    t0 = time.monotonic()
+    reply = read_until_closed(s)
+    assert status_of(reply) == 200 and time.monotonic() - t0 < 3
+    s.close()
+    assert call(base, "/health")[0] == 200
+
+
+def test_api_key_guards_every_route_but_health(server, limited, tmp_path):
+    """--api-key as vLLM's: without "Authorization: Bearer KEY" every
+    route but /health is 401 {"error": "Unauthorized"}, the body unread
+    and nothing done (no pause, no reload); /health answers regardless."""
+    base, port = limited(api_key="sekret")
+    eng = server[1]
+    v = eng.weight_version
+
+    def authed(path, body=None, key="sekret"):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(base + path, data=data, method="POST" if body is not None else "GET",
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+    assert call(base, "/health")[0] == 200
+    for path, body in (("/v1/models", None), ("/version", None), ("/is_paused", None), ("/weight_info", None),
+                       ("/tokenize", {"prompt": "hi"}), ("/pause?mode=keep", {}), ("/resume", {}),
+                       ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path)}}),
+                       ("/update_weight_version", {"new_version": 99}),
+                       ("/inference/v1/generate", {"token_ids": PROMPT, "sampling_params": {"max_tokens": 1}})):
+        st, r, _ = call(base, path, body)
+        assert (st, r) == (401, {"error": "Unauthorized"}), path
+        assert authed(path, body, key="wrong")[0] == 401, path
+    assert not eng.paused and eng.weight_version == v
+    # a 401 reads no body: the connection closes though the body never came
+    s = connect(port, b"POST /pause HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")
+    reply = read_until_closed(s)
+    s.close()
+    assert status_of(reply) == 401
+    assert authed("/v1/models")[0] == 200
+    assert authed("/tokenize", {"prompt": "hi"})[1]["tokens"] == eng.tokenizer.encode("hi")
+    assert authed("/weight_info") == (200, {"weight_version": v})
+
+
+def test_cli_refuses_bad_limits(tmp_path):
+    from kiln_gpu.serve import main
+
+    for flag, val in (("--max-connections", "0"), ("--max-body-bytes", "-1"), ("--request-timeout", "0"),
+                      ("--max-logprobs", "-1")):
+        assert main(["--model", str(tmp_path), flag, val]) == 2

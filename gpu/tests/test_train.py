@@ -330,6 +330,57 @@ def test_resume_parity(tiny_checkpoint, tmp_path, loss):
     assert any(not torch.equal(a[k], c[k]) for k in a)
 
 
+class _Payload:
+    """Pickles as a call to os.system: what a hostile store could plant."""
+
+    def __init__(self, cmd):
+        self.cmd = cmd
+
+    def __reduce__(self):
+        return (os.system, (self.cmd,))
+
+
+@pytest.mark.parametrize("where", ["optimizer", "top"])
+def test_resume_refuses_pickle_with_code(tiny_checkpoint, tmp_path, caplog, where):
+    """A checkpoint whose optimizer.pt is a crafted pickle (its bytes
+    intact, so every sha256 in the store is valid) is refused with exit 2
+    and a message naming the file, and its payload never runs
+    (docs/train.md §10)."""
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, ckpt)
+    marker = tmp_path / "pwned"
+    payload = _Payload(f"touch {marker}")
+    state = {"optimizer": {"state": {}, "param_groups": []}, "step": 1, "rng": {"cpu": torch.get_rng_state()}}
+    if where == "optimizer":
+        state["optimizer"] = payload
+    else:
+        state = payload
+    torch.save(state, ckpt / "optimizer.pt")
+    g = torch.Generator().manual_seed(8)
+    p = write_plan(tmp_path / "b", tiny_checkpoint, [[[segment(g, VOCAB, 3, 3, 0, 1.0)]]], tmp_path / "out",
+                   resume_from=ckpt)
+    assert _run(p) == 2
+    assert not marker.exists(), "the checkpoint's pickle payload ran"
+    assert "refused" in caplog.text and str(ckpt / "optimizer.pt") in caplog.text and "system" in caplog.text
+    assert not (tmp_path / "out").exists()
+
+
+def test_resume_refuses_malformed_optimizer_state(tiny_checkpoint, tmp_path, caplog):
+    """Plain data of the wrong shape is refused too, naming what is wrong."""
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, ckpt)
+    torch.save({"optimizer": {}, "step": "7", "rng": {"cpu": torch.get_rng_state()}}, ckpt / "optimizer.pt")
+    g = torch.Generator().manual_seed(8)
+    p = write_plan(tmp_path / "b", tiny_checkpoint, [[[segment(g, VOCAB, 3, 3, 0, 1.0)]]], tmp_path / "out",
+                   resume_from=ckpt)
+    assert _run(p) == 2
+    assert "step '7' is not a non-negative integer" in caplog.text
+
+
 def test_torchrun_two_processes_equal_one(tiny_checkpoint, tmp_path, capsys):
     """Two CPU ranks train the plan one process trains: the same summed
     gradient (its norm, before clipping, is reported per step and depends

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,6 +86,67 @@ func TestReloadServePy(t *testing.T) {
 	getJSON(t, base+"/weight_info", &info)
 	if info.WeightVersion != 5 {
 		t.Errorf("/weight_info = %d, want 5", info.WeightVersion)
+	}
+}
+
+// serve.py with --api-key (docs/serve.md §10): kiln-sync's reload with
+// the key pauses, reloads, versions and resumes it; without the key, or
+// with a wrong one, the reload fails on its first call with HTTP 401 and
+// a pointer at --api-key, and the server is neither paused nor reloaded.
+// /health answers without the key throughout.
+func TestReloadServePyAPIKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Python model server")
+	}
+	ge := gputest.Find(t)
+	ckpt := ge.Tiny(t)
+	base := ge.Serve(t, ckpt, "--api-key", "sekret")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	o := enginectl.Options{Protocol: enginectl.VLLM, CallTimeout: time.Minute}
+
+	for _, key := range []string{"", "wrong"} {
+		o.APIKey = key
+		err := enginectl.Reload(ctx, []string{base}, ckpt, 3, o)
+		if err == nil || !strings.Contains(err.Error(), "HTTP 401") || !strings.Contains(err.Error(), "--api-key") {
+			t.Fatalf("Reload with key %q = %v; want HTTP 401 pointing at --api-key", key, err)
+		}
+		if _, err := enginectl.ServedVersion(ctx, base, o); err == nil || !strings.Contains(err.Error(), "HTTP 401") {
+			t.Fatalf("ServedVersion with key %q = %v; want HTTP 401", key, err)
+		}
+	}
+	resp, err := http.Get(base + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/health without the key: HTTP %d, want 200", resp.StatusCode)
+	}
+
+	o.APIKey = "sekret"
+	if v, err := enginectl.ServedVersion(ctx, base, o); err != nil || v != "0" {
+		t.Fatalf("ServedVersion with the key before the reload = %q, %v; want 0 (the refused reloads changed nothing)", v, err)
+	}
+	if err := enginectl.Reload(ctx, []string{base}, ckpt, 3, o); err != nil {
+		t.Fatalf("Reload with the key: %v", err)
+	}
+	if v, err := enginectl.ServedVersion(ctx, base, o); err != nil || v != "3" {
+		t.Fatalf("ServedVersion after the reload = %q, %v; want 3", v, err)
+	}
+	req, _ := http.NewRequest("GET", base+"/is_paused", nil)
+	req.Header.Set("Authorization", "Bearer sekret")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var paused struct {
+		IsPaused bool `json:"is_paused"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&paused)
+	resp.Body.Close()
+	if err != nil || paused.IsPaused {
+		t.Fatalf("/is_paused after the reload: %+v, %v; want resumed", paused, err)
 	}
 }
 

@@ -63,7 +63,7 @@ func (f *Flags) Flags() []cli.Flag {
 		&cli.StringFlag{Name: "launcher", Value: string(LaunchPython), Destination: &f.Launcher, Usage: "python (one process), torchrun (--nproc processes, FSDP) or srun (Slurm tasks)"},
 		&cli.IntFlag{Name: "nproc", Value: 1, Destination: &f.NProc, Usage: "processes for torchrun, tasks for srun"},
 		&cli.StringFlag{Name: "python", Destination: &f.Python, Usage: "the trainer's interpreter (default $KILN_PYTHON, else the venv in ~/.cache/kiln/gpu-venv-current, else python3)"},
-		&cli.StringFlag{Name: "gpu-dir", Destination: &f.GPUDir, Usage: "the directory holding kiln_gpu/ (default $KILN_GPU_DIR, else gpu/ in the first ancestor of the binary or working directory that has one)"},
+		&cli.StringFlag{Name: "gpu-dir", Destination: &f.GPUDir, Usage: "the directory holding kiln_gpu/ (default $KILN_GPU_DIR, else gpu/ beside the binary's directory: BIN/../gpu; never one found from the working directory)"},
 		&cli.StringFlag{Name: "cache-dir", EnvVars: []string{"KILN_CHECKPOINT_CACHE"}, Destination: &f.CacheDir, Usage: "where checkpoints versions are materialized (default ~/.cache/kiln/checkpoints)"},
 		&cli.StringFlag{Name: "work-dir", Destination: &f.WorkDir, Usage: "parent of the run's work directory (batches and the trainer's output; default $TMPDIR)"},
 		&cli.BoolFlag{Name: "keep-work", Destination: &f.KeepWork, Usage: "keep the work directory after the run"},
@@ -385,6 +385,9 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 	}
 	return stagecmd.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
 		if o.GPUDir == "" || !isDir(filepath.Join(o.GPUDir, "kiln_gpu")) {
+			if o.GPUDir == "" {
+				return nil, stagecmd.Usagef("no --gpu-dir, no $KILN_GPU_DIR, and no gpu/kiln_gpu beside the binary's directory (BIN/../gpu): pass --gpu-dir REPO/gpu (or set KILN_GPU_DIR)")
+			}
 			return nil, stagecmd.Usagef("no kiln_gpu package at --gpu-dir %q: pass --gpu-dir REPO/gpu (or set KILN_GPU_DIR)", o.GPUDir)
 		}
 		gpuDir, _ := filepath.Abs(o.GPUDir)

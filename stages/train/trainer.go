@@ -101,32 +101,33 @@ func DefaultPython(getenv func(string) string) string {
 	return "python3"
 }
 
-// DefaultGPUDir finds the repository's gpu/ directory (the one holding
-// kiln_gpu/) when --gpu-dir is not given: $KILN_GPU_DIR, else the first
-// ancestor of the running binary, then of the working directory, with a
-// gpu/kiln_gpu/ inside. "" when there is none.
+// executable is os.Executable; tests replace it to lay a binary out.
+var executable = os.Executable
+
+// DefaultGPUDir finds the directory holding kiln_gpu/ when --gpu-dir is
+// not given: $KILN_GPU_DIR, else gpu/ beside the directory of the running
+// binary (symlinks resolved): BIN/../gpu, which is REPO/gpu for make
+// build's REPO/bin/kiln-train. "" when that has no kiln_gpu/.
+//
+// Never the working directory or its ancestors: whoever can write a
+// gpu/kiln_gpu/train.py above where kiln-train is run would otherwise
+// choose the code the trainer runs (docs/train-stage.md §8).
 func DefaultGPUDir(getenv func(string) string) string {
 	if d := getenv("KILN_GPU_DIR"); d != "" {
 		return d
 	}
-	var starts []string
-	if self, err := os.Executable(); err == nil {
-		starts = append(starts, filepath.Dir(self))
+	self, err := executable()
+	if err != nil {
+		return ""
 	}
-	if wd, err := os.Getwd(); err == nil {
-		starts = append(starts, wd)
+	if r, err := filepath.EvalSymlinks(self); err == nil {
+		self = r
 	}
-	for _, s := range starts {
-		for d := s; ; d = filepath.Dir(d) {
-			if isDir(filepath.Join(d, "gpu", "kiln_gpu")) {
-				return filepath.Join(d, "gpu")
-			}
-			if filepath.Dir(d) == d {
-				break
-			}
-		}
+	d := filepath.Join(filepath.Dir(filepath.Dir(self)), "gpu")
+	if !isDir(filepath.Join(d, "kiln_gpu")) {
+		return ""
 	}
-	return ""
+	return d
 }
 
 // Event is one JSON line of the trainer's stdout (docs/train-stage.md §9).

@@ -100,6 +100,16 @@ func (e Env) Serve(t testing.TB, ckpt string, extra ...string) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	args := append([]string{"-m", "kiln_gpu.serve", "--model", ckpt, "--port", "0", "--port-file", portFile, "--served-model-name", "tiny"}, extra...)
 	srv := e.Command(ctx, args...)
+	// serve.py's --api-key defaults to $KILN_ENGINE_API_KEY: a key in the
+	// developer's environment must not guard the tests' servers; a test
+	// that wants one passes --api-key.
+	env := srv.Env[:0:0]
+	for _, kv := range srv.Env {
+		if !strings.HasPrefix(kv, "KILN_ENGINE_API_KEY=") {
+			env = append(env, kv)
+		}
+	}
+	srv.Env = env
 	logf, err := os.Create(filepath.Join(dir, "serve.log"))
 	if err != nil {
 		t.Fatal(err)
