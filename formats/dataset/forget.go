@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -65,8 +66,11 @@ type ForgetDecision struct {
 // Right before removing a version it reads the pointer again and keeps the
 // version if the pointer has moved to it. A rerun of a forgotten version's
 // stage that found it committed just before it was removed may still move
-// the pointer to it afterwards: Forget checks the pointer again at the end
-// and returns an error saying to rerun that stage, which commits it anew.
+// the pointer to it afterwards: Forget checks the pointer again at the end,
+// moves it back to the latest it kept (RepairLatest) and returns an error
+// saying to rerun that stage, which commits it anew. Forget refuses
+// (ErrCorrupt, nothing removed) while the pointer names a version that is
+// not committed.
 func Forget(ctx context.Context, st store.Store, name string, opts ForgetOptions, fn func(ForgetDecision)) error {
 	if err := CheckName(name); err != nil {
 		return err
@@ -97,6 +101,13 @@ func Forget(ctx context.Context, st store.Store, name string, opts ForgetOptions
 		latest = l.Version
 	} else if !errors.Is(err, ErrNotFound) {
 		return fmt.Errorf("forget %s: cannot tell which version is latest, so nothing was removed: %w", name, err)
+	}
+	// A pointer on a version that is not committed (hand-edited, or caught
+	// mid-repair after a racing forget) keeps nothing: deciding from it
+	// would remove every other version, the one it should name among them.
+	if !slices.ContainsFunc(mine, func(s Summary) bool { return s.Ref.Version == latest }) {
+		return fmt.Errorf("forget %s: its latest pointer names %s@%s, which is not committed, so nothing was removed: rerun the stage that made the version you want latest (which moves the pointer), then forget again: %w",
+			name, name, latest, ErrCorrupt)
 	}
 	reasons := map[string][]string{}
 	keep := func(version, why string) {
@@ -210,13 +221,16 @@ func Forget(ctx context.Context, st store.Store, name string, opts ForgetOptions
 		report(d)
 		forgotten = append(forgotten, d.Ref.Version)
 	}
-	if l, err := ReadLatest(ctx, st, name); err == nil {
-		for _, v := range forgotten {
-			if l.Version == v {
-				return fmt.Errorf("forget %s: a writer moved latest to %s while it was being removed: rerun the stage that made it (%s), which commits it again",
-					name, l.Ref(), l.By)
-			}
+	if l, err := ReadLatest(ctx, st, name); err == nil && slices.Contains(forgotten, l.Version) {
+		// The writer's own check after its move (stillCommitted) may have
+		// run before the removal: the pointer is moved off here, back to
+		// the latest this forget kept.
+		now, rerr := RepairLatest(ctx, st, name, latest, ThisProcess("forget"))
+		if rerr != nil {
+			return fmt.Errorf("forget %s: a writer moved latest to %s while it was being removed, and the pointer could not be moved off it (rerun forget): %w", name, l.Ref(), rerr)
 		}
+		return fmt.Errorf("forget %s: a writer moved latest to %s while it was being removed; latest is back on %s@%s: rerun the stage that made it (%s), which commits it again",
+			name, l.Ref(), name, now, l.By)
 	}
 	return nil
 }

@@ -172,7 +172,7 @@ func moveLatest(ctx context.Context, st store.Store, ref Ref, by Mover, cond fun
 		absent := errors.Is(err, ErrNotFound)
 		switch {
 		case err == nil && cur.Version == ref.Version:
-			return cur, nil
+			return cur, stillCommitted(ctx, st, ref, by)
 		case err != nil && !absent && !errors.Is(err, ErrCorrupt):
 			return nil, err
 		}
@@ -203,7 +203,92 @@ func moveLatest(ctx context.Context, st store.Store, ref Ref, by Mover, cond fun
 			return nil, fmt.Errorf("moving latest of %s: writing %q: %w", ref.Name, key, err)
 		}
 		next.Moved = info.ModTime
+		if err := stillCommitted(ctx, st, ref, by); err != nil {
+			return nil, err
+		}
 		return &next, nil
 	}
 	return nil, fmt.Errorf("moving latest of %s to %s: lost %d compare-and-swaps to other writers in a row", ref.Name, ref.Version, moveAttempts)
+}
+
+// stillCommitted is the check after a move: the version the pointer now
+// names must still be committed. A kiln forget may have removed it between
+// the writer's seeing it committed and its compare-and-swap (a rerun that
+// found its version committed races a forget of that version); then the
+// pointer is moved off it (RepairLatest) and the move fails, saying to
+// rerun, which commits the version anew. Together with Forget's own check
+// after its removals, every interleaving ends with the pointer on a
+// committed version: the move's swap precedes this Stat, so either the
+// Stat sees the manifest gone, or the removal follows the swap and Forget's
+// last read of the pointer sees the version it removed.
+func stillCommitted(ctx context.Context, st store.Store, ref Ref, by Mover) error {
+	_, err := st.Stat(ctx, manifestKey(ref.Name, ref.Version))
+	switch {
+	case err == nil:
+		return nil
+	case !errors.Is(err, store.ErrNotExist):
+		return fmt.Errorf("moving latest of %s: checking that %s is still committed: %w", ref.Name, ref, err)
+	}
+	now, rerr := RepairLatest(ctx, st, ref.Name, "", by)
+	if rerr != nil {
+		return fmt.Errorf("moving latest of %s: %s was removed (kiln forget?) as the pointer moved to it, and the pointer could not be moved off it: %w", ref.Name, ref, rerr)
+	}
+	return fmt.Errorf("moving latest of %s: %s was removed (kiln forget?) as the pointer moved to it; the pointer is back on %q: rerun the stage, which commits %s again",
+		ref.Name, ref, now, ref.Version)
+}
+
+// RepairLatest moves name's latest pointer off a version that is not
+// committed (one a kiln forget removed as a writer moved the pointer to
+// it): to prefer if that is committed, else to the newest committed
+// version (Newest). It returns the version the pointer names afterwards,
+// "" if name has no pointer. A pointer already on a committed version is
+// left as it is, so racing repairs, and a writer moving the pointer on
+// meanwhile, end with it on a committed version. With no committed version
+// left the pointer stays and the error says so (ErrNotFound).
+func RepairLatest(ctx context.Context, st store.Store, name, prefer string, by Mover) (string, error) {
+	committed := func(v string) (bool, error) {
+		_, err := st.Stat(ctx, manifestKey(name, v))
+		if errors.Is(err, store.ErrNotExist) {
+			return false, nil
+		}
+		return err == nil, err
+	}
+	key := latestKey(name)
+	for attempt := 0; attempt < moveAttempts; attempt++ {
+		cur, etag, err := readLatest(ctx, st, name)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			return "", nil
+		case err != nil:
+			return "", fmt.Errorf("repairing latest of %s: %w", name, err)
+		}
+		if ok, err := committed(cur.Version); err != nil {
+			return "", fmt.Errorf("repairing latest of %s: %w", name, err)
+		} else if ok {
+			return cur.Version, nil
+		}
+		target := ""
+		if prefer != "" && prefer != cur.Version {
+			ok, err := committed(prefer)
+			if err != nil {
+				return "", fmt.Errorf("repairing latest of %s: %w", name, err)
+			}
+			if ok {
+				target = prefer
+			}
+		}
+		if target == "" {
+			if target, err = Newest(ctx, st, name); err != nil {
+				return "", fmt.Errorf("repairing latest of %s: it names %s, which is not committed: %w", name, cur.Version, err)
+			}
+		}
+		next := Latest{Format: LatestFormat, Dataset: name, Version: target, Previous: cur.Version, By: by, MovedAt: time.Now().UTC()}
+		b, _ := json.MarshalIndent(next, "", " ")
+		_, err = st.PutIfMatch(ctx, key, bytes.NewReader(b), int64(len(b)), etag)
+		if err != nil && !errors.Is(err, store.ErrPrecondition) && !errors.Is(err, store.ErrExist) {
+			return "", fmt.Errorf("repairing latest of %s: writing %q: %w", name, key, err)
+		}
+		// Moved or lost a round: look again (the target may have gone too).
+	}
+	return "", fmt.Errorf("repairing latest of %s: lost %d compare-and-swaps to other writers in a row", name, moveAttempts)
 }

@@ -24,6 +24,10 @@ var (
 	// malformed. Re-running the producing stage into a new store, or
 	// restoring the files, is the way out; kiln never repairs in place.
 	ErrCorrupt = errors.New("corrupt dataset")
+	// ErrKindMismatch: a writer would commit a version of another record
+	// kind than the dataset name already holds (a usage error: the name is
+	// wrong, nothing was written).
+	ErrKindMismatch = errors.New("another record kind than the dataset holds")
 )
 
 // Version is one committed version, opened for reading.

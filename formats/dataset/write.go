@@ -121,6 +121,9 @@ func NewWriter(ctx context.Context, st store.Store, spec Spec) (*Writer, error) 
 	if err != nil {
 		return nil, fmt.Errorf("dataset %s: %w", spec.Name, err)
 	}
+	if err := checkKind(ctx, st, spec.Name, spec.Kind.Name); err != nil {
+		return nil, err
+	}
 	w := &Writer{st: st, spec: spec, version: version, attempt: newAttempt(), dir: versionDir(spec.Name, version), done: map[string]bool{}}
 	v, err := openVersion(ctx, st, spec.Name, version)
 	switch {
@@ -140,6 +143,44 @@ func NewWriter(ctx context.Context, st store.Store, spec Spec) (*Writer, error) 
 		return nil, err
 	}
 	return w, nil
+}
+
+// checkKind refuses to write a version of kind under name when name
+// already holds another kind: its latest version's (the newest committed,
+// for a dataset without a pointer). A bare name must mean one kind, or
+// every stage reading it fails on a later version, far from the mistake
+// (kiln advantages --out onto a trajectories dataset). A name with no
+// committed version, or a pointer on a version that is gone, takes any.
+func checkKind(ctx context.Context, st store.Store, name, kind string) error {
+	version, err := Resolve(ctx, st, name)
+	if errors.Is(err, ErrCorrupt) {
+		// A malformed pointer is replaced by the move after the commit.
+		version, err = Newest(ctx, st, name)
+	}
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("dataset %s: checking the record kind it holds: %w", name, err)
+	}
+	data, _, err := store.ReadAll(ctx, st, manifestKey(name, version))
+	if errors.Is(err, store.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("dataset %s: checking the record kind it holds: %w", name, err)
+	}
+	var m struct {
+		Kind string `json:"kind"`
+	}
+	if err := json.Unmarshal(data, &m); err != nil {
+		return fmt.Errorf("dataset %s@%s: manifest is not valid JSON: %w: %w", name, version, err, ErrCorrupt)
+	}
+	if m.Kind != kind {
+		return fmt.Errorf("dataset %s holds %s (%s@%s), and this command writes %s: name another dataset (--out) for the %s: %w",
+			name, m.Kind, name, version, kind, kind, ErrKindMismatch)
+	}
+	return nil
 }
 
 func newAttempt() string {

@@ -86,12 +86,25 @@ var gradesKind = Kind{
 var failureClasses = map[string]bool{FailureNone: true, FailurePatchFailed: true, FailureTestsFailed: true,
 	FailureTimeout: true, FailureInfraError: true, FailureNoGrading: true, FailureAborted: true}
 
-// Validate checks the invariants a grades row must hold on write.
+// applyMethods are the ways a patch applies (Grade.ApplyMethod).
+var applyMethods = map[string]bool{"empty": true, "git_apply": true, "git_apply_3way": true, "patch": true}
+
+// Validate checks the invariants a grades row must hold on write, and on
+// import: kiln-grade's rows and imported ones pass the same checks.
 func (g *Grade) Validate() error {
 	where := fmt.Sprintf("grade of rollout %d (task %q)", g.RolloutID, g.TaskID)
+	if err := checkIDs(g.RolloutID, g.Index, g.GroupIndex); err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	}
 	switch {
 	case g.TaskID == "":
 		return fmt.Errorf("grade of rollout %d: empty task_id", g.RolloutID)
+	case g.Sample < 0 || g.DurationMS < 0:
+		return fmt.Errorf("%s: negative sample (%d) or duration_ms (%d)", where, g.Sample, g.DurationMS)
+	case g.ApplyMethod != nil && !applyMethods[*g.ApplyMethod]:
+		return fmt.Errorf("%s: unknown apply_method %q (want empty, git_apply, git_apply_3way or patch)", where, *g.ApplyMethod)
+	case g.Log != nil && checkStoreKey("log", *g.Log, false) != nil:
+		return fmt.Errorf("%s: %w", where, checkStoreKey("log", *g.Log, false))
 	case g.Reward != 0 && g.Reward != 1:
 		return fmt.Errorf("%s: reward %v, want 0 or 1", where, g.Reward)
 	case !failureClasses[g.Failure]:

@@ -32,7 +32,7 @@ type Rollout struct {
 	// unevaluatable:<why>, adapter_session_empty, wall_clock_timeout,
 	// engine_error, agent_crash, replay_mismatch, weights_changed,
 	// exception:<type>; docs/records.md §4); such runs are not graded.
-	// Any reason is accepted on write and import: the list is the stages'.
+	// Only those are accepted, on write and import (CheckAbortReason).
 	AbortReason *string `parquet:"abort_reason,optional" json:"abort_reason"`
 	// AbortDetail says why, in words: the error, the missing path, the
 	// replay mismatch (docs/rollout.md §2.4). kiln-rollout sets it exactly
@@ -119,13 +119,21 @@ func BoundAbortDetail(s string) string {
 // abortDetailCut is the marker in place of the bytes BoundAbortDetail cut.
 const abortDetailCut = " [... %d bytes cut ...] "
 
-// Validate checks the invariants a rollouts row must hold on write.
+// Validate checks the invariants a rollouts row must hold on write, and
+// on import: kiln-rollout's rows and imported ones pass the same checks.
 func (r *Rollout) Validate() error {
+	if err := checkIDs(r.RolloutID, r.Index, r.GroupIndex); err != nil {
+		return fmt.Errorf("rollout %d (task %q): %w", r.RolloutID, r.TaskID, err)
+	}
 	switch {
 	case r.TaskID == "":
 		return fmt.Errorf("rollout %d: empty task_id", r.RolloutID)
 	case r.Sample < 0 || r.Turns < 0 || r.PromptTokens < 0 || r.OutputTokens < 0:
 		return fmt.Errorf("rollout %d (task %q): negative sample, turns or token count", r.RolloutID, r.TaskID)
+	case r.AbortReason != nil && CheckAbortReason(*r.AbortReason) != nil:
+		return fmt.Errorf("rollout %d (task %q): %w", r.RolloutID, r.TaskID, CheckAbortReason(*r.AbortReason))
+	case r.Artifacts != nil && checkStoreKey("artifacts", *r.Artifacts, true) != nil:
+		return fmt.Errorf("rollout %d (task %q): %w", r.RolloutID, r.TaskID, checkStoreKey("artifacts", *r.Artifacts, true))
 	case r.AbortDetail != nil && r.AbortReason == nil:
 		return fmt.Errorf("rollout %d (task %q): abort_detail is set but abort_reason is not: a detail says why a run aborted", r.RolloutID, r.TaskID)
 	case r.AbortDetail != nil && len(*r.AbortDetail) > MaxAbortDetail:

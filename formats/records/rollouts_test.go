@@ -109,7 +109,7 @@ func TestBoundAbortDetail(t *testing.T) {
 			num, rest, ok := strings.Cut(tail, " bytes cut ...] ")
 			require.True(t, ok)
 			assert.Equal(t, len(s), len(head)+len(rest)+atoi(t, num), "the marker counts the bytes cut")
-			assert.NoError(t, records.NewRolloutEncoder(io.Discard).Write(records.Rollout{TaskID: "t", AbortReason: ptr("x"), AbortDetail: &got}))
+			assert.NoError(t, records.NewRolloutEncoder(io.Discard).Write(records.Rollout{TaskID: "t", AbortReason: ptr("engine_error"), AbortDetail: &got}))
 		})
 	}
 }

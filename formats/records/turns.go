@@ -80,15 +80,41 @@ var turnsKind = Kind{
 	},
 }
 
-// Validate checks what every turn must hold on write. Replay data is
+// Validate checks what every turn must hold on write, and on import: the
+// adapter's turns and imported ones pass the same checks. Replay data is
 // checked in depth by trajectory assembly, which fails closed.
 func (t *Turn) Validate() error {
 	where := func(format string, args ...any) error {
 		return fmt.Errorf("turn %d of session %q: %s", t.Turn, t.Session, fmt.Sprintf(format, args...))
 	}
+	if err := checkIDs(t.RolloutID, t.Index, t.GroupIndex); err != nil {
+		return where("%v", err)
+	}
+	for _, c := range []struct {
+		what string
+		ids  []int32
+	}{{"prompt_ids", t.PromptIDs}, {"output_ids", t.OutputIDs}, {"rollout_top_p_token_ids", t.TopPTokenIDs}, {"rollout_topk_token_ids", t.TopKTokenIDs}} {
+		if err := checkTokenIDs(c.what, c.ids); err != nil {
+			return where("%v", err)
+		}
+	}
+	for _, c := range []struct {
+		what string
+		lps  []float32
+	}{{"output_log_probs", t.OutputLogProbs}} {
+		if err := checkLogProbs(c.what, c.lps); err != nil {
+			return where("%v", err)
+		}
+	}
 	switch {
 	case t.Session == "":
 		return where("empty session")
+	case t.Turn < 0 || t.MaxContextTokens < 0:
+		return where("negative turn (%d) or max_context_tokens (%d)", t.Turn, t.MaxContextTokens)
+	case t.Reward != nil && !finite(*t.Reward):
+		return where("reward %v is not a finite number", *t.Reward)
+	case (t.StartedMs != nil && *t.StartedMs < 0) || (t.DurationMs != nil && *t.DurationMs < 0):
+		return where("negative started_ms or duration_ms")
 	case len(t.OutputLogProbs) != 0 && len(t.OutputLogProbs) != len(t.OutputIDs):
 		return where("output_log_probs has %d entries for %d output ids", len(t.OutputLogProbs), len(t.OutputIDs))
 	case t.TopPTokenOffsets != nil && len(t.TopPTokenOffsets) != len(t.OutputIDs)+1:

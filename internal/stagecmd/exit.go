@@ -63,7 +63,8 @@ func BadInputf(format string, args ...any) error { return BadInputError{fmt.Erro
 
 // ExitCode maps an error to the exit status; this is the one place that
 // does. Errors carry their class: UsageError (and a malformed dataset
-// reference, dataset.ErrBadRef), dataset.ErrCorrupt or CorruptError,
+// reference, dataset.ErrBadRef; a write of another kind than the dataset
+// holds, dataset.ErrKindMismatch), dataset.ErrCorrupt or CorruptError,
 // BadInputError, the
 // not-found sentinels, context.Canceled; an error of the flag library that
 // carries its own code (cli.ExitCoder) keeps it. Anything else is a
@@ -84,7 +85,7 @@ func ExitCode(err error) int {
 		return ExitCorrupt
 	case errors.As(err, &bad):
 		return ExitBadInput
-	case errors.Is(err, dataset.ErrBadRef):
+	case errors.Is(err, dataset.ErrBadRef), errors.Is(err, dataset.ErrKindMismatch):
 		return ExitUsage
 	case errors.Is(err, dataset.ErrNotFound), errors.Is(err, store.ErrNotExist), errors.Is(err, fs.ErrNotExist):
 		return ExitNotFound

@@ -169,3 +169,22 @@ func RequireArgs(c *cli.Context, n int, names string) error {
 
 // Fprintln writes to the command's stdout.
 func Fprintln(c *cli.Context, args ...any) { fmt.Fprintln(c.App.Writer, args...) }
+
+// Bounds on the counts a stage's flags ask for (docs/design.md §2.9):
+// far above any real run (a GRPO group is tens of samples, a node runs
+// tens to hundreds of sandboxes at once), and low enough that a mistyped
+// or hostile value is refused before a stage plans or allocates for it
+// (--samples 100000000000 grew memory until the kernel killed the stage).
+const (
+	MaxSamples = 1 << 16 // --samples: runs per task
+	MaxJobs    = 4096    // --jobs, --boot-concurrency: at once, on one node
+)
+
+// CheckCount refuses a count flag's value n outside [1, max] (a usage
+// error, exit 2), naming the flag and the bound.
+func CheckCount(flag string, n, max int) error {
+	if n < 1 || n > max {
+		return Usagef("--%s %d: want 1 to %d (kiln's bound on --%s)", flag, n, max, flag)
+	}
+	return nil
+}

@@ -44,7 +44,8 @@ be read. A version is removed receipts first, then its manifest (from then
 on it is gone for readers), then the rest; an interrupted forget leaves
 files kiln gc collects. Run it when no writer is rerunning a stage whose
 version it removes: such a rerun may move latest to the version as it goes
-(forget then fails saying so, and a rerun of that stage commits it again).
+(forget then moves latest back to the version it kept and fails saying so,
+and a rerun of that stage commits it again).
 kiln gc removes what no committed version needs; forget removes committed
 versions.
 
@@ -53,7 +54,9 @@ Examples:
    kiln forget --keep-last 10 --keep-referenced grades/step
 
 Exit status 3: NAME has no committed version; 4: a manifest or the latest
-pointer is corrupt (nothing was removed).`,
+pointer is corrupt, or the pointer names a version that is not committed
+(nothing was removed). A rerun that moved latest to a version as forget
+removed it finds latest moved back, and forget fails saying so (exit 1).`,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
 			&cli.IntFlag{Name: "keep-last", Destination: &o.keepLast, Usage: "keep the N versions committed last (required; 0 keeps only latest and lineage)"},

@@ -40,6 +40,12 @@ type importKind struct {
 	encode    func(w io.Writer, rows []any) error
 }
 
+// turnKey is what names one turn: its session and number in it.
+type turnKey struct {
+	session string
+	turn    int32
+}
+
 // importKinds are the kinds kiln export writes as JSON lines and kiln
 // import reads back (trajectories and images are produced, not imported).
 func importKinds() []importKind {
@@ -93,7 +99,8 @@ index.`,
 			example: "kiln import turns --out turns/external calls.jsonl.zst",
 			newParser: func() func(int, []byte, int64) (any, error) {
 				order := map[string]int32{}
-				return func(_ int, line []byte, _ int64) (any, error) {
+				firstLine := map[turnKey]int{}
+				return func(lineNo int, line []byte, _ int64) (any, error) {
 					var probe struct {
 						Session string `json:"session"`
 					}
@@ -102,6 +109,11 @@ index.`,
 					if err != nil {
 						return nil, err
 					}
+					k := turnKey{t.Session, t.Turn}
+					if first, dup := firstLine[k]; dup {
+						return nil, fmt.Errorf("duplicate turn %d of session %q (first on line %d)", t.Turn, t.Session, first)
+					}
+					firstLine[k] = lineNo
 					order[t.Session]++
 					return t, nil
 				}
@@ -129,7 +141,18 @@ abort_reason, abort_detail, turns, token counts, started_at and ended_at
 (RFC 3339), artifacts.`,
 			example: "kiln import rollouts --out rollouts/external runs.jsonl",
 			newParser: func() func(int, []byte, int64) (any, error) {
-				return func(_ int, line []byte, _ int64) (any, error) { return records.RolloutFromJSON(line) }
+				firstLine := map[int64]int{}
+				return func(lineNo int, line []byte, _ int64) (any, error) {
+					r, err := records.RolloutFromJSON(line)
+					if err != nil {
+						return nil, err
+					}
+					if first, dup := firstLine[r.RolloutID]; dup {
+						return nil, fmt.Errorf("duplicate rollout_id %d (first on line %d)", r.RolloutID, first)
+					}
+					firstLine[r.RolloutID] = lineNo
+					return r, nil
+				}
 			},
 			encode: func(w io.Writer, rows []any) error {
 				enc := records.NewRolloutEncoder(w)
@@ -152,7 +175,18 @@ aborted; reward 1 exactly when none), error, duration_ms, image_digest, log,
 grading_kind, tests (embedded JSON), baseline.`,
 			example: "kiln import grades --out grades/external verdicts.jsonl",
 			newParser: func() func(int, []byte, int64) (any, error) {
-				return func(_ int, line []byte, _ int64) (any, error) { return records.GradeFromJSON(line) }
+				firstLine := map[int64]int{}
+				return func(lineNo int, line []byte, _ int64) (any, error) {
+					g, err := records.GradeFromJSON(line)
+					if err != nil {
+						return nil, err
+					}
+					if first, dup := firstLine[g.RolloutID]; dup {
+						return nil, fmt.Errorf("duplicate grade of rollout_id %d (first on line %d)", g.RolloutID, first)
+					}
+					firstLine[g.RolloutID] = lineNo
+					return g, nil
+				}
 			},
 			encode: func(w io.Writer, rows []any) error {
 				enc := records.NewGradeEncoder(w)
@@ -193,10 +227,14 @@ func importKindCommand(env *Env, k importKind) *cli.Command {
 		Description: k.help + `
 
 Every line is checked before the version commits, exactly as a stage's rows
-are on write: a line that is not exactly one JSON object (truncated, or
-with anything after the object), a blank line between rows, an empty file,
-a key that is no column, or a row that fails the kind's checks fails the
-import (exit 5, naming the file and line) and no version appears. The
+are on write (the kind's own checks, docs/records.md: ids and counts 0 or
+more, token ids 0 or more, logprobs finite and at most 0, known abort
+reasons and failure classes, stored-file keys without ".." segments): a
+line that is not exactly one JSON object (truncated, or with anything
+after the object), a blank line between rows, an empty file, a key that is
+no column, a required column missing or null, a duplicate id, or a row that
+fails the kind's checks fails the import (exit 5, naming the file, line and
+field) and no version appears. The
 version id covers the input's content, not its name: a file's sha256, an S3
 object's ETag and size (kiln log shows it as the version's input). The last
 line of stdout is the committed reference.

@@ -2,6 +2,7 @@ package datasets_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -136,6 +137,8 @@ func TestImportRefusesBadLines(t *testing.T) {
 	storeDir := filepath.Join(dir, "store")
 	task := `{"prompt": "p", "label": "a", "metadata": {}}`
 	grade := `{"rollout_id":1,"index":1,"group_index":0,"sample":0,"task_id":"t","reward":0,"applied":false,"apply_method":null,"exit_code":1,"failure":"tests_failed","error":null,"duration_ms":1,"image_digest":null,"log":null,"grading_kind":null,"tests":null,"baseline":false}`
+	rollout := `{"rollout_id":0,"index":0,"group_index":0,"sample":0,"task_id":"t","agent":"shell","weights_version":"w","patch":"","agent_exit_code":0,"abort_reason":null,"abort_detail":null,"turns":1,"prompt_tokens":1,"output_tokens":1,"started_at":"2024-01-01T00:00:00Z","ended_at":"2024-01-01T00:00:01Z","artifacts":null}`
+	turn := `{"rollout_id":0,"index":0,"group_index":0,"session":"s","turn":0,"prompt_ids":[1],"output_ids":[2],"output_log_probs":[-0.5],"finish_reason":"stop","ill_formed":false,"prompt_messages":[],"response_message":null,"max_context_tokens":0,"reward":null}`
 	cases := []struct {
 		name, kind, file, content, want string
 	}{
@@ -148,9 +151,9 @@ func TestImportRefusesBadLines(t *testing.T) {
 		{"grades truncated", "grades", "trunc.jsonl", grade + "\n" + grade[:40] + "\n", "trunc.jsonl:2: not a JSON object: truncated"},
 		{"grades unknown column", "grades", "unknown.jsonl", strings.Replace(grade, `"baseline"`, `"verdict":1,"baseline"`, 1) + "\n", `unknown.jsonl:1: json: unknown field "verdict"`},
 		{"grades invalid reward", "grades", "reward.jsonl", strings.Replace(grade, `"reward":0`, `"reward":1`, 1) + "\n", "reward.jsonl:1: grade of rollout 1"},
-		{"rollouts negative turns", "rollouts", "neg.jsonl", `{"task_id":"t","turns":-1}` + "\n", "neg.jsonl:1: rollout 0"},
-		{"turns no session", "turns", "nosession.jsonl", `{"prompt_messages":[]}` + "\n", "nosession.jsonl:1: turn 0 of session \"\": empty session"},
-		{"turns bad messages", "turns", "msgs.jsonl", `{"session":"s","prompt_messages":{}}` + "\n", "prompt_messages is not a JSON array"},
+		{"rollouts negative turns", "rollouts", "neg.jsonl", strings.Replace(rollout, `"turns":1`, `"turns":-1`, 1) + "\n", "neg.jsonl:1: rollout 0"},
+		{"turns no session", "turns", "nosession.jsonl", strings.Replace(turn, `"session":"s"`, `"session":""`, 1) + "\n", "nosession.jsonl:1: turn 0 of session \"\": empty session"},
+		{"turns bad messages", "turns", "msgs.jsonl", strings.Replace(turn, `"prompt_messages":[]`, `"prompt_messages":{}`, 1) + "\n", "prompt_messages is not a JSON array"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -163,4 +166,87 @@ func TestImportRefusesBadLines(t *testing.T) {
 	all, err := dataset.List(context.Background(), mustLocal(t, storeDir), "")
 	require.NoError(t, err)
 	assert.Empty(t, all, "no refused import left a version")
+}
+
+// TestImportIsAsStrictAsWrites is issue 31's hostile import: every row a
+// stage could not write is refused at import (exit 5), naming the file,
+// the line and the field, and no version appears; a row a stage writes
+// (a weights_changed abort, an exception:<type> one) imports.
+func TestImportIsAsStrictAsWrites(t *testing.T) {
+	dir := t.TempDir()
+	storeDir := filepath.Join(dir, "store")
+	rollout := `{"rollout_id":0,"index":0,"group_index":0,"sample":0,"task_id":"t","agent":"shell","weights_version":"w","patch":"","agent_exit_code":0,"abort_reason":null,"abort_detail":null,"turns":1,"prompt_tokens":1,"output_tokens":1,"started_at":"2024-01-01T00:00:00Z","ended_at":"2024-01-01T00:00:01Z","artifacts":null}`
+	grade := `{"rollout_id":0,"index":0,"group_index":0,"sample":0,"task_id":"t","reward":0,"applied":false,"apply_method":null,"exit_code":1,"failure":"tests_failed","error":null,"duration_ms":1,"image_digest":null,"log":null,"grading_kind":null,"tests":null,"baseline":false}`
+	turn := `{"rollout_id":0,"index":0,"group_index":0,"session":"s","turn":0,"prompt_ids":[1,2],"output_ids":[3],"output_log_probs":[-0.5],"finish_reason":"stop","ill_formed":false,"prompt_messages":[],"response_message":null,"max_context_tokens":0,"reward":null}`
+	edit := func(row, old, new string) string {
+		require.Contains(t, row, old)
+		return strings.Replace(row, old, new, 1)
+	}
+	other := func(row string) string {
+		return edit(edit(row, `"rollout_id":0`, `"rollout_id":1`), `"index":0`, `"index":1`)
+	}
+	cases := []struct {
+		name, kind string
+		lines      []string
+		want       string // "" = imports
+	}{
+		{"turns negative token id", "turns", []string{edit(turn, `"prompt_ids":[1,2]`, `"prompt_ids":[1,-2]`)}, ":1: turn 0 of session \"s\": prompt_ids[1] = -2: token ids are 0 or more"},
+		{"turns negative output id", "turns", []string{edit(turn, `"output_ids":[3]`, `"output_ids":[-3]`)}, ":1: turn 0 of session \"s\": output_ids[0] = -3"},
+		{"turns logprob 3.0", "turns", []string{edit(turn, `[-0.5]`, `[3.0]`)}, ":1: turn 0 of session \"s\": output_log_probs[0] = 3: a logprob is finite and at most 0"},
+		{"turns negative id", "turns", []string{edit(turn, `"index":0`, `"index":-4`)}, ":1: turn 0 of session \"s\": negative id"},
+		{"turns missing prompt_ids", "turns", []string{edit(turn, `"prompt_ids":[1,2],`, ``)}, `:1: field "prompt_ids" is missing`},
+		{"turns duplicate", "turns", []string{turn, turn}, `:2: duplicate turn 0 of session "s" (first on line 1)`},
+		{"grades reward null", "grades", []string{edit(grade, `"reward":0`, `"reward":null`)}, `:1: field "reward" is null`},
+		{"grades missing failure", "grades", []string{edit(grade, `"failure":"tests_failed",`, ``)}, `:1: field "failure" is missing`},
+		{"grades log escapes", "grades", []string{edit(grade, `"log":null`, `"log":"../../etc/passwd"`)}, `:1: grade of rollout 0 (task "t"): log "../../etc/passwd": empty, "." or ".." path segment`},
+		{"grades log absolute", "grades", []string{edit(grade, `"log":null`, `"log":"/etc/passwd"`)}, `:1: grade of rollout 0 (task "t"): log "/etc/passwd"`},
+		{"grades unknown failure", "grades", []string{edit(grade, `"tests_failed"`, `"flaky"`)}, `:1: grade of rollout 0 (task "t"): unknown failure class "flaky"`},
+		{"grades unknown apply method", "grades", []string{edit(grade, `"apply_method":null`, `"apply_method":"rsync"`)}, `:1: grade of rollout 0 (task "t"): unknown apply_method "rsync"`},
+		{"grades negative duration", "grades", []string{edit(grade, `"duration_ms":1`, `"duration_ms":-1`)}, `:1: grade of rollout 0 (task "t"): negative sample`},
+		{"grades duplicate", "grades", []string{grade, other(grade), grade}, `:3: duplicate grade of rollout_id 0 (first on line 1)`},
+		{"rollouts unknown abort reason", "rollouts", []string{edit(rollout, `"abort_reason":null`, `"abort_reason":"because"`)}, `:1: rollout 0 (task "t"): unknown abort_reason "because"`},
+		{"rollouts empty exception type", "rollouts", []string{edit(rollout, `"abort_reason":null`, `"abort_reason":"exception:"`)}, `:1: rollout 0 (task "t"): unknown abort_reason "exception:"`},
+		{"rollouts artifacts escape", "rollouts", []string{edit(rollout, `"artifacts":null`, `"artifacts":"runs/../../x/"`)}, `:1: rollout 0 (task "t"): artifacts "runs/../../x/"`},
+		{"rollouts negative rollout_id", "rollouts", []string{edit(rollout, `"rollout_id":0`, `"rollout_id":-1`)}, `:1: rollout -1 (task "t"): negative id`},
+		{"rollouts missing task_id", "rollouts", []string{edit(rollout, `"task_id":"t",`, ``)}, `:1: field "task_id" is missing`},
+		{"rollouts null turns", "rollouts", []string{edit(rollout, `"turns":1`, `"turns":null`)}, `:1: field "turns" is null`},
+		{"rollouts duplicate", "rollouts", []string{rollout, rollout}, `:2: duplicate rollout_id 0 (first on line 1)`},
+		{"rollouts weights_changed imports", "rollouts", []string{
+			edit(rollout, `"abort_reason":null,"abort_detail":null`, `"abort_reason":"weights_changed","abort_detail":"turn 2 generated with weights 4"`),
+			other(edit(rollout, `"abort_reason":null`, `"abort_reason":"exception:sandbox_boot"`))}, ""},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			file := filepath.Join(dir, fmt.Sprintf("case%02d.jsonl", i))
+			require.NoError(t, os.WriteFile(file, []byte(strings.Join(c.lines, "\n")+"\n"), 0o644))
+			out := fmt.Sprintf("strict/%s%02d", c.kind, i)
+			r := kiln(t, "import", c.kind, "--store", storeDir, "--out", out, file)
+			if c.want == "" {
+				require.Equal(t, 0, r.Code, r.Stderr)
+				return
+			}
+			assert.Equal(t, stagecmd.ExitBadInput, r.Code, r.Stderr)
+			assert.Contains(t, r.Stderr, file+c.want, "the error names the file, the line and the field")
+			_, err := dataset.Resolve(context.Background(), mustLocal(t, storeDir), out)
+			assert.ErrorIs(t, err, dataset.ErrNotFound, "no version appears")
+		})
+	}
+}
+
+// TestWriteRefusesAnotherKind: a writing command refuses to commit another
+// kind under a name than it holds (exit 2, naming both), before it writes.
+func TestWriteRefusesAnotherKind(t *testing.T) {
+	dir := t.TempDir()
+	storeDir := filepath.Join(dir, "store")
+	tasks := kiln(t, "import", "tasks", "--store", storeDir, "--out", "held", rowsFile(t, 1, 2))
+	require.Equal(t, 0, tasks.Code, tasks.Stderr)
+	grade := `{"rollout_id":0,"index":0,"group_index":0,"sample":0,"task_id":"t","reward":0,"applied":false,"apply_method":null,"exit_code":1,"failure":"tests_failed","error":null,"duration_ms":1,"image_digest":null,"log":null,"grading_kind":null,"tests":null,"baseline":false}`
+	file := filepath.Join(dir, "grades.jsonl")
+	require.NoError(t, os.WriteFile(file, []byte(grade+"\n"), 0o644))
+	r := kiln(t, "import", "grades", "--store", storeDir, "--out", "held", file)
+	assert.Equal(t, stagecmd.ExitUsage, r.Code, r.Stderr)
+	assert.Contains(t, r.Stderr, "dataset held holds tasks ("+tasks.LastLine()+"), and this command writes grades")
+	vs, err := dataset.List(context.Background(), mustLocal(t, storeDir), "held")
+	require.NoError(t, err)
+	assert.Len(t, vs, 1, "nothing was written")
 }

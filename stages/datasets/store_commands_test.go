@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -47,6 +48,18 @@ func gradesShard(grades ...records.Grade) func(io.Writer) error {
 		enc := records.NewGradeEncoder(w)
 		if err := enc.Write(grades...); err != nil {
 			return err
+		}
+		return enc.Close()
+	}
+}
+
+func tasksShard(ids ...string) func(io.Writer) error {
+	return func(w io.Writer) error {
+		enc := records.NewTaskEncoder(w)
+		for i, id := range ids {
+			if err := enc.Write(records.Task{TaskID: id, TaskIndex: int64(i), Prompt: `"p"`, Metadata: `{}`}); err != nil {
+				return err
+			}
 		}
 		return enc.Close()
 	}
@@ -347,7 +360,7 @@ func TestForget(t *testing.T) {
 		waitTick(sc)
 		r2, _ := dataset.ParseRef(v2)
 		r3, _ := dataset.ParseRef(v3)
-		v4 := makeVersion(t, sc, "tasks", records.GradesKind(), "4", []dataset.Ref{r2}, 1, gradesShard(oneGrade("a")),
+		v4 := makeVersion(t, sc, "tasks", records.TasksKind(), "4", []dataset.Ref{r2}, 1, tasksShard("a"),
 			map[string]string{"logs/a.jsonl": "log\n"}).String()
 		rollouts := makeVersion(t, sc, "rollouts/x", records.GradesKind(), "x", []dataset.Ref{r3}, 1, gradesShard(oneGrade("a")), nil)
 		require.Equal(t, v1, kiln(t, "import", "tasks", "--store", sc.uri, file1).LastLine())
@@ -434,4 +447,31 @@ func TestForgetRefusesOnUnreadableLineage(t *testing.T) {
 		assert.Contains(t, r.Stderr, "cannot tell which version is latest")
 		assert.NotZero(t, versionFiles(t, sc, a))
 	})
+}
+
+// TestForgetRefusesDanglingLatest: forget refuses (exit 4, nothing removed)
+// while latest names a version that is not committed (issue 31: a pointer
+// hand-edited to a missing version made forget delete every version).
+func TestForgetRefusesDanglingLatest(t *testing.T) {
+	dir := t.TempDir()
+	storeDir := filepath.Join(dir, "store")
+	for i := range 2 {
+		r := kiln(t, "import", "tasks", "--store", storeDir, rowsFile(t, i+1, 2))
+		require.Equal(t, 0, r.Code, r.Stderr)
+	}
+	pointer := filepath.Join(storeDir, "tasks", "_latest.json")
+	b, err := os.ReadFile(pointer)
+	require.NoError(t, err)
+	var l map[string]any
+	require.NoError(t, json.Unmarshal(b, &l))
+	l["version"] = "0123456789abcdef0123"
+	b, err = json.Marshal(l)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(pointer, b, 0o644))
+	r := kiln(t, "forget", "--store", storeDir, "--keep-last", "0", "tasks")
+	assert.Equal(t, stagecmd.ExitCorrupt, r.Code, r.Stderr)
+	assert.Contains(t, r.Stderr, "its latest pointer names tasks@0123456789abcdef0123, which is not committed, so nothing was removed")
+	vs, err := dataset.List(context.Background(), mustLocal(t, storeDir), "tasks")
+	require.NoError(t, err)
+	assert.Len(t, vs, 2, "nothing was removed")
 }

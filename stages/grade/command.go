@@ -195,8 +195,13 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 	if o.Timeout <= 0 {
 		return dataset.Result{}, stagecmd.Usagef("--timeout %s: want a positive duration such as 10m", o.Timeout)
 	}
-	if o.Jobs < 1 {
-		return dataset.Result{}, stagecmd.Usagef("--jobs %d: want at least 1", o.Jobs)
+	if err := stagecmd.CheckCount("jobs", o.Jobs, stagecmd.MaxJobs); err != nil {
+		return dataset.Result{}, err
+	}
+	if o.BootConcurrency != 0 {
+		if err := stagecmd.CheckCount("boot-concurrency", o.BootConcurrency, stagecmd.MaxJobs); err != nil {
+			return dataset.Result{}, err
+		}
 	}
 	if o.Provider == "" {
 		o.Provider = "bwrap"

@@ -217,6 +217,7 @@ func TestRunBadInputs(t *testing.T) {
 		{"bundles missing", func(o *Options) { o.Baseline = true; o.Bundles = filepath.Join(t.TempDir(), "none") }, stagecmd.ExitUsage, "is not a directory"},
 		{"missing patches file", func(o *Options) { o.Patches = filepath.Join(t.TempDir(), "none.jsonl") }, stagecmd.ExitNotFound, "none.jsonl"},
 		{"bad sandbox", func(o *Options) { o.Baseline = true; o.Provider = "docker" }, stagecmd.ExitUsage, `--sandbox "docker"`},
+		{"absurd jobs", func(o *Options) { o.Baseline = true; o.Jobs = 1 << 20 }, stagecmd.ExitUsage, "--jobs 1048576: want 1 to 4096"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

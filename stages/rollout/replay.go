@@ -14,7 +14,7 @@ import (
 
 // AbortReplayMismatch is the abort reason of a replayed run whose agent
 // sent a prompt the recording does not hold (docs/rollout.md §7).
-const AbortReplayMismatch = "replay_mismatch"
+const AbortReplayMismatch = records.AbortReplayMismatch
 
 // replayScheme prefixes an --engine that replays a turns version.
 const replayScheme = "replay://"

@@ -239,9 +239,9 @@ func TestReplayEngineHealth(t *testing.T) {
 	require.NoError(t, err)
 	defer e.close()
 	hc := &http.Client{Timeout: 5 * time.Second}
-	assert.Empty(t, checkHealth(context.Background(), hc, url, ""))
+	assert.NoError(t, checkHealth(context.Background(), hc, url, ""))
 	renderer.Close()
-	assert.Contains(t, checkHealth(context.Background(), hc, url, ""), "HTTP 502")
+	assert.ErrorContains(t, checkHealth(context.Background(), hc, url, ""), "HTTP 502")
 
 	_, err = newReplayEngine(book, "rec/turns@v1", "gpu1:8000", stagecmd.NewLogger(io.Discard, false))
 	assert.ErrorContains(t, err, `--replay-renderer "gpu1:8000": want the base URL of an engine`)

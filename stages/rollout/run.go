@@ -45,21 +45,25 @@ const (
 	agentModel = "kiln-policy"
 )
 
-// Abort reasons a run stage writes (docs/records.md §4, docs/rollout.md §2.4).
+// Abort reasons a run stage writes (docs/records.md §4, docs/rollout.md
+// §2.4): records' list, which every rollouts row, written or imported, is
+// held to (records.CheckAbortReason).
 const (
-	AbortMissingImage  = "missing_image_or_workdir"
-	AbortSessionEmpty  = "adapter_session_empty"
-	AbortDeadline      = "wall_clock_timeout"
-	AbortEngineError   = "engine_error"
-	AbortAgentCrash    = "agent_crash"
-	AbortPreempted     = "preempted"
-	abortExceptionPref = "exception:"
+	AbortMissingImage  = records.AbortMissingImage
+	AbortSessionEmpty  = records.AbortSessionEmpty
+	AbortDeadline      = records.AbortDeadline
+	AbortEngineError   = records.AbortEngineError
+	AbortAgentCrash    = records.AbortAgentCrash
+	abortExceptionPref = records.AbortExceptionPrefix
+	// AbortPreempted ends a run the stage's own end interrupted: it is
+	// never written (a rerun runs it again), so it is no row's reason.
+	AbortPreempted = "preempted"
 )
 
 // AbortWeightsChanged is the abort reason of a run a model call of which
 // an engine reports generated with other weights than --weights names
 // (docs/rollout.md §2.4).
-const AbortWeightsChanged = "weights_changed"
+const AbortWeightsChanged = records.AbortWeightsChanged
 
 // RunOptions describe one run stage.
 type RunOptions struct {
@@ -165,10 +169,12 @@ func (o *RunOptions) check() error {
 		return stagecmd.Usagef("--bundles DIR is required: the bundle root kiln-images unpacked the images into on this node")
 	case len(o.Engines) == 0:
 		return stagecmd.Usagef("--engine URL is required (several: --engine URL1,URL2)")
-	case o.Samples < 1:
-		return stagecmd.Usagef("--samples %d: want at least 1", o.Samples)
-	case o.Jobs < 1:
-		return stagecmd.Usagef("--jobs %d: want at least 1", o.Jobs)
+	case stagecmd.CheckCount("samples", o.Samples, stagecmd.MaxSamples) != nil:
+		return stagecmd.CheckCount("samples", o.Samples, stagecmd.MaxSamples)
+	case stagecmd.CheckCount("jobs", o.Jobs, stagecmd.MaxJobs) != nil:
+		return stagecmd.CheckCount("jobs", o.Jobs, stagecmd.MaxJobs)
+	case o.BootConcurrency != 0 && stagecmd.CheckCount("boot-concurrency", o.BootConcurrency, stagecmd.MaxJobs) != nil:
+		return stagecmd.CheckCount("boot-concurrency", o.BootConcurrency, stagecmd.MaxJobs)
 	case o.Budget <= 0:
 		return stagecmd.Usagef("--budget %s: want a positive duration such as 20m", o.Budget)
 	case o.SetupTimeout <= 0 || o.Margin < 0:
@@ -535,8 +541,10 @@ func produceRuns(ctx context.Context, env *stagecmd.Env, st store.Store, ws [3]*
 type runRuntime struct {
 	front *front
 	// serve serves the front on a sandbox's endpoint socket
-	// (sandbox.Options.ServeEndpoint): the front listens on no port.
-	serve   func(net.Listener)
+	// (sandbox.Options.ServeEndpoint): the front listens on no port. At
+	// most the sandbox's share of connections are held at once; flood is
+	// called when its agent opens more (endpointListener).
+	serve   func(ln net.Listener, flood func(max int))
 	hs      interface{ Close() error }
 	boots   *sandbox.Limiter
 	engines []string // the base URLs health checks reach
@@ -624,12 +632,28 @@ func startRuntime(ctx context.Context, env *stagecmd.Env, st store.Store, o RunO
 		env.Log.Info("engines serve the weights", "weights", o.weights.ref.String(), "number", o.weights.number, "engines", len(served))
 	}
 	fr.adapters = adapters
-	hs := adapter.NewHTTPServer(fr, adapter.HTTPLimits{}, slog.NewLogLogger(env.Log.Handler(), slog.LevelWarn))
+	hs := adapter.NewHTTPServer(fr, adapter.HTTPLimits{ReadHeaderTimeout: endpointHeaderTimeout}, slog.NewLogLogger(env.Log.Handler(), slog.LevelWarn))
 	boots := o.BootConcurrency
 	if boots <= 0 {
 		boots = o.Jobs
 	}
-	return &runRuntime{front: fr, serve: func(ln net.Listener) { _ = hs.Serve(ln) }, hs: hs, boots: sandbox.NewLimiter(boots),
+	// Each sandbox's endpoint gets a share of the descriptors, the stage
+	// keeping its own (endpoint.go): one agent cannot starve the rest.
+	nofile, err := raiseNoFile()
+	if err != nil {
+		replay.close()
+		return nil, err
+	}
+	share, enough := endpointShare(nofile, o.Jobs)
+	if !enough {
+		env.Log.Warn("the open-files limit is low for this many runs at once: an agent flooding its endpoint may starve the stage; raise it (ulimit -n) or lower --jobs",
+			"limit", nofile, "jobs", o.Jobs, "per_sandbox", share)
+	}
+	env.Log.Debug("endpoint connections per sandbox", "limit", nofile, "jobs", o.Jobs, "per_sandbox", share)
+	return &runRuntime{front: fr, hs: hs, boots: sandbox.NewLimiter(boots),
+		serve: func(ln net.Listener, flood func(int)) {
+			_ = hs.Serve(&endpointListener{Listener: ln, max: share, flood: flood})
+		},
 		engines: engines, replay: replay}, nil
 }
 
@@ -662,10 +686,18 @@ func (rt *runRuntime) watchHealth(ctx context.Context, env *stagecmd.Env, o RunO
 			case <-t.C:
 			}
 			for i, url := range rt.engines {
-				why := checkHealth(ctx, hc, url, o.EngineAPIKey)
-				if why == "" || ctx.Err() != nil {
+				err := checkHealth(ctx, hc, url, o.EngineAPIKey)
+				if err == nil || ctx.Err() != nil {
 					continue
 				}
+				if localResourceError(err) {
+					// kiln-rollout itself is out of descriptors: the engine
+					// may be fine, and taking it out would end every run.
+					env.Log.Error("kiln-rollout is out of file descriptors, so an engine's health could not be checked (the engine stays in service); raise the open-files limit (ulimit -n) or lower --jobs",
+						"engine", url, "err", err)
+					continue
+				}
+				why := err.Error()
 				env.Log.Error("engine failed its health check; its running runs abort (engine_error)", "engine", url, "why", why)
 				if !rt.front.engineDown(i, why) {
 					stopStage(fmt.Errorf("%w (last: %s: %s); rerun to resume", errNoEngine, url, why))
@@ -677,25 +709,25 @@ func (rt *runRuntime) watchHealth(ctx context.Context, env *stagecmd.Env, o RunO
 	return func() { cancel(); <-done }
 }
 
-// checkHealth is "" when the engine answers GET /health with 2xx, else why
-// not.
-func checkHealth(ctx context.Context, hc *http.Client, base, apiKey string) string {
+// checkHealth is nil when the engine answers GET /health with 2xx, else
+// why not (localResourceError tells a failure of this process's own).
+func checkHealth(ctx context.Context, hc *http.Client, base, apiKey string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(base, "/")+"/health", nil)
 	if err != nil {
-		return err.Error()
+		return err
 	}
 	if apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+apiKey)
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return err.Error()
+		return err
 	}
 	resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return fmt.Sprintf("GET /health: HTTP %d", resp.StatusCode)
+		return fmt.Errorf("GET /health: HTTP %d", resp.StatusCode)
 	}
-	return ""
+	return nil
 }
 
 // runProducer runs jobs and writes their results.

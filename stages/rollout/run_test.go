@@ -142,6 +142,7 @@ const (
 	failLater                   // one good turn, then the engine fails
 	snoop                       // run scriptedModel.snoop's command, then answer
 	forkBomb                    // fork without end
+	flood                       // open connections to the endpoint without end (floodCommand)
 )
 
 // edit is one str_replace edit: a hunk of a gold patch.
@@ -260,6 +261,10 @@ func (m *scriptedModel) script(r enginetest.Request) enginetest.Output {
 	case forkBomb:
 		if r.Turn == 0 {
 			return enginetest.Output{Text: toolCall("bash", "command", "b() { b | b & }; b")}
+		}
+	case flood:
+		if r.Turn == 0 {
+			return enginetest.Output{Text: toolCall("bash", "command", floodCommand)}
 		}
 	case failLater:
 		if r.Turn == 0 {
@@ -417,25 +422,56 @@ func deref(s *string) string {
 }
 
 // assertMaskedTokensSampled checks that every loss-mask-1 token of segs is
-// a token some turn of its rollout sampled, with the same logprob.
+// the token a turn of its rollout sampled at that position, with its
+// logprob (maskedTokenErrors).
 func assertMaskedTokensSampled(t *testing.T, turns []records.Turn, segs []records.Trajectory) {
 	t.Helper()
-	sampled := map[int64]map[string]bool{}
-	for _, tr := range turns {
-		if sampled[tr.RolloutID] == nil {
-			sampled[tr.RolloutID] = map[string]bool{}
-		}
-		for i, id := range tr.OutputIDs {
-			sampled[tr.RolloutID][fmt.Sprint(id, tr.OutputLogProbs[i])] = true
-		}
-	}
 	require.NotEmpty(t, segs)
+	for _, e := range maskedTokenErrors(turns, segs) {
+		t.Error(e)
+	}
+}
+
+// maskedTokenErrors checks positions, not set membership: a turn's output
+// follows its prompt in a segment (docs/assembly.md §2.2), so a turn whose
+// prompt is the segment's tokens before position a sampled, at a+k, its
+// k-th output token. Every loss-mask-1 position must hold the token, with
+// its logprob, that such a turn sampled at that position. A token that a
+// turn sampled at another position (two trained tokens swapped, a span
+// shifted) is an error.
+func maskedTokenErrors(turns []records.Turn, segs []records.Trajectory) []string {
+	byRollout := map[int64][]records.Turn{}
+	for _, tr := range turns {
+		byRollout[tr.RolloutID] = append(byRollout[tr.RolloutID], tr)
+	}
+	var errs []string
 	for _, s := range segs {
-		resp := s.Tokens[len(s.Tokens)-int(s.ResponseLength):]
+		lead := len(s.Tokens) - int(s.ResponseLength)
+		// the turns whose output starts in this segment's response
+		var anchored []records.Turn
+		for _, tr := range byRollout[s.RolloutID] {
+			if a := len(tr.PromptIDs); a >= lead && a < len(s.Tokens) && slices.Equal(tr.PromptIDs, s.Tokens[:a]) {
+				anchored = append(anchored, tr)
+			}
+		}
 		for i, m := range s.LossMask {
-			if m == 1 {
-				assert.True(t, sampled[s.RolloutID][fmt.Sprint(resp[i], s.RolloutLogProbs[i])], "rollout %d token %d", s.RolloutID, i)
+			if m != 1 {
+				continue
+			}
+			pos, tok, lp := lead+i, s.Tokens[lead+i], s.RolloutLogProbs[i]
+			found := false
+			for _, tr := range anchored {
+				k := pos - len(tr.PromptIDs)
+				if k >= 0 && k < len(tr.OutputIDs) && tr.OutputIDs[k] == tok && (len(tr.OutputLogProbs) == 0 || tr.OutputLogProbs[k] == lp) {
+					found = true
+					break
+				}
+			}
+			if !found {
+				errs = append(errs, fmt.Sprintf("rollout %d segment %d response position %d: token %d logprob %v is trained, but no turn whose prompt ends before it sampled it at that position",
+					s.RolloutID, s.Segment, i, tok, lp))
 			}
 		}
 	}
+	return errs
 }

@@ -497,6 +497,10 @@ func TestRunUsage(t *testing.T) {
 		{"bad agent env", []string{"--engine", up, "--agent-env", `{"A":1}`}, "--agent-env"},
 		{"unknown harness", []string{"--engine", up, "--agent", "aider"}, "unknown harness"},
 		{"no samples", []string{"--engine", up, "--samples", "0"}, "--samples"},
+		// Issue 31: absurd counts are refused before anything is planned.
+		{"absurd samples", []string{"--engine", up, "--samples", "100000000000"}, "--samples 100000000000: want 1 to 65536"},
+		{"absurd jobs", []string{"--engine", up, "-j", "100000"}, "--jobs 100000: want 1 to 4096"},
+		{"absurd boot concurrency", []string{"--engine", up, "--boot-concurrency", "5000"}, "--boot-concurrency 5000: want 1 to 4096"},
 		{"bad top-p", []string{"--engine", up, "--top-p", "1.5"}, "--top-p"},
 		{"bad kwargs", []string{"--engine", up, "--chat-template-kwargs", "[1]"}, "--chat-template-kwargs"},
 		{"bad stop ids", []string{"--engine", up, "--stop-token-ids", "1,x"}, "--stop-token-ids"},

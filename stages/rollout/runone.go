@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"path"
 	"strings"
 	"syscall"
@@ -74,6 +75,10 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 		if errors.As(context.Cause(rctx), &changed) {
 			return abort(AbortWeightsChanged, changed.Error())
 		}
+		var flood *endpointFloodError
+		if errors.As(context.Cause(rctx), &flood) {
+			return abort(AbortEndpointFlood, flood.Error())
+		}
 		if ctx.Err() != nil {
 			res.err = context.Cause(ctx)
 			return abort(AbortPreempted, err.Error())
@@ -114,7 +119,11 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 	artifacts := dataset.AttachmentKey(p.ws[0].Ref(), fmt.Sprintf("runs/%s/%s/", j.key, sid[len(sid)-8:]))
 	logFile := path.Join(j.workdir, workspace.HarnessDir, agentLogName)
 	opts := p.o.Sandbox
-	opts.Rootfs, opts.Env, opts.ServeEndpoint = j.rootfs, j.env, p.rt.serve
+	opts.Rootfs, opts.Env = j.rootfs, j.env
+	// An agent flooding its endpoint ends its own run, and only its own.
+	opts.ServeEndpoint = func(ln net.Listener) {
+		p.rt.serve(ln, func(max int) { engineFailed(&endpointFloodError{max: max}) })
+	}
 	opts.Mounts = append(append([]sandbox.Mount(nil), opts.Mounts...), j.harness.Mounts()...)
 	opts.Artifacts = storeSink{ctx: context.WithoutCancel(ctx), st: p.st, prefix: artifacts}
 	opts.ArtifactFiles = []string{logFile}
