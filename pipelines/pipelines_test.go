@@ -173,21 +173,28 @@ func finalRefs(t *testing.T, storeDir string) map[string]string {
 	return m
 }
 
+// TestKillAndResume kills a run (SIGKILL to its process group) once k
+// targets are recorded done, and resumes it. The kill must land mid-run,
+// some targets done and some not, or the test proves nothing: it waits
+// for the record rather than for a wall-clock delay, and fails when the
+// kill found the run finished or not yet started.
 func TestKillAndResume(t *testing.T) {
 	ref := newFixture(t)
 	ref.run("run")
 	want := finalRefs(t, ref.store)
-	for _, delay := range []time.Duration{300 * time.Millisecond, 900 * time.Millisecond, 1500 * time.Millisecond} {
-		t.Run(delay.String(), func(t *testing.T) {
+	for _, k := range []int{1, 3, 6} {
+		t.Run(fmt.Sprintf("after %d done", k), func(t *testing.T) {
 			f := newFixture(t)
 			c := f.cmd("run", "SLEEP=0.2")
 			c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 			if err := c.Start(); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(delay)
+			exited := make(chan error, 1)
+			go func() { exited <- c.Wait() }()
+			waitDone(t, f.store, k, exited)
 			_ = syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
-			_ = c.Wait()
+			<-exited
 			// Done is what the record's done entries say: a kill between a
 			// target's done entry and its last entry leaves it done, and
 			// entries (which reads the last entries) short of it.
@@ -196,6 +203,9 @@ func TestKillAndResume(t *testing.T) {
 				if strings.HasPrefix(v, "done ") {
 					before++
 				}
+			}
+			if before < max(k, 1) || before >= 8 {
+				t.Fatalf("the kill did not land mid-run: %d of 8 targets done after it, want %d to 7", before, max(k, 1))
 			}
 			_, errs := f.run("run", "SLEEP=0.2")
 			if n := len(ran(errs)); n != 8-before {
@@ -210,6 +220,37 @@ func TestKillAndResume(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// waitDone waits until the pipeline rl's record in storeDir holds n done
+// entries; it fails the test when the run exits first.
+func waitDone(t *testing.T, storeDir string, n int, exited <-chan error) {
+	t.Helper()
+	st, err := store.Open(storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		done := 0
+		err := st.List(context.Background(), pipelines.RecordPrefix+"rl/done/", func(info store.Info) error {
+			if strings.HasSuffix(info.Key, ".json") {
+				done++
+			}
+			return nil
+		})
+		if err == nil && done >= n {
+			return
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("the run exited (%v) before %d targets were done (%d were)", err, n, done)
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d targets done after 30 s, want %d", done, n)
+		}
 	}
 }
 

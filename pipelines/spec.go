@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -46,12 +47,42 @@ var (
 // maxIncludeDepth bounds include nesting (a cycle is reported before).
 const maxIncludeDepth = 32
 
+// maxSpecBytes bounds a spec file and each file it includes: a spec is
+// a page of text, and `include /dev/zero` (or a huge file) must be an
+// error, not a read until the kernel kills the process.
+const maxSpecBytes = 1 << 20
+
+// readSpec reads a spec or included file: a regular file of at most
+// maxSpecBytes.
+func readSpec(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%q is not a regular file (%s): a pipeline spec is a text file", path, fi.Mode().Type())
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxSpecBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxSpecBytes {
+		return nil, fmt.Errorf("%q is over %d bytes: a pipeline spec is a page of text, not data", path, maxSpecBytes)
+	}
+	return b, nil
+}
+
 // Load reads the spec at path with vars (VAR=value from the command line)
 // and environ (os.Environ()). Precedence: command line > environment >
 // the file's ?= default; a plain = in the file wins over the environment
 // and loses only to the command line (pipelines/README.md §2).
 func Load(path string, vars map[string]string, environ []string) (*Spec, error) {
-	src, err := os.ReadFile(path)
+	src, err := readSpec(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading pipeline %q: %w", path, err)
 	}
@@ -166,7 +197,7 @@ func (p *parser) file(path string, src []byte, depth int) error {
 			if !filepath.IsAbs(inc) {
 				inc = filepath.Join(filepath.Dir(path), inc)
 			}
-			b, err := os.ReadFile(inc)
+			b, err := readSpec(inc)
 			if err != nil {
 				return errAt(Pos{File: path, Line: line, Col: 9}, "include %q: %v", name, err)
 			}

@@ -67,8 +67,16 @@ func firstEnv(names ...string) string {
 // NewS3 opens s3://bucket/prefix. It does not contact the server.
 func NewS3(uri string, opts S3Options) (*S3, error) {
 	u, err := url.Parse(uri)
+	if err == nil && u.User != nil {
+		// Refused, not stripped: a URI with a secret in it ends up in
+		// sbatch scripts, manifests and logs (issue 31), and kiln never
+		// reads credentials from it. The message names the store without
+		// its userinfo.
+		u.User = nil
+		return nil, fmt.Errorf("store %q: a store URI must not carry credentials (KEY:SECRET@): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or use ~/.aws/credentials", u.String())
+	}
 	if err != nil || u.Scheme != "s3" || u.Host == "" {
-		return nil, fmt.Errorf("store %q: want s3://bucket/prefix", uri)
+		return nil, fmt.Errorf("store %q: want s3://bucket/prefix", redactUserinfo(uri))
 	}
 	prefix := strings.Trim(u.Path, "/")
 	if prefix != "" {
@@ -513,4 +521,21 @@ func (s *S3) RemoveLeftover(ctx context.Context, leftover Info) error {
 		return nil
 	}
 	return err
+}
+
+// redactUserinfo drops anything between "://" and an "@" before the first
+// "/" of a URI that did not parse, so an error never repeats a secret.
+func redactUserinfo(uri string) string {
+	scheme, rest, ok := strings.Cut(uri, "://")
+	if !ok {
+		return uri
+	}
+	host, path, _ := strings.Cut(rest, "/")
+	if i := strings.LastIndex(host, "@"); i >= 0 {
+		host = "REDACTED@" + host[i+1:]
+	}
+	if path != "" || strings.Contains(rest, "/") {
+		return scheme + "://" + host + "/" + path
+	}
+	return scheme + "://" + host
 }

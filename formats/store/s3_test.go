@@ -235,3 +235,18 @@ func TestS3MultipartConditional(t *testing.T) {
 type onlyReader struct{ r io.Reader }
 
 func (o onlyReader) Read(p []byte) (int, error) { return o.r.Read(p) }
+
+// TestS3URIRefusesCredentials: a store URI carrying KEY:SECRET@ is
+// refused, and the error never repeats the secret (it would land in
+// sbatch scripts, manifests and logs; issue 31).
+func TestS3URIRefusesCredentials(t *testing.T) {
+	for _, uri := range []string{"s3://AKIAKEY:TOPSECRET@bucket/prefix", "s3://TOPSECRET@bucket", "s3://AKIAKEY:TOPSECRET@/x"} {
+		_, err := store.Open(uri)
+		if err == nil {
+			t.Fatalf("Open(%q) accepted a URI with credentials", uri)
+		}
+		if strings.Contains(err.Error(), "TOPSECRET") || strings.Contains(err.Error(), "AKIAKEY") {
+			t.Errorf("Open(%q): the error repeats the credentials: %v", uri, err)
+		}
+	}
+}

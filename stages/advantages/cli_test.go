@@ -3,6 +3,7 @@ package advantages
 import (
 	"bytes"
 	"context"
+	"math"
 	"strings"
 	"testing"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/urfave/cli/v2"
 
+	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/internal/stagecmd"
 	"github.com/kilnrl/kiln/stages/datasets"
 )
@@ -64,4 +66,35 @@ func TestCLI(t *testing.T) {
 	assert.Equal(t, stagecmd.ExitUsage, stagecmd.ExitCode(err))
 	_, err = run("stray")
 	assert.Equal(t, stagecmd.ExitUsage, stagecmd.ExitCode(err))
+}
+
+// TestCLIStdEps: --std-eps reaches grpo's denominator, (R - mean) /
+// (std + eps), and the version. Before, every test ran with the default,
+// and a kiln-advantages that ignored the flag passed them all. Task 0's
+// rewards are [1,0,1,0]: mean 0.5, std sqrt(1/3).
+func TestCLIStdEps(t *testing.T) {
+	w := newWorld(t)
+	root := w.st.(interface{ Root() string }).Root()
+	std := math.Sqrt(1.0 / 3)
+	refs := map[string]string{}
+	for _, c := range []struct {
+		eps  []string // the flag, none for the default
+		want float64  // rollout 0's advantage
+	}{
+		{nil, 0.5 / (std + 1e-6)},
+		{[]string{"--std-eps", "1"}, 0.5 / (std + 1)},
+		{[]string{"--std-eps", "0.25"}, 0.5 / (std + 0.25)},
+	} {
+		var stdout, stderr bytes.Buffer
+		a := app(&stdout, &stderr)
+		a.ExitErrHandler = func(*cli.Context, error) {}
+		args := append([]string{"kiln-advantages", "--store", root, "--trajectories", w.trajectories.String(), "--grades", w.grades.String(), "--out", "adv"}, c.eps...)
+		require.NoError(t, a.RunContext(context.Background(), args), "%v: %s", c.eps, stderr.String())
+		ref, err := dataset.ParseRef(lastLine(stdout.String()))
+		require.NoError(t, err, "%v", c.eps)
+		_, rows := readAdvantages(t, w.st, ref)
+		assert.InDelta(t, c.want, byRollout(rows)[0], 1e-9, "kiln-advantages %v: rollout 0's advantage", c.eps)
+		refs[ref.String()] = strings.Join(c.eps, " ")
+	}
+	assert.Len(t, refs, 3, "each --std-eps is its own version: %v", refs)
 }

@@ -5,7 +5,10 @@ docs/train-stage.md §9 and saves a checkpoint directory of the right
 shape (§6). KILN_FAKE_CRASH_AT=i exits 3 during step i;
 KILN_FAKE_KILL_AT=i kills itself (SIGKILL) there; KILN_FAKE_HANG_AT=i
 starts a child (its pid in $KILN_FAKE_PIDFILE) and hangs; KILN_FAKE_NO_OPTIMIZER=1
-saves without optimizer.pt."""
+saves without optimizer.pt; KILN_FAKE_RANKS=FILE appends a line of each
+process's RANK WORLD_SIZE LOCAL_RANK SLURM_JOB_ID SLURM_STEP_ID
+SLURM_PROCID MASTER_ADDR MASTER_PORT ("-" for unset) to FILE. As
+kiln_gpu.train, only rank 0 prints events and saves."""
 
 import argparse
 import json
@@ -34,6 +37,13 @@ def main():
     a = p.parse_args()
     plan = json.load(open(a.plan))
     assert plan["format"] == "kiln-train-plan/1", plan["format"]
+    ranks = os.environ.get("KILN_FAKE_RANKS")
+    if ranks:
+        names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "MASTER_ADDR", "MASTER_PORT")
+        with open(ranks, "a") as f:
+            f.write(" ".join(os.environ.get(n) or "-" for n in names) + "\n")
+    if os.environ.get("RANK", "0") != "0":
+        return
     root = os.path.dirname(a.plan)
     crash = os.environ.get("KILN_FAKE_CRASH_AT")
     print(json.dumps({"event": "start", "steps": len(plan["steps"]), "model": plan["model"]}), flush=True)
