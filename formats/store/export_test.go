@@ -7,3 +7,6 @@ func SetS3PartSize(n int64) (restore func()) {
 	s3PartSize = n
 	return func() { s3PartSize = old }
 }
+
+// SizedPartSize is the part size of an unconditional write of size bytes.
+var SizedPartSize = sizedPartSize

@@ -239,6 +239,31 @@ func (s *S3) Stat(ctx context.Context, key string) (Info, error) {
 // lower it (export_test.go).
 var s3PartSize int64 = 64 << 20
 
+// s3SizedPartSize is the part size of an unconditional write of known size
+// above s3PartSize (grown when 10000 parts would not hold the object).
+// minio-go buffers one part per upload, and writers upload several big
+// files at once (kiln-sync publish: up to 8), so the part is what bounds
+// their memory: 4 uploads of 2 GiB files held 4 × 64 MiB. Parts of 16 MiB
+// are within what S3 recommends (8-16 MiB), and on versitygw over loopback
+// a full publish of 8 GiB is as fast with them (stages/sync BenchmarkSync).
+const s3SizedPartSize = 16 << 20
+
+// growPartsAfter is the number of parts of s3SizedPartSize an upload of
+// unknown size sends before its parts grow to s3PartSize (putParts).
+const growPartsAfter = 64
+
+// sizedPartSize is the part size of an unconditional write of size bytes
+// (size > s3PartSize): s3SizedPartSize, or s3PartSize if that is smaller
+// (tests), rounded up to whole MiB so 10000 parts hold the object.
+func sizedPartSize(size int64) int64 {
+	part := min(s3SizedPartSize, s3PartSize)
+	const maxParts = 10000
+	if need := (size + maxParts - 1) / maxParts; need > part {
+		part = (need + 1<<20 - 1) &^ (1<<20 - 1)
+	}
+	return part
+}
+
 // put writes the object. conditional says opts carries If-Match or
 // If-None-Match.
 func (s *S3) put(ctx context.Context, key string, r io.Reader, size int64, opts minio.PutObjectOptions, conditional bool) (Info, error) {
@@ -260,9 +285,12 @@ func (s *S3) put(ctx context.Context, key string, r io.Reader, size int64, opts 
 		}
 	case size > s3PartSize:
 		r = &sizedReader{r: r, left: size, key: key} // parts are buffered before they are sent
+		if !conditional {
+			opts.PartSize = uint64(sizedPartSize(size))
+		}
 	}
 	var ui minio.UploadInfo
-	if conditional && (size < 0 || size > s3PartSize) {
+	if size < 0 || (conditional && size > s3PartSize) {
 		ui, err = s.putParts(ctx, obj, r, opts)
 	} else {
 		ui, err = s.client.PutObject(ctx, s.bucket, obj, r, size, opts)
@@ -359,14 +387,20 @@ func (s *sizedReader) Read(p []byte) (int, error) {
 // condition in opts goes with CompleteMultipartUpload. minio-go's PutObject
 // sends it only with CreateMultipartUpload, where S3 ignores it, which made
 // PutIfAbsent and PutIfMatch of unknown-size or big objects unconditional.
-// An object that fits in one part goes in a single conditional PUT.
+// Unconditional writes of unknown size come here too (opts then has no
+// condition), for the part sizes: the first growPartsAfter parts are of
+// s3SizedPartSize, the rest of s3PartSize, so an object up to 1 GiB holds
+// a 16 MiB buffer, not minio-go's 64 MiB (kiln-sync's packs, dataset
+// shards), and 10000 parts still hold 621 GiB. An object that fits in its
+// first part goes in a single PUT.
 func (s *S3) putParts(ctx context.Context, obj string, r io.Reader, opts minio.PutObjectOptions) (minio.UploadInfo, error) {
+	first := min(s3SizedPartSize, s3PartSize)
 	// Small objects (pointers, manifests) do not get a whole part's buffer.
-	buf, err := io.ReadAll(io.LimitReader(ctxReader{ctx, r}, s3PartSize))
+	buf, err := io.ReadAll(io.LimitReader(ctxReader{ctx, r}, first))
 	if err != nil {
 		return minio.UploadInfo{}, err
 	}
-	if int64(len(buf)) < s3PartSize {
+	if int64(len(buf)) < first {
 		return s.client.PutObject(ctx, s.bucket, obj, bytes.NewReader(buf), int64(len(buf)), opts)
 	}
 	n := len(buf)
@@ -386,6 +420,9 @@ func (s *S3) putParts(ctx context.Context, obj string, r io.Reader, opts minio.P
 			}
 			parts = append(parts, minio.CompletePart{PartNumber: num, ETag: p.ETag})
 			total += int64(n)
+			if num == growPartsAfter && int64(len(buf)) < s3PartSize {
+				buf = make([]byte, s3PartSize)
+			}
 			n, err = io.ReadFull(ctxReader{ctx, r}, buf)
 			if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
 				return minio.UploadInfo{}, err

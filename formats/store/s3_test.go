@@ -236,6 +236,44 @@ type onlyReader struct{ r io.Reader }
 
 func (o onlyReader) Read(p []byte) (int, error) { return o.r.Read(p) }
 
+// An unconditional write of known size above one part goes up in parts of
+// at most 16 MiB (what minio-go buffers per upload), more only where
+// 10000 parts would not hold the object; its bytes come back whole, and a
+// reader that is longer or shorter than the size is refused.
+func TestS3SizedMultipart(t *testing.T) {
+	const mib = 1 << 20
+	require.Equal(t, int64(16*mib), store.SizedPartSize(8<<30))
+	for _, size := range []int64{100 << 30, 200 << 30, 1 << 40, 5<<40 - 1} {
+		p := store.SizedPartSize(size)
+		require.GreaterOrEqual(t, p*10000, size, "10000 parts of %d hold %d", p, size)
+		require.Zero(t, p%mib, "whole MiB")
+		require.LessOrEqual(t, p, max(16*mib, (size+9999)/10000+mib), "no bigger than needed")
+	}
+
+	const part = 5 << 20
+	defer store.SetS3PartSize(part)()
+	require.Equal(t, int64(part), store.SizedPartSize(3*part), "tests' smaller part size holds")
+	ctx := t.Context()
+	s := storetest.StartVersity(t)
+	b := bytes.Repeat([]byte("0123456789abcdef"), (2*part+12345)/16)
+	b[0], b[len(b)-1] = 'A', 'Z'
+	info, err := s.Put(ctx, "sized/ok", onlyReader{bytes.NewReader(b)}, int64(len(b)))
+	require.NoError(t, err)
+	require.True(t, strings.HasSuffix(info.ETag, "-3"), "3 parts of %d bytes: ETag %q", part, info.ETag)
+	got, _, err := store.ReadAll(ctx, s, "sized/ok")
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(b, got))
+
+	_, err = s.Put(ctx, "sized/long", onlyReader{bytes.NewReader(b)}, int64(len(b)-1))
+	require.Error(t, err, "a reader longer than its size")
+	_, err = s.Put(ctx, "sized/short", onlyReader{bytes.NewReader(b[:len(b)-1])}, int64(len(b)))
+	require.Error(t, err, "a reader shorter than its size")
+	for _, k := range []string{"sized/long", "sized/short"} {
+		_, err := s.Stat(ctx, k)
+		require.ErrorIs(t, err, store.ErrNotExist, "%s: nothing stored", k)
+	}
+}
+
 // TestS3URIRefusesCredentials: a store URI carrying KEY:SECRET@ is
 // refused, and the error never repeats the secret (it would land in
 // sbatch scripts, manifests and logs; issue 31).

@@ -113,7 +113,10 @@ func (c *codec) encode(enc string, old, new []byte) ([]byte, error) {
 	default:
 		return nil, fmt.Errorf("unknown delta encoding %q (want %s, %s or %s)", enc, records.EncXOR, records.EncOverwrite, records.EncReplace)
 	}
-	return c.enc.EncodeAll(payload, make([]byte, 0, len(payload)/4+64)), nil
+	// Sized for the worst case up front: weights barely compress, and a
+	// buffer grown by append holds the old and the new copy at once —
+	// about twice a tensor at the publish's peak memory.
+	return c.enc.EncodeAll(payload, make([]byte, 0, c.enc.MaxEncodedSize(len(payload)))), nil
 }
 
 // apply decodes frame and applies it to dst, which holds the base's bytes

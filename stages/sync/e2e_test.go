@@ -109,7 +109,7 @@ func TestLoopThroughSync(t *testing.T) {
 	roll := func(name string, weights dataset.Ref) (rollout.RunResults, error) {
 		o := rollout.RunOptions{Tasks: tasks, Images: imgs, Bundles: bundles, Engines: []string{url}, Mode: engine.ModeGenerate,
 			TokenizerDir: tiny, Samples: 1, Agent: "shell", Weights: weights.String(), Jobs: 4,
-			Budget: time.Minute, SetupTimeout: 2 * time.Minute, Margin: 30 * time.Second,
+			Budget: 5 * time.Minute, SetupTimeout: 5 * time.Minute, Margin: 30 * time.Second,
 			Temperature: 1, TopP: 1, TopK: -1, MaxTokens: 24, ReasoningParser: "qwen3", ToolParser: "qwen3_coder", MaxTurns: 2,
 			Harness: harness.Options{ShellAgent: filepath.Join(tools, harness.ShellAgentName)},
 			Sandbox: sandbox.Options{HelperPath: filepath.Join(tools, sandbox.HelperName)}}

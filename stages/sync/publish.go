@@ -20,6 +20,7 @@ import (
 
 	"github.com/zeebo/xxh3"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
@@ -68,8 +69,9 @@ type PublishOptions struct {
 	// Encoding is the delta encoding when the base's bytes are in BaseDir:
 	// "" or xor, or overwrite. Without them it is replace.
 	Encoding string
-	// Workers bounds the tensors hashed and compressed at once (default
-	// GOMAXPROCS).
+	// Workers bounds the changed tensors compressed at once by a delta
+	// (also bounded by bytes, deltaEncodeBudget) and the files uploaded
+	// at once by a full version (at most 8) (default GOMAXPROCS).
 	Workers int
 	// PackLimit bounds a pack attachment (default DefaultPackLimit).
 	PackLimit int64
@@ -697,8 +699,9 @@ func (w progressWriter) Write(b []byte) (int, error) {
 // publishDelta reads each shard once, tensor by tensor (sha256 of the file
 // as it goes), and stores the payload of every tensor whose checksum
 // differs from the base's row in packs; every other file and tensor is the
-// base's. Tensors are hashed and encoded by up to Workers goroutines, so
-// memory is a few tensors per worker.
+// base's. Shards are streamed through their hashes; changed tensors are
+// encoded by up to Workers goroutines and deltaEncodeBudget bytes at once
+// (deltaShard), so memory does not grow with Workers or the checkpoint.
 func (p *publisher) publishDelta(ctx context.Context, w *dataset.Writer, pl *plan) (map[string]any, error) {
 	var total int64
 	for _, f := range pl.ck.Files {
@@ -763,8 +766,16 @@ func (p *publisher) publishDelta(ctx context.Context, w *dataset.Writer, pl *pla
 	return m, nil
 }
 
-// deltaShard reads one shard in order and returns its tensor rows and the
-// file's sha256.
+// deltaShard reads one shard once, in order, through the file's sha256
+// and each tensor's xxh3 (tensorHasher), holding only a read buffer: most
+// tensors of a delta are unchanged, and need no more. A tensor whose
+// checksum differs from the base's row is read again (from the page
+// cache), checked to still have the checksum streamed, and encoded and
+// stored by a goroutine, with at most deltaEncodeBudget bytes of tensors
+// being encoded at once (one tensor larger than that runs alone): an
+// encode holds its payload and its frame (deltaTensor), so this bounds the
+// buffers of a publish whatever the tensor sizes. It returns
+// the shard's tensor rows and the file's sha256.
 func (p *publisher) deltaShard(ctx context.Context, c *codec, packs *packWriter, pl *plan, btensors map[string]*records.WeightsEntry, f ckptFile, progress *stagecmd.Progress) ([]records.WeightsEntry, string, error) {
 	fh, err := os.Open(f.Path)
 	if err != nil {
@@ -789,25 +800,57 @@ func (p *publisher) deltaShard(ctx context.Context, c *codec, packs *packWriter,
 		return nil, "", fmt.Errorf("checkpoint file %q changed while it was published: publish again once it is complete", f.Path)
 	}
 	sum.Write(hdr)
+	changedWhile := func(what string) error {
+		return fmt.Errorf("checkpoint file %q changed while it was published (%s): publish again once it is complete", f.Path, what)
+	}
 	rows := make([]records.WeightsEntry, len(f.Shard.Tensors))
+	th := &tensorHasher{tensors: f.Shard.Tensors, pos: f.Shard.DataStart, next: f.Shard.DataStart}
+	budget := semaphore.NewWeighted(deltaEncodeBudget)
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(p.o.Workers)
-	for i, t := range f.Shard.Tensors {
-		if err := gctx.Err(); err != nil {
+	seen := 0 // tensors whose streamed checksum was looked at
+	// dispatch looks at the tensors the stream has passed since the last
+	// call: an unchanged one gets its row, a changed one an encoder.
+	dispatch := func() error {
+		for ; seen < len(th.sums); seen++ {
+			i, t, streamed := seen, f.Shard.Tensors[seen], th.sums[seen]
+			bt := btensors[t.Name]
+			if streamed == bt.Checksum {
+				rows[i] = tensorRow(f.Rel, t, streamed, records.EncUnchanged)
+				continue
+			}
+			w := min(t.Size, deltaEncodeBudget)
+			if err := budget.Acquire(gctx, w); err != nil {
+				return err
+			}
+			g.Go(func() error {
+				defer budget.Release(w)
+				r, err := p.deltaTensor(gctx, c, packs, pl, bt, baseFile, fh, f.Rel, t, streamed)
+				rows[i] = r
+				return err
+			})
+		}
+		return nil
+	}
+	buf := make([]byte, deltaReadSize)
+	src := io.NewSectionReader(fh, f.Shard.DataStart, f.Size-f.Shard.DataStart)
+	for {
+		n, rerr := io.ReadFull(src, buf)
+		if n > 0 {
+			sum.Write(buf[:n])
+			th.Write(buf[:n])
+			progress.Add(int64(n))
+			if err := dispatch(); err != nil {
+				break // gctx is done: g.Wait has the cause
+			}
+		}
+		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
 			break
 		}
-		buf := make([]byte, t.Size)
-		if _, err := io.ReadFull(io.NewSectionReader(fh, t.Offset, t.Size), buf); err != nil {
-			g.Go(func() error { return fmt.Errorf("checkpoint file %q: tensor %q: %w", f.Path, t.Name, err) })
+		if rerr != nil {
+			g.Go(func() error { return fmt.Errorf("checkpoint file %q: %w", f.Path, rerr) })
 			break
 		}
-		sum.Write(buf)
-		progress.Add(t.Size)
-		g.Go(func() error {
-			r, err := p.deltaTensor(gctx, c, packs, pl, btensors[t.Name], baseFile, f.Rel, t, buf)
-			rows[i] = r
-			return err
-		})
 	}
 	if err := g.Wait(); err != nil {
 		return nil, "", err
@@ -815,34 +858,86 @@ func (p *publisher) deltaShard(ctx context.Context, c *codec, packs *packWriter,
 	if err := ctx.Err(); err != nil {
 		return nil, "", err
 	}
+	if th.pos != f.Size || seen != len(f.Shard.Tensors) {
+		return nil, "", changedWhile(fmt.Sprintf("%d bytes read, %d expected", th.pos, f.Size))
+	}
 	return rows, hex.EncodeToString(sum.Sum(nil)), nil
 }
 
-// deltaTensor hashes one tensor and, if it changed, stores its payload.
-func (p *publisher) deltaTensor(ctx context.Context, c *codec, packs *packWriter, pl *plan, bt *records.WeightsEntry, baseFile *os.File, file string, t stTensor, buf []byte) (records.WeightsEntry, error) {
-	sum := tensorChecksum(buf)
-	if sum == bt.Checksum {
-		return tensorRow(file, t, sum, records.EncUnchanged), nil
-	}
+// Memory of a delta publish (deltaShard).
+const (
+	// deltaReadSize is the read that streams a shard through its hashes.
+	deltaReadSize = 1 << 20
+	// deltaEncodeBudget bounds the bytes of changed tensors encoded at
+	// once. An encode holds its payload and its frame (about twice its
+	// tensor, deltaTensor), beside the pack upload's part buffer (16 MiB
+	// in the S3 store); one tensor larger than the budget runs alone.
+	deltaEncodeBudget = 32 << 20
+)
+
+// deltaTensor stores the payload of tensor t of file (open as fh), whose
+// bytes the shard's stream hashed to streamed, a checksum other than its
+// base row bt's. xor and replace payloads are built in one tensor-sized
+// buffer: the base's bytes (checked against bt) are read into it, and the
+// new bytes are streamed through their xxh3 and xored (or copied) into it,
+// so an encode holds that buffer and its frame; a stream that no longer
+// hashes to streamed means the file changed during the publish.
+func (p *publisher) deltaTensor(ctx context.Context, c *codec, packs *packWriter, pl *plan, bt *records.WeightsEntry, baseFile, fh *os.File, file string, t stTensor, streamed string) (records.WeightsEntry, error) {
+	changedWhile := fmt.Errorf("checkpoint file %q changed while it was published (tensor %q): publish again once it is complete", fh.Name(), t.Name)
 	enc := pl.encoding
-	var old []byte
+	if enc == records.EncOverwrite && t.Size >= maxOverwriteTensor {
+		enc = records.EncXOR
+	}
+	if baseFile == nil {
+		enc = records.EncReplace
+	}
+	payload := make([]byte, t.Size)
 	if enc != records.EncReplace {
-		if enc == records.EncOverwrite && t.Size >= maxOverwriteTensor {
-			enc = records.EncXOR
-		}
-		if baseFile == nil {
+		_, err := io.ReadFull(io.NewSectionReader(baseFile, bt.Offset, bt.Size), payload)
+		if err != nil || bt.Size != t.Size || tensorChecksum(payload) != bt.Checksum {
+			// Only verified base bytes may underlie xor/overwrite.
+			p.env.Log.Warn("the base's copy of a tensor in --base-dir does not match its checksum; stored whole (replace)", "tensor", t.Name, "file", file, "err", err)
 			enc = records.EncReplace
-		} else {
-			old = make([]byte, t.Size)
-			_, err := io.ReadFull(io.NewSectionReader(baseFile, bt.Offset, bt.Size), old)
-			if err != nil || tensorChecksum(old) != bt.Checksum {
-				// Only verified base bytes may underlie xor/overwrite.
-				p.env.Log.Warn("the base's copy of a tensor in --base-dir does not match its checksum; stored whole (replace)", "tensor", t.Name, "file", file, "err", err)
-				enc, old = records.EncReplace, nil
+		}
+	}
+	var frame []byte
+	var err error
+	if enc == records.EncOverwrite {
+		buf := make([]byte, t.Size)
+		if _, err := io.ReadFull(io.NewSectionReader(fh, t.Offset, t.Size), buf); err != nil {
+			return records.WeightsEntry{}, fmt.Errorf("checkpoint file %q: tensor %q: %w", fh.Name(), t.Name, err)
+		}
+		if tensorChecksum(buf) != streamed {
+			return records.WeightsEntry{}, changedWhile
+		}
+		frame, err = c.encode(enc, payload, buf)
+	} else {
+		// The xor payload is new XOR old, and replace's is new (codec.encode,
+		// docs/sync.md §1.1); both are compressed as one zstd frame, which is
+		// what encode does with a replace payload. TestPublishDelta's pulls
+		// apply them.
+		h := xxh3.New()
+		chunk := make([]byte, deltaReadSize)
+		for off := int64(0); off < t.Size; off += int64(len(chunk)) {
+			b := chunk[:min(int64(len(chunk)), t.Size-off)]
+			if _, err := io.ReadFull(io.NewSectionReader(fh, t.Offset+off, int64(len(b))), b); err != nil {
+				return records.WeightsEntry{}, fmt.Errorf("checkpoint file %q: tensor %q: %w", fh.Name(), t.Name, err)
+			}
+			h.Write(b)
+			dst := payload[off : off+int64(len(b))]
+			if enc == records.EncXOR {
+				for i, x := range b {
+					dst[i] ^= x
+				}
+			} else {
+				copy(dst, b)
 			}
 		}
+		if s := h.Sum128(); fmt.Sprintf("%016x%016x", s.Hi, s.Lo) != streamed {
+			return records.WeightsEntry{}, changedWhile
+		}
+		frame, err = c.encode(records.EncReplace, nil, payload)
 	}
-	frame, err := c.encode(enc, old, buf)
 	if err != nil {
 		return records.WeightsEntry{}, fmt.Errorf("tensor %q of %q: %w", t.Name, file, err)
 	}
@@ -850,7 +945,7 @@ func (p *publisher) deltaTensor(ctx context.Context, c *codec, packs *packWriter
 	if err != nil {
 		return records.WeightsEntry{}, err
 	}
-	r := tensorRow(file, t, sum, enc)
+	r := tensorRow(file, t, streamed, enc)
 	r.Payload, r.PayloadOffset, r.PayloadSize = pack, off, int64(len(frame))
 	return r, nil
 }
