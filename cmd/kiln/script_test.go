@@ -196,6 +196,8 @@ var skippedExamples = []struct{ example, reason string }{
 		"grading runs sandboxes (testdata/pipeline runs kiln-grade --patches)"},
 	{"kiln-grade --bundles /var/lib/kiln/bundles --baseline --out grades/baseline",
 		"grading runs sandboxes (testdata/pipeline runs kiln-grade --baseline)"},
+	{"kiln-images verify --tasks tasks/mimo --images images/mimo --bundles /var/lib/kiln/images --gold gold.jsonl --out verify/mimo",
+		"grading runs sandboxes: needs root, bubblewrap and the fixtures' bundles (stages/images's TestVerifyGate runs verify and import --verify on them)"},
 	{"kiln-rollout adapter --engine http://127.0.0.1:8000 --listen 127.0.0.1:8001  --tokenizer-dir /models/qwen3 --out recordings/claude-1",
 		"needs an inference engine and a model's tokenizer"},
 	{"kiln-rollout run --tasks tasks@V --images images@V --bundles /var/lib/kiln/bundles  --engine http://gpu1:8000,http://gpu2:8000 --tokenizer-dir /models/qwen3  --samples 8 --weights-version step-3 --out rollout/step-3",

@@ -72,3 +72,51 @@ func pct(ds []time.Duration, p int) time.Duration {
 	i := (len(s)*p+99)/100 - 1
 	return s[max(0, min(i, len(s)-1))]
 }
+
+// BenchmarkBootLowers measures boot-to-first-exec of the bwrap provider on
+// the base rootfs as one lower (a whole-rootfs bundle) and on a layered
+// bundle of 20 lowers over it (twentyLayers), alternating one boot of each
+// so that load on the machine hits both alike. Each op boots
+// KILN_BENCH_BOOTS of each (50, or 3 with -short) and reports both p50s and
+// their ratio (the goal: 20 lowers within noise of 1).
+func BenchmarkBootLowers(b *testing.B) {
+	root := sandboxtest.Require(b)
+	n := 50
+	if testing.Short() {
+		n = 3
+	}
+	if v, err := strconv.Atoi(os.Getenv("KILN_BENCH_BOOTS")); err == nil && v > 0 {
+		n = v
+	}
+	layered := layeredBundle(b, root, 20, twentyLayers(b))
+	ctx := context.Background()
+	boot := func(rootfs string) time.Duration {
+		start := time.Now()
+		sb, err := sandbox.Boot(ctx, sandbox.Options{Rootfs: rootfs, HelperPath: helper})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := sb.Exec(ctx, sandbox.Cmd{Argv: []string{"/bin/true"}, Check: true}); err != nil {
+			b.Fatal(err)
+		}
+		d := time.Since(start)
+		if err := sb.Close(); err != nil {
+			b.Fatal(err)
+		}
+		return d
+	}
+	var one, twenty []time.Duration
+	for b.Loop() {
+		for range n {
+			one = append(one, boot(root))
+			twenty = append(twenty, boot(layered))
+		}
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	p1, p20 := pct(one, 50), pct(twenty, 50)
+	b.ReportMetric(ms(p1), "boot1-p50-ms")
+	b.ReportMetric(ms(p20), "boot20-p50-ms")
+	b.ReportMetric(ms(pct(one, 99)), "boot1-p99-ms")
+	b.ReportMetric(ms(pct(twenty, 99)), "boot20-p99-ms")
+	b.ReportMetric(float64(p20)/float64(p1), "boot20/boot1-p50")
+}

@@ -141,6 +141,10 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
+	lowers, err := LayeredLowers(rootfs)
+	if err != nil {
+		return nil, err
+	}
 	s := &bwrapSandbox{id: newID(), opts: o, exited: make(chan struct{}), stderr: &syncBuffer{limit: 64 << 10}}
 	defer func() {
 		if err != nil {
@@ -158,7 +162,7 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 	}
 	// The overlay's root directory takes the upper dir's mode and owner:
 	// give it the image's (normally 0755 root), or only root could enter /.
-	if fi, err := os.Stat(rootfs); err == nil {
+	if fi, err := os.Stat(lowers[0]); err == nil {
 		if err := os.Chmod(upper, fi.Mode().Perm()); err != nil {
 			return nil, err
 		}
@@ -201,7 +205,7 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 		cg, err := newCgroup(plan, limitOrMax(o.MemoryBytes), limitOrMax(o.PidsMax))
 		cgDone <- cgResult{cg, err}
 	}()
-	s.ov, err = mountOverlay(rootfs, upper, work, merged)
+	s.ov, err = mountOverlay(lowers, upper, work, merged)
 	cgr := <-cgDone
 	if cgr.err == nil {
 		s.cg = cgr.cg

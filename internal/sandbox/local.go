@@ -49,6 +49,9 @@ func bootLocal(_ context.Context, o Options) (_ Sandbox, err error) {
 	} else if !fi.IsDir() {
 		return nil, fmt.Errorf("local sandbox directory %q is not a directory", o.Rootfs)
 	}
+	if lowers, err := LayeredLowers(dir); err == nil && (len(lowers) != 1 || lowers[0] != dir) {
+		return nil, fmt.Errorf("local sandbox directory %q is the placeholder of a layered bundle, which only the bwrap provider mounts; use bwrap, or import the image with kiln-images import --layout rootfs", o.Rootfs)
+	}
 	s := &localSandbox{id: newID(), opts: o, dir: dir}
 	if s.state, err = os.MkdirTemp(o.StateDir, "kiln-local-sandbox-"); err != nil {
 		return nil, err

@@ -19,6 +19,9 @@ type Options struct {
 	Provider string
 	// Rootfs is the image's root filesystem (bwrap: the lower layer of the
 	// overlay, never written) or the host directory commands run in (local).
+	// BUNDLE/rootfs of a layered bundle (a BUNDLE/lowers file beside it)
+	// stands for the bundle's layers, mounted as the overlay's lowers
+	// (bwrap only; LayeredLowers).
 	Rootfs string
 	// Env is the image environment (KEY=VALUE); Cmd.Env overlays it.
 	Env []string

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -30,6 +31,11 @@ import (
 const (
 	HookLayerPartial = "images:layer-partial" // part of a layer is on disk, in the temporary bundle
 	HookBeforeRename = "images:before-rename" // the temporary bundle is complete, not yet in place
+	// HookLayerBeforeRename: a layer's temporary directory is complete,
+	// not yet in place in the layer store.
+	HookLayerBeforeRename = "images:layer-before-rename"
+	// HookLayerPlaced: a layer is in place, its bundle not yet.
+	HookLayerPlaced = "images:layer-placed"
 )
 
 // ImageJSON is bundle/image.json, beside rootfs/ (docs/data-and-grading.md §2.3):
@@ -47,6 +53,10 @@ type ImageJSON struct {
 	SizeBytes int64           `json:"size_bytes"` // uncompressed layer bytes
 	Files     int64           `json:"files"`      // layer entries applied
 	Notes     []string        `json:"notes,omitempty"`
+	// Lowers are the layer-store directories of a layered bundle, relative
+	// to the bundle root, bottom first (docs/data-and-grading.md §2.4);
+	// empty for a whole-rootfs bundle.
+	Lowers []string `json:"lowers,omitempty"`
 }
 
 // BundleRel is the bundle directory of a manifest digest, relative to the
@@ -61,6 +71,11 @@ type importer struct {
 	stderr   io.Writer
 	hook     func(point string)
 	sync     bool // syncfs before the rename
+	// layered: make layered bundles over the layer store (root only);
+	// otherwise whole-rootfs bundles.
+	layered bool
+	// store counts the layer-store directories unpacked and reused.
+	storeUnpacked, storeReused atomic.Int64
 }
 
 func (im *importer) fire(point string) {
@@ -108,7 +123,12 @@ func (im *importer) ensure(ctx context.Context, res *resolved) (info ImageJSON, 
 			removeTree(tmp)
 		}
 	}()
-	if info, err = im.unpack(ctx, res, tmp); err != nil {
+	if im.layered {
+		info, err = im.unpackLayered(ctx, res, tmp)
+	} else {
+		info, err = im.unpack(ctx, res, tmp)
+	}
+	if err != nil {
 		return info, false, err
 	}
 	im.fire(HookBeforeRename)
@@ -144,7 +164,87 @@ func readBundle(final, image, digest string) (ImageJSON, bool, error) {
 		return info, true, stagecmd.CorruptError{Err: fmt.Errorf("Existing bundle does not match %s: %s (image.json manifest_digest %q, want %q, rootfs a directory: %v; remove the directory to re-import)",
 			image, final, info.ManifestDigest, digest, err == nil && fi.IsDir())}
 	}
+	// A layered bundle is complete only with every layer it lists.
+	for _, l := range info.Lowers {
+		root := filepath.Dir(filepath.Dir(final))
+		if fi, err := os.Stat(filepath.Join(root, filepath.FromSlash(l), "fs")); err != nil || !fi.IsDir() {
+			return info, true, stagecmd.CorruptError{Err: fmt.Errorf("Existing bundle does not match %s: %s: its layer %q is missing from the layer store (remove the bundle directory to re-import)", image, final, l)}
+		}
+	}
 	return info, true, nil
+}
+
+// imageParts are what unpacking an image reads before its layers.
+type imageParts struct {
+	where  string
+	cfg    *v1.ConfigFile
+	layers []v1.Layer
+	descs  []v1.Descriptor // nil when only diff ids can be checked
+}
+
+// prepare reads and checks res's config and layer list.
+func prepare(res *resolved) (imageParts, error) {
+	p := imageParts{where: fmt.Sprintf("image %q (%s)", res.image, res.digest)}
+	rawCfg, err := res.img.RawConfigFile()
+	if err != nil {
+		return p, fmt.Errorf("%s: config: %w", p.where, err)
+	}
+	if p.cfg, err = v1.ParseConfigFile(bytes.NewReader(rawCfg)); err != nil {
+		return p, fmt.Errorf("%s: config: %w", p.where, err)
+	}
+	if p.layers, err = res.img.Layers(); err != nil {
+		return p, fmt.Errorf("%s: layers: %w", p.where, err)
+	}
+	if !res.uncompressed {
+		m, err := res.img.Manifest()
+		if err != nil {
+			return p, fmt.Errorf("%s: manifest: %w", p.where, err)
+		}
+		sum := sha256.Sum256(rawCfg)
+		if got := "sha256:" + hex.EncodeToString(sum[:]); got != m.Config.Digest.String() {
+			return p, stagecmd.BadInputf("%s: config blob has digest %s, the manifest says %s: the source is corrupt", p.where, got, m.Config.Digest)
+		}
+		p.descs = m.Layers
+	}
+	if len(p.cfg.RootFS.DiffIDs) != len(p.layers) {
+		return p, stagecmd.BadInputf("%s: the config lists %d diff ids for %d layers", p.where, len(p.cfg.RootFS.DiffIDs), len(p.layers))
+	}
+	return p, nil
+}
+
+// applyLayer verifies layer i of p and applies it with u, with a progress
+// report; it returns the uncompressed size.
+func (im *importer) applyLayer(ctx context.Context, res *resolved, p imageParts, u *unpacker, i int) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	name := p.cfg.RootFS.DiffIDs[i].String()
+	var want *v1.Hash
+	var size int64 = -1
+	if p.descs != nil {
+		name, want, size = p.descs[i].Digest.String(), &p.descs[i].Digest, p.descs[i].Size
+	}
+	// One report per layer: a bar of its (compressed) bytes on a terminal,
+	// a log line when it is done otherwise.
+	prog := stagecmd.NewProgress(im.stderr, im.log, fmt.Sprintf("%s layer %d/%d", res.image, i+1, len(p.layers)), stagecmd.UnitBytes, size)
+	n, err := im.layer(ctx, u, i, name, p.layers[i], want, p.cfg.RootFS.DiffIDs[i], res.uncompressed, prog)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", p.where, err)
+	}
+	prog.Done()
+	return n, nil
+}
+
+// finishInfo fills image.json's config-derived fields and writes it.
+func (im *importer) writeInfo(info *ImageJSON, cfg *v1.ConfigFile, tmp string) error {
+	info.Env = envObject(cfg.Config.Env)
+	info.Cwd = cfg.Config.WorkingDir
+	if info.Cwd == "" {
+		info.Cwd = "/"
+	}
+	info.Command = append(append([]string{}, cfg.Config.Entrypoint...), cfg.Config.Cmd...)
+	b, _ := json.MarshalIndent(info, "", "  ")
+	return os.WriteFile(filepath.Join(tmp, "image.json"), append(b, '\n'), 0o644)
 }
 
 // unpack writes rootfs/ and image.json into the temporary bundle tmp.

@@ -46,7 +46,7 @@ func TestFixtureImagesMatchUmoci(t *testing.T) {
 		require.NotNil(t, row, task.Image)
 		assert.Equal(t, task.ManifestDigest, row["digest"])
 		assert.Equal(t, task.Workdir, row["workdir"])
-		rootfs := filepath.Join(root, row["bundle"].(string), "rootfs")
+		rootfs := rootfsOf(t, filepath.Join(root, row["bundle"].(string)))
 		fi, err := os.Stat(filepath.Join(rootfs, strings.TrimPrefix(task.Workdir, "/")))
 		require.NoError(t, err, "the task repository is in the image")
 		assert.True(t, fi.IsDir())

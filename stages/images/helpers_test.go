@@ -31,6 +31,7 @@ import (
 	"github.com/kilnrl/kiln/internal/stagecmd"
 	"github.com/kilnrl/kiln/internal/stagecmd/stagetest"
 	"github.com/kilnrl/kiln/internal/testenv"
+	"github.com/kilnrl/kiln/stages/convert"
 	"github.com/kilnrl/kiln/stages/datasets"
 	"github.com/kilnrl/kiln/stages/images"
 )
@@ -64,9 +65,11 @@ func pauseHook(point string) {
 	}
 }
 
-// commands: "images import|gc" plus the kiln dataset commands.
+// commands: "images import|gc|du|verify", "convert mimo|..." plus the kiln
+// dataset commands.
 func commands(env *stagecmd.Env) []*cli.Command {
-	return append([]*cli.Command{{Name: "images", Subcommands: images.Commands(env)}}, datasets.Commands(env)...)
+	return append([]*cli.Command{{Name: "images", Subcommands: images.Commands(env)}, {Name: "convert", Subcommands: convert.Commands(env)}},
+		datasets.Commands(env)...)
 }
 
 func kiln(t testing.TB, args ...string) stagetest.Result {
@@ -332,6 +335,29 @@ func umociUnpack(t testing.TB, layoutDir, tag string) string {
 	return filepath.Join(bundle, "rootfs")
 }
 
+// rootfsOf is what a sandbox sees of a bundle: its rootfs/ for a
+// whole-rootfs bundle, else its lowers mounted read-only with kernel
+// overlayfs (unmounted at cleanup), as the sandbox mounts them.
+func rootfsOf(t testing.TB, bundle string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(bundle, "lowers"))
+	if os.IsNotExist(err) {
+		return filepath.Join(bundle, "rootfs")
+	}
+	require.NoError(t, err)
+	var lowers []string
+	for _, l := range strings.Fields(string(b)) {
+		lowers = append([]string{filepath.Join(bundle, l)}, lowers...)
+	}
+	// A read-only overlay needs two lowers: an empty one goes at the bottom.
+	empty := t.TempDir()
+	merged := t.TempDir()
+	opts := "lowerdir=" + strings.Join(append(lowers, empty), ":")
+	require.NoError(t, unix.Mount("overlay", merged, "overlay", unix.MS_RDONLY, opts), "mount %s", opts)
+	t.Cleanup(func() { unix.Unmount(merged, unix.MNT_DETACH) })
+	return merged
+}
+
 func nlink(fi os.FileInfo) uint64 { return uint64(fi.Sys().(*syscall.Stat_t).Nlink) }
 
 // bundleDirs lists what is under ROOT/sha256 besides lock files: bundles
@@ -339,6 +365,24 @@ func nlink(fi os.FileInfo) uint64 { return uint64(fi.Sys().(*syscall.Stat_t).Nli
 func bundleDirs(t testing.TB, root string) []string {
 	t.Helper()
 	ents, err := os.ReadDir(filepath.Join(root, "sha256"))
+	if os.IsNotExist(err) {
+		return nil
+	}
+	require.NoError(t, err)
+	var out []string
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".lock") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// layerDirs lists what is under ROOT/layers/sha256 besides lock files:
+// layers and temporary directories.
+func layerDirs(t testing.TB, root string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(root, "layers", "sha256"))
 	if os.IsNotExist(err) {
 		return nil
 	}

@@ -9,8 +9,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -26,6 +28,7 @@ import (
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/internal/stagecmd"
+	"github.com/kilnrl/kiln/stages/grade"
 )
 
 // importVersion is the import stage's code version (dataset.Identity):
@@ -42,8 +45,12 @@ func bundlesFlag(dst *string, usage string) cli.Flag {
 type importFlags struct {
 	tasks, bundles, out     string
 	jobs                    int
+	layout                  string
 	sources, envPathPrepend cli.StringSlice
 	noSync, printVersion    bool
+	// verify runs the verify gate on the committed images (verify.go).
+	verify          bool
+	verifyOut, gold string
 }
 
 // gcFlags are gc's flags, bound.
@@ -55,7 +62,7 @@ type gcFlags struct {
 
 // Commands returns the kiln-images commands.
 func Commands(env *stagecmd.Env) []*cli.Command {
-	return []*cli.Command{importCommand(env), gcCommand(env)}
+	return []*cli.Command{importCommand(env), gcCommand(env), duCommand(env), verifyCommand(env)}
 }
 
 func importCommand(env *stagecmd.Env) *cli.Command {
@@ -67,10 +74,20 @@ func importCommand(env *stagecmd.Env) *cli.Command {
 the image, verifies it (manifest, config and every layer against their sha256
 digests) and unpacks its layers into a bundle under --bundles (ROOT):
 
-   ROOT/sha256/<manifest hex>/rootfs/      the root filesystem
    ROOT/sha256/<manifest hex>/image.json   {image, manifest_digest, env, cwd,
                                             command, source, layers, size_bytes,
-                                            files, notes}
+                                            files, notes, lowers}
+   ROOT/sha256/<manifest hex>/lowers       its layer directories, bottom first
+   ROOT/sha256/<manifest hex>/rootfs/      empty: the sandbox mounts the lowers
+   ROOT/layers/sha256/<chain id hex>/fs/   one layer, in overlayfs's form,
+                                            unpacked once per node and shared
+                                            by every bundle that has it
+
+With --layout rootfs (and always when not root) a bundle is instead a whole
+unpacked root filesystem in rootfs/, as tools outside kiln (the images-json
+export) need. A bundle of either form already in place is reused as it is.
+Images with more than 32 layers (or lower paths longer than the overlay mount
+options allow) have their bottom layers flattened into one lower.
 
 then writes an images dataset (--out) with one row per image: image, digest,
 bundle (ROOT-relative, e.g. sha256/<hex>), env, workdir, config_workdir,
@@ -96,7 +113,10 @@ rootfs/ directory, and is an error otherwise (remove it to re-import). A
 per-digest lock (ROOT/sha256/.<hex>.lock) makes concurrent imports on one
 node (Slurm array tasks) unpack each image once; an import killed midway
 leaves only a temporary directory, which the next import removes. A tag that
-moves to a new digest gets a new bundle.
+moves to a new digest gets a new bundle. Layers follow the same rules: each
+is unpacked into a temporary sibling under ROOT/layers/sha256/, flushed and
+renamed into place, under a per-layer lock, so two imports sharing a layer
+unpack it once.
 
 Unpacking follows the OCI layer rules (whiteouts, opaque directories, hard
 links, symlinks, modes, owners when run as root, rootless otherwise) and
@@ -111,6 +131,11 @@ and config_workdir (the image's WorkingDir) is kept for information only.
 env is the image's Env unchanged, except --env-path-prepend IMAGE=DIR, which
 puts DIR in front of PATH for that image (for toolchains under /root/.pyenv
 that the unprivileged agent user must reach).
+
+With --verify, once the images dataset is committed, the verify gate runs on
+the tasks and those images (kiln-images verify --help; --gold and --verify-out
+are its --gold and --out): its lines and grades reference come first, the
+images reference last; exit 5 when an image fails the gate.
 
 With --shard i/n the distinct images are dealt to parts (image k to part
 k mod n); every part resolves all manifests, so all parts agree on the version.
@@ -129,6 +154,10 @@ Example:
 			&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: 2, Destination: &f.jobs, Usage: "images imported in parallel"},
 			&cli.StringSliceFlag{Name: "source", Destination: &f.sources, Usage: "KEY=oci:DIR | KEY=oci-archive:FILE | KEY=docker-archive:FILE (repeatable)"},
 			&cli.StringSliceFlag{Name: "env-path-prepend", Destination: &f.envPathPrepend, Usage: "IMAGE=DIR: put DIR in front of PATH in IMAGE's env (repeatable)"},
+			&cli.StringFlag{Name: "layout", Value: "layered", Destination: &f.layout, Usage: "layered (layers shared in ROOT/layers, needs root) or rootfs (a whole unpacked rootfs per bundle; rootless imports always make these)"},
+			&cli.BoolFlag{Name: "verify", Destination: &f.verify, Usage: "then run the verify gate (kiln-images verify --help) on the tasks and the images written; exit 5 if an image fails it"},
+			&cli.StringFlag{Name: "verify-out", Value: "verify", Destination: &f.verifyOut, Usage: "with --verify: the grades dataset name the gate writes"},
+			&cli.StringFlag{Name: "gold", Destination: &f.gold, Usage: `with --verify: gold patches, JSON lines {"task_id", "patch"} (default: each task's metadata "patch")`},
 			&cli.BoolFlag{Name: "no-sync", Destination: &f.noSync, Usage: "do not flush a bundle to disk before putting it in place (faster; a power loss may then leave a damaged bundle that looks complete)"},
 			stagecmd.ShardFlag(),
 			stagecmd.PrintVersionFlag(&f.printVersion),
@@ -194,6 +223,7 @@ type importOptions struct {
 	jobs        int
 	part        dataset.Part
 	sync        bool
+	layered     bool
 	remote      []remote.Option
 }
 
@@ -204,6 +234,19 @@ func runImport(c *cli.Context, env *stagecmd.Env, f *importFlags) error {
 	opts := importOptions{jobs: f.jobs, pathPrepend: map[string]string{}, sync: !f.noSync}
 	if opts.jobs < 1 {
 		return stagecmd.Usagef("import: -j must be >= 1, got %d", opts.jobs)
+	}
+	switch f.layout {
+	case "layered":
+		// The layered form needs root (whiteouts are character devices,
+		// opaque directories trusted xattrs); so does the bwrap sandbox
+		// that mounts it. Rootless imports make whole-rootfs bundles.
+		opts.layered = os.Geteuid() == 0
+		if !opts.layered {
+			env.Log.Info("not root: making whole-rootfs bundles (--layout rootfs); the layered form needs root")
+		}
+	case "rootfs":
+	default:
+		return stagecmd.Usagef("import: --layout %q: want layered or rootfs", f.layout)
 	}
 	keys := map[string]bool{}
 	for _, s := range f.sources.Value() {
@@ -285,11 +328,21 @@ func runImport(c *cli.Context, env *stagecmd.Env, f *importFlags) error {
 		_, err := stagecmd.Write(ctx, st, out, env.Stdout, env.Log, nil)
 		return err
 	}
+	if f.verify && opts.part.Count > 1 {
+		return stagecmd.Usagef("import: --verify with --shard %s: the gate needs the whole images version; run kiln-images verify once every part is committed", opts.part)
+	}
 	rows, metrics, err := importImages(ctx, env, opts, tasks, resolved)
 	if err != nil {
 		return err
 	}
-	_, err = stagecmd.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
+	// With --verify the images reference is held back and printed last,
+	// after the gate's lines and reference: pipelines read the last line.
+	stdout := env.Stdout
+	var held bytes.Buffer
+	if f.verify {
+		stdout = &held
+	}
+	written, err := stagecmd.Write(ctx, st, out, stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
 		_, err := w.WriteShard(ctx, int64(len(rows)), nil, func(wr io.Writer) error {
 			enc := records.NewImageEncoder(wr)
 			if err := enc.Write(rows...); err != nil {
@@ -299,7 +352,15 @@ func runImport(c *cli.Context, env *stagecmd.Env, f *importFlags) error {
 		})
 		return metrics, err
 	})
-	return err
+	if err != nil || !f.verify {
+		return err
+	}
+	_, verr := Verify(ctx, env, st, VerifyOptions{Tasks: inputs[0].String(), Images: written.Ref.String(), Bundles: opts.root,
+		Gold: f.gold, Out: f.verifyOut, Jobs: opts.jobs, Timeout: grade.DefaultTimeout})
+	if _, err := env.Stdout.Write(held.Bytes()); err != nil {
+		return err
+	}
+	return verr
 }
 
 // absRoot makes the bundle root absolute with symlinks resolved (creating
@@ -334,7 +395,14 @@ func resolveAll(ctx context.Context, r *resolver, tasks []taskImage, jobs int) (
 // importImages makes the bundles of this part's images, -j at a time, and
 // returns their rows in first-seen order and the run's metrics.
 func importImages(ctx context.Context, env *stagecmd.Env, opts importOptions, tasks []taskImage, resolved []*resolved) ([]records.Image, map[string]any, error) {
-	im := &importer{root: opts.root, rootless: os.Geteuid() != 0, log: env.Log, stderr: env.Stderr, hook: env.Hook, sync: opts.sync}
+	im := &importer{root: opts.root, rootless: os.Geteuid() != 0, log: env.Log, stderr: env.Stderr, hook: env.Hook, sync: opts.sync, layered: opts.layered}
+	// Held shared until the bundles are in place: gc collects layers only
+	// while no import runs (store.go).
+	unlockStore, err := lockStoreShared(opts.root)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer unlockStore()
 	rows := make([]records.Image, len(tasks))
 	owned := make([]bool, len(tasks))
 	var mu sync.Mutex
@@ -392,8 +460,9 @@ func importImages(ctx context.Context, env *stagecmd.Env, opts importOptions, ta
 		}
 	}
 	logDisk(env, opts.root, bundleBytes)
+	metrics["store_layers_unpacked"], metrics["store_layers_reused"] = im.storeUnpacked.Load(), im.storeReused.Load()
 	env.Log.Info("images imported", "images", metrics["images"], "unpacked", metrics["unpacked"], "reused", metrics["reused"],
-		"bytes_unpacked", metrics["bytes_unpacked"])
+		"bytes_unpacked", metrics["bytes_unpacked"], "store_layers_unpacked", metrics["store_layers_unpacked"], "store_layers_reused", metrics["store_layers_reused"])
 	return out, metrics, nil
 }
 
@@ -477,7 +546,11 @@ func gcCommand(env *stagecmd.Env) *cli.Command {
 		Name:  "gc",
 		Usage: "remove bundles that no kept images dataset references",
 		Description: `Removes every bundle under --bundles that none of the --keep images datasets
-names, and temporary directories left by killed imports. A bundle whose
+names, and temporary directories left by killed imports; then every layer of
+the layer store (ROOT/layers) that no bundle left on the node lists. Layers
+are collected only while no import runs (an import holds the store's lock
+from its first layer until its bundles are in place); otherwise they are
+left for the next gc, which says so. A bundle whose
 import lock is held (an import is running) is left alone. A bundle is first
 renamed aside, then deleted, so it never looks complete while half-deleted.
 Sandboxes still running on a removed bundle lose their image: run gc between
@@ -532,7 +605,7 @@ func runGC(c *cli.Context, env *stagecmd.Env, f *gcFlags) error {
 	}
 	var removed []string
 	for _, a := range algos {
-		if !a.IsDir() || strings.HasPrefix(a.Name(), ".") {
+		if !a.IsDir() || strings.HasPrefix(a.Name(), ".") || a.Name() == layersDir {
 			continue
 		}
 		dir := filepath.Join(root, a.Name())
@@ -570,12 +643,90 @@ func runGC(c *cli.Context, env *stagecmd.Env, f *gcFlags) error {
 			removed = append(removed, a.Name()+"/"+n)
 		}
 	}
+	layers, err := gcLayers(env, root, removed, dry)
+	if err != nil {
+		return err
+	}
+	removed = append(removed, layers...)
 	sort.Strings(removed)
 	for _, r := range removed {
 		stagecmd.Fprintln(c, verb, r)
 	}
 	env.Log.Info("gc done", "removed", len(removed), "dry_run", dry)
 	return nil
+}
+
+// gcLayers removes the layers (and killed unpacks' temporary directories)
+// of the layer store that no bundle left on the node lists (gone: the
+// bundles gc removes, or would with -n). It holds the store lock
+// exclusive, so no import is between making or finding a layer and
+// putting the bundle that lists it in place; when an import holds it
+// shared, layers are left for the next gc.
+func gcLayers(env *stagecmd.Env, root string, gone []string, dry bool) ([]string, error) {
+	dir := filepath.Join(root, layersDir, "sha256")
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	unlock, ok := tryLock(filepath.Join(root, layersDir, storeLockName))
+	if !ok {
+		env.Log.Info("an import is running: layers left alone; run gc again once it is done")
+		return nil, nil
+	}
+	defer unlock()
+	skip := map[string]bool{}
+	for _, g := range gone {
+		skip[g] = true
+	}
+	used := map[string]bool{}
+	bundles, _ := filepath.Glob(filepath.Join(root, "*", "*", "image.json"))
+	for _, b := range bundles {
+		rel, _ := filepath.Rel(root, filepath.Dir(b))
+		if skip[filepath.ToSlash(rel)] || strings.HasPrefix(rel, layersDir+string(filepath.Separator)) {
+			continue
+		}
+		data, err := os.ReadFile(b)
+		var info ImageJSON
+		if err == nil {
+			err = json.Unmarshal(data, &info)
+		}
+		if err != nil {
+			// Its layers are unknown: collecting any could break it.
+			return nil, fmt.Errorf("gc: bundle %q: image.json: %w; layers left alone (remove or re-import that bundle, then run gc again)", filepath.Dir(b), err)
+		}
+		for _, l := range info.Lowers {
+			used[l] = true
+		}
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("gc: %w", err)
+	}
+	var removed []string
+	for _, e := range ents {
+		n := e.Name()
+		lock := n
+		switch {
+		case strings.HasPrefix(n, ".gc-"):
+			lock = "gc"
+		case strings.HasPrefix(n, ".tmp-"):
+			lock, _, _ = strings.Cut(strings.TrimPrefix(n, ".tmp-"), "-")
+		case strings.HasPrefix(n, "."), !e.IsDir(), used[layersDir+"/sha256/"+n]:
+			continue
+		}
+		unlockLayer, ok := tryLock(filepath.Join(dir, "."+lock+".lock"))
+		if !ok {
+			continue
+		}
+		if !dry {
+			err = removeBundle(dir, n)
+		}
+		unlockLayer()
+		if err != nil {
+			return nil, fmt.Errorf("gc: remove layer %q: %w", filepath.Join(dir, n), err)
+		}
+		removed = append(removed, layersDir+"/sha256/"+n)
+	}
+	return removed, nil
 }
 
 // removeBundle renames a bundle aside (so it stops being the reuse signal

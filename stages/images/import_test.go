@@ -99,7 +99,7 @@ func TestImportRecordsImagesAndExportsMap(t *testing.T) {
 
 	// The bundle: rootfs and image.json (docs/data-and-grading.md §2.3 fields).
 	bundle := filepath.Join(f.root, "sha256", alphaHex)
-	b, err := os.ReadFile(filepath.Join(bundle, "rootfs", "testbed", "marker"))
+	b, err := os.ReadFile(filepath.Join(rootfsOf(t, bundle), "testbed", "marker"))
 	require.NoError(t, err)
 	assert.Equal(t, "alpha task\n", string(b))
 	var info map[string]any
@@ -240,7 +240,7 @@ func TestSpecImageImportCases(t *testing.T) {
 		tasks := importTasks(t, store, tasksRow("c", pinned, "/testbed"))
 		r := kiln(t, "images", "import", "--store", store, "--tasks", tasks, "--root", root)
 		require.Equal(t, 0, r.Code, r.Stderr)
-		b, err := os.ReadFile(filepath.Join(root, "sha256", d.Hex, "rootfs", "marker"))
+		b, err := os.ReadFile(filepath.Join(rootfsOf(t, filepath.Join(root, "sha256", d.Hex)), "marker"))
 		require.NoError(t, err)
 		assert.Equal(t, "cached", string(b))
 		var info images.ImageJSON
@@ -290,7 +290,7 @@ func TestRegistryTagMoves(t *testing.T) {
 		got := exportRows(t, store, r.LastLine())
 		assert.Equal(t, d.String(), got[0]["digest"], "import %d", i)
 		assert.Equal(t, "registry", got[0]["source"])
-		b, err := os.ReadFile(filepath.Join(root, "sha256", d.Hex, "rootfs", "version"))
+		b, err := os.ReadFile(filepath.Join(rootfsOf(t, filepath.Join(root, "sha256", d.Hex)), "version"))
 		require.NoError(t, err)
 		assert.Equal(t, body, string(b))
 	}
@@ -299,11 +299,12 @@ func TestRegistryTagMoves(t *testing.T) {
 
 	r := kiln(t, "images", "gc", "--store", store, "--root", root, "--keep", refs[1], "--dry-run")
 	require.Equal(t, 0, r.Code, r.Stderr)
-	assert.Equal(t, "would remove sha256/"+digests[0].Hex+"\n", r.Stdout)
+	// The bundle, then the layer only it listed (its own top layer).
+	assert.Regexp(t, "^would remove layers/sha256/[0-9a-f]{64}\nwould remove sha256/"+digests[0].Hex+"\n$", r.Stdout)
 	assert.Len(t, bundleDirs(t, root), 2)
 	r = kiln(t, "images", "gc", "--store", store, "--root", root, "--keep", refs[1])
 	require.Equal(t, 0, r.Code, r.Stderr)
-	assert.Equal(t, "removed sha256/"+digests[0].Hex+"\n", r.Stdout)
+	assert.Regexp(t, "^removed layers/sha256/[0-9a-f]{64}\nremoved sha256/"+digests[0].Hex+"\n$", r.Stdout)
 	assert.Equal(t, []string{digests[1].Hex}, bundleDirs(t, root))
 }
 
@@ -327,7 +328,7 @@ func TestArchiveSources(t *testing.T) {
 			require.Equal(t, 0, r.Code, r.Stderr)
 			got := exportRows(t, store, r.LastLine())
 			bundle := got[0]["bundle"].(string)
-			b, err := os.ReadFile(filepath.Join(root, bundle, "rootfs", "d", "f"))
+			b, err := os.ReadFile(filepath.Join(rootfsOf(t, filepath.Join(root, bundle)), "d", "f"))
 			require.NoError(t, err)
 			assert.Equal(t, "archived", string(b))
 			assert.Equal(t, src, got[0]["source"])

@@ -41,6 +41,25 @@ import (
 //     xattrs are applied; directory modes and times are applied after the
 //     last layer so later entries cannot disturb them. Device nodes are
 //     skipped with a note (sandboxes bind /dev); FIFOs are created.
+//
+// In the layered form (docs/data-and-grading.md §2.4) each layer is
+// written into its own directory, in overlayfs's form, over the
+// directories of the layers below it (the lowers, read only here):
+//
+//   - A whiteout of a name is a 0/0 character device, an opaque directory
+//     carries trusted.overlay.opaque=y; a directory made where this layer
+//     removed something (a whiteout, a file) is opaque too, so it hides the
+//     lower directory of that name as the whole-rootfs writer's removal did.
+//   - A directory this layer writes below without listing it, and the
+//     target of a hard link to a lower file, are copied up from the lowers
+//     (metadata; the file with every visible name of it in that lower), as
+//     overlayfs does when a path is written, so the merged view is what the
+//     whole-rootfs writer makes.
+//   - The lowers are read with the same rules: a path that passes through a
+//     symlink of a lower layer is refused as one of this layer would be.
+//   - xattrs of overlayfs's own namespaces (trusted.overlay.*,
+//     user.overlay.*) in a layer tar are refused: they would steer the
+//     overlay mount.
 
 // EntryError is a layer entry that could not be applied.
 type EntryError struct {
@@ -91,6 +110,12 @@ type unpacker struct {
 	notes      []string
 	noteCounts map[noteKind]int
 	entries    int64
+	// layered: write the layered form (see the package comment above);
+	// lowers are the O_PATH fds of the layer directories below, top first
+	// (owned by the caller), empty for the bottom layer or a flattened group.
+	layered    bool
+	lowers     []int
+	lowerPaths []string
 }
 
 // noteKind is what a note is about, in the order the summary lists them.
@@ -141,9 +166,37 @@ func newUnpacker(rootfs string, rootless bool) (*unpacker, error) {
 	return &unpacker{root: fd, rootless: rootless, dirs: map[string]dirMeta{}, cacheFd: -1, buf: make([]byte, 1<<20)}, nil
 }
 
+// newLayerUnpacker is the writer of one layer (or a flattened group of
+// layers) in the layered form, into dir, over the lower layer directories
+// lowers (top first).
+func newLayerUnpacker(dir string, lowers []string) (*unpacker, error) {
+	u, err := newUnpacker(dir, false)
+	if err != nil {
+		return nil, err
+	}
+	u.layered = true
+	for _, l := range lowers {
+		fd, err := unix.Open(l, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			u.close()
+			return nil, fmt.Errorf("open lower layer %q: %w", l, err)
+		}
+		u.lowers, u.lowerPaths = append(u.lowers, fd), append(u.lowerPaths, l)
+	}
+	if err := u.copyUpRoot(); err != nil {
+		u.close()
+		return nil, err
+	}
+	return u, nil
+}
+
 func (u *unpacker) close() {
 	u.dropCache()
 	unix.Close(u.root)
+	for _, fd := range u.lowers {
+		unix.Close(fd)
+	}
+	u.lowers = nil
 }
 
 func (u *unpacker) dropCache() {
@@ -345,7 +398,11 @@ func (u *unpacker) mkdirs(dir string) (int, error) {
 			if err := unix.Fchmodat(fd, c, 0o755, 0); err != nil {
 				return -1, err
 			}
-			u.markUpper(done)
+			if copied, err := u.copyUpDir(fd, c, done); err != nil {
+				return -1, err
+			} else if !copied {
+				u.markUpper(done)
+			}
 		} else if err != unix.EEXIST {
 			return -1, err
 		}
@@ -422,6 +479,22 @@ func removeAt(dirfd int, name string) error {
 
 func (u *unpacker) whiteout(dir, base string) error {
 	pfd, err := u.parent(dir, false)
+	if (errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR)) && len(u.lowers) > 0 && dir != "" {
+		// Not in this layer's directory: hide what the lowers have there
+		// (copying the directory up), or nothing if they have none.
+		_, st, found, lerr := u.lookupLower(dir)
+		switch {
+		case lerr != nil:
+			if errors.Is(lerr, unix.ENOTDIR) {
+				return nil
+			}
+			return pathError(dir, lerr)
+		case found && st.Mode&unix.S_IFMT == unix.S_IFDIR:
+			pfd, err = u.parent(dir, true)
+		case found && st.Mode&unix.S_IFMT == unix.S_IFLNK:
+			return pathError(dir, unix.ELOOP) // as the whole-rootfs writer refuses it
+		}
+	}
 	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
 		return nil // nothing below to hide
 	}
@@ -429,7 +502,10 @@ func (u *unpacker) whiteout(dir, base string) error {
 		return err
 	}
 	if base == whiteoutOpaque {
-		return u.opaque(pfd, dir)
+		if err := u.opaque(pfd, dir); err != nil {
+			return err
+		}
+		return u.markOpaque(pfd, ".", dir)
 	}
 	target := strings.TrimPrefix(base, whiteoutPrefix)
 	if target == "" || target == "." || target == ".." {
@@ -439,7 +515,17 @@ func (u *unpacker) whiteout(dir, base string) error {
 	if _, ok := u.upper[name]; ok {
 		return nil // a whiteout hides lower layers only
 	}
-	return u.clear(pfd, target, name)
+	if err := u.clear(pfd, target, name); err != nil {
+		return err
+	}
+	if len(u.lowers) > 0 {
+		// overlayfs's whiteout: a 0/0 character device. Made whether or not
+		// a lower has the name (one that has none hides nothing).
+		if err := unix.Mknodat(pfd, target, unix.S_IFCHR, 0); err != nil {
+			return fmt.Errorf("whiteout of %q: mknod: %w", name, err)
+		}
+	}
+	return nil
 }
 
 // opaque removes what earlier layers put below dir, keeping what this
@@ -487,13 +573,21 @@ func (u *unpacker) dirEntry(pfd int, base, name string, hdr *tar.Header) error {
 	switch {
 	case err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR:
 	case err == nil || err == unix.ENOENT:
-		if err == nil {
+		replaced := err == nil
+		if replaced {
 			if err := u.clear(pfd, base, name); err != nil {
 				return err
 			}
 		}
 		if err := unix.Mkdirat(pfd, base, 0o700); err != nil {
 			return fmt.Errorf("mkdir: %w", err)
+		}
+		if replaced {
+			// What this directory replaced hid the lowers' directory of
+			// that name; the new one must go on hiding it.
+			if err := u.markOpaque(pfd, base, name); err != nil {
+				return err
+			}
 		}
 	default:
 		return fmt.Errorf("stat: %w", err)
@@ -537,6 +631,9 @@ func (u *unpacker) file(pfd int, base string, hdr *tar.Header, r io.Reader) erro
 	if err := unix.Fchmod(fd, tarMode(hdr)); err != nil { // after chown, which clears setuid
 		return fmt.Errorf("chmod: %w", err)
 	}
+	if err := u.checkXattrs(xattrs(hdr)); err != nil {
+		return err
+	}
 	for k, v := range xattrs(hdr) {
 		if err := unix.Fsetxattr(fd, k, []byte(v), 0); err != nil {
 			if err := u.xattrFailed(k, err); err != nil {
@@ -560,6 +657,18 @@ func (u *unpacker) hardlink(pfd int, base, name string, hdr *tar.Header) error {
 		return fmt.Errorf("hard link to %q: not a file", hdr.Linkname)
 	}
 	tdir, tbase := splitName(target)
+	if len(u.lowers) > 0 {
+		copied, err := u.copyUpLink(target)
+		if err != nil {
+			return fmt.Errorf("hard link target %q: %w", hdr.Linkname, err)
+		}
+		if copied { // the copy-up moved the parent cache: name's parent again
+			dir, _ := splitName(name)
+			if pfd, err = u.parent(dir, true); err != nil {
+				return err
+			}
+		}
+	}
 	// The target's parent must be reachable without following links; use
 	// a separate fd so the cached parent stays valid.
 	tfd := u.root
@@ -609,6 +718,9 @@ func (u *unpacker) xattrsAt(pfd int, base string, hdr *tar.Header) error {
 	xs := xattrs(hdr)
 	if len(xs) == 0 {
 		return nil
+	}
+	if err := u.checkXattrs(xs); err != nil {
+		return err
 	}
 	fd, err := unix.Openat(pfd, base, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {

@@ -74,6 +74,35 @@ func richLayers(t testing.TB) [][]byte {
 	return [][]byte{layerTar(t, l0), layerTar(t, l1), layerTar(t, l2)}
 }
 
+// crossLayers exercise what the layered form copies up from lower layers:
+// implicit parents of every mode and owner, hard links to lower files that
+// have other names, whiteouts in directories a layer does not list, a
+// directory replacing a whited-out one, opaque directories over several
+// layers.
+func crossLayers(t testing.TB) [][]byte {
+	l0 := []ent{
+		dir("a", 0o750, 1000, 1000), dir("a/b", 0o1777, 7, 7), file("a/b/f", "f", 0o640, 1000, 1000),
+		hardlink("a/f2", "a/b/f"), hardlink("g", "a/b/f"),
+		dir("d", 0o700, 0, 0), file("d/x", "x", 0o644, 0, 0), dir("d/sub", 0o755, 0, 0), file("d/sub/y", "y", 0o644, 0, 0),
+		dir("o", 0o755, 0, 0), file("o/x", "x", 0o644, 0, 0),
+		{name: "a/xa", typ: tar.TypeReg, mode: 0o644, body: "x", xattrs: map[string]string{"user.k": "v"}},
+	}
+	l1 := []ent{
+		file("a/b/new", "new", 0o600, 0, 0), // implicit a and a/b
+		hardlink("h", "a/f2"),               // a lower file with three names
+		whiteout("d/sub/.wh.y"),             // implicit d and d/sub
+		whiteout(".wh.o"), dir("o", 0o711, 0, 0), file("o/fresh", "f", 0o644, 0, 0),
+		file("a/xa", "x2", 0o644, 0, 0),
+	}
+	l2 := []ent{
+		whiteout("a/.wh.f2"),
+		dir("d", 0o755, 0, 0), whiteout("d/.wh..wh..opq"), file("d/only", "o", 0o644, 0, 0),
+		hardlink("k", "o/fresh"),
+	}
+	l3 := []ent{file("d/later", "l", 0o644, 0, 0), file("o/y", "y", 0o644, 0, 0)}
+	return [][]byte{layerTar(t, l0), layerTar(t, l1), layerTar(t, l2), layerTar(t, l3)}
+}
+
 // randomLayers builds n layers of random files, directories, links and
 // whiteouts over a growing tree (seeded: failures reproduce).
 func randomLayers(t testing.TB, seed int64, n, perLayer int) [][]byte {
@@ -173,6 +202,9 @@ func TestUnpackMatchesUmoci(t *testing.T) {
 		{"rich", richLayers},
 		{"random-a", func(t testing.TB) [][]byte { return randomLayers(t, 1, 4, 300) }},
 		{"random-b", func(t testing.TB) [][]byte { return randomLayers(t, 2, 6, 150) }},
+		// More layers than a bundle has lowers: the bottom ones are flattened.
+		{"random-flattened", func(t testing.TB) [][]byte { return randomLayers(t, 3, images.MaxLowers+8, 25) }},
+		{"cross-layer", crossLayers},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -180,7 +212,8 @@ func TestUnpackMatchesUmoci(t *testing.T) {
 			writeLayout(t, layoutDir, map[string]v1.Image{c.name: buildImage(t, imageConfig{env: []string{"PATH=/bin"}}, c.layers(t)...)})
 			want := walkTree(t, umociUnpack(t, layoutDir, c.name))
 			bundle, _ := importLayout(t, layoutDir, c.name)
-			got := walkTree(t, filepath.Join(bundle, "rootfs"))
+			require.FileExists(t, filepath.Join(bundle, "lowers"), "the layered form (root)")
+			got := walkTree(t, rootfsOf(t, bundle))
 			requireSameTree(t, want, got)
 			if c.name == "rich" {
 				// The checks that matter most, spelled out.
@@ -210,17 +243,23 @@ func TestMaliciousLayers(t *testing.T) {
 		name  string
 		layer []ent
 		entry string // the entry the error must name
+		below []ent  // more entries of layer 0, below the evil layer 1
 	}{
-		{"path traversal", []ent{file("../../sentinel/pwned", "x", 0o644, 0, 0)}, "../../sentinel/pwned"},
-		{"traversal inside a name", []ent{dir("a", 0o755, 0, 0), file("a/../../sentinel/pwned", "x", 0o644, 0, 0)}, "a/../../sentinel/pwned"},
-		{"absolute symlink escape", []ent{symlink("esc", "SENTINEL"), file("esc/pwned", "x", 0o644, 0, 0)}, "esc/pwned"},
-		{"relative symlink escape", []ent{symlink("esc", "../../../../../../../../SENTINEL"), file("esc/pwned", "x", 0o644, 0, 0)}, "esc/pwned"},
-		{"symlink then a directory through it", []ent{symlink("esc", "SENTINEL"), dir("esc/d", 0o755, 0, 0)}, "esc/d"},
-		{"hard link outside", []ent{hardlink("h", "../../sentinel/keep")}, "h"},
-		{"hard link through a symlink", []ent{symlink("esc", "SENTINEL"), hardlink("h", "esc/keep")}, "h"},
-		{"whiteout of ..", []ent{dir("a", 0o755, 0, 0), whiteout("a/.wh..."), file("x", "x", 0o644, 0, 0)}, "a/.wh..."},
-		{"whiteout through a symlink", []ent{symlink("esc", "SENTINEL"), whiteout("esc/.wh.keep")}, "esc/.wh.keep"},
-		{"opaque through a symlink", []ent{symlink("esc", "SENTINEL"), whiteout("esc/.wh..wh..opq")}, "esc/.wh..wh..opq"},
+		{"write through a symlink of a lower layer", []ent{file("esc/pwned", "x", 0o644, 0, 0)}, "esc/pwned", []ent{symlink("esc", "SENTINEL")}},
+		{"directory through a symlink of a lower layer", []ent{dir("esc/d", 0o755, 0, 0)}, "esc/d", []ent{symlink("esc", "SENTINEL")}},
+		{"whiteout through a symlink of a lower layer", []ent{whiteout("esc/.wh.keep")}, "esc/.wh.keep", []ent{symlink("esc", "SENTINEL")}},
+		{"hard link through a symlink of a lower layer", []ent{hardlink("h", "esc/keep")}, "h", []ent{symlink("esc", "SENTINEL")}},
+		{"overlay xattr", []ent{{name: "f", typ: tar.TypeReg, mode: 0o644, xattrs: map[string]string{"trusted.overlay.redirect": "/x"}}}, "f", nil},
+		{"path traversal", []ent{file("../../sentinel/pwned", "x", 0o644, 0, 0)}, "../../sentinel/pwned", nil},
+		{"traversal inside a name", []ent{dir("a", 0o755, 0, 0), file("a/../../sentinel/pwned", "x", 0o644, 0, 0)}, "a/../../sentinel/pwned", nil},
+		{"absolute symlink escape", []ent{symlink("esc", "SENTINEL"), file("esc/pwned", "x", 0o644, 0, 0)}, "esc/pwned", nil},
+		{"relative symlink escape", []ent{symlink("esc", "../../../../../../../../SENTINEL"), file("esc/pwned", "x", 0o644, 0, 0)}, "esc/pwned", nil},
+		{"symlink then a directory through it", []ent{symlink("esc", "SENTINEL"), dir("esc/d", 0o755, 0, 0)}, "esc/d", nil},
+		{"hard link outside", []ent{hardlink("h", "../../sentinel/keep")}, "h", nil},
+		{"hard link through a symlink", []ent{symlink("esc", "SENTINEL"), hardlink("h", "esc/keep")}, "h", nil},
+		{"whiteout of ..", []ent{dir("a", 0o755, 0, 0), whiteout("a/.wh..."), file("x", "x", 0o644, 0, 0)}, "a/.wh...", nil},
+		{"whiteout through a symlink", []ent{symlink("esc", "SENTINEL"), whiteout("esc/.wh.keep")}, "esc/.wh.keep", nil},
+		{"opaque through a symlink", []ent{symlink("esc", "SENTINEL"), whiteout("esc/.wh..wh..opq")}, "esc/.wh..wh..opq", nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -232,9 +271,14 @@ func TestMaliciousLayers(t *testing.T) {
 			for i := range c.layer {
 				c.layer[i].link = strings.ReplaceAll(c.layer[i].link, "SENTINEL", sentinel)
 			}
+			below := []ent{file("ok", "ok", 0o644, 0, 0)}
+			for _, e := range c.below {
+				e.link = strings.ReplaceAll(e.link, "SENTINEL", sentinel)
+				below = append(below, e)
+			}
 			layoutDir := filepath.Join(base, "layout")
 			writeLayout(t, layoutDir, map[string]v1.Image{"evil": buildImage(t, imageConfig{},
-				layerTar(t, []ent{file("ok", "ok", 0o644, 0, 0)}), layerTar(t, c.layer))})
+				layerTar(t, below), layerTar(t, c.layer))})
 			store := t.TempDir()
 			tasks := importTasks(t, store, tasksRow("t1", testRepo+":evil", "/testbed"))
 			r := kiln(t, "images", "import", "--store", store, "--tasks", tasks, "--root", root, "--source", testRepo+"=oci:"+layoutDir)
@@ -250,8 +294,10 @@ func TestMaliciousLayers(t *testing.T) {
 			fi, err := os.Stat(filepath.Join(sentinel, "keep"))
 			require.NoError(t, err)
 			assert.Equal(t, uint64(1), nlink(fi), "a hard link to the sentinel was made")
-			// No bundle, no temporary directory, no version.
+			// No bundle, no temporary directory, no version; in the layer
+			// store only the harmless layer 0, nothing of layer 1.
 			assert.Empty(t, bundleDirs(t, root))
+			assert.Len(t, layerDirs(t, root), 1, "only layer 0 is in the layer store")
 			assert.Equal(t, 3, kiln(t, "show", "--store", store, "images").Code)
 		})
 	}
