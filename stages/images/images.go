@@ -232,8 +232,8 @@ func runImport(c *cli.Context, env *stagecmd.Env, f *importFlags) error {
 		return stagecmd.Usagef("import: takes no arguments (got %q); see --help", c.Args().First())
 	}
 	opts := importOptions{jobs: f.jobs, pathPrepend: map[string]string{}, sync: !f.noSync}
-	if opts.jobs < 1 {
-		return stagecmd.Usagef("import: -j must be >= 1, got %d", opts.jobs)
+	if err := stagecmd.CheckCount("jobs", opts.jobs, stagecmd.MaxJobs); err != nil {
+		return err
 	}
 	switch f.layout {
 	case "layered":

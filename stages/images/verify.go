@@ -108,6 +108,9 @@ func verifyCommand(env *stagecmd.Env) *cli.Command {
 			if c.NArg() != 0 {
 				return stagecmd.Usagef("verify: takes no arguments (got %q); see --help", c.Args().First())
 			}
+			if err := stagecmd.CheckCount("jobs", f.Jobs, stagecmd.MaxJobs); err != nil {
+				return err
+			}
 			st, err := stagecmd.OpenStore(c)
 			if err != nil {
 				return err

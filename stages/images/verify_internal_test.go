@@ -3,6 +3,7 @@ package images
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -99,5 +100,22 @@ func TestReadGold(t *testing.T) {
 			assert.Contains(t, err.Error(), c.err)
 			assert.Equal(t, stagecmd.ExitBadInput, stagecmd.ExitCode(err))
 		})
+	}
+}
+
+// TestJobsBounded: -j outside 1..stagecmd.MaxJobs is a usage error naming
+// the bound, on import and on verify (issue 31: absurd counts are exit 2).
+func TestJobsBounded(t *testing.T) {
+	for _, args := range [][]string{
+		{"kiln-images", "import", "--tasks", "t", "--bundles", t.TempDir(), "--out", "images", "-j", "100000"},
+		{"kiln-images", "import", "--tasks", "t", "--bundles", t.TempDir(), "--out", "images", "-j", "0"},
+		{"kiln-images", "verify", "--tasks", "t", "--images", "i", "--bundles", t.TempDir(), "-j", "100000"},
+	} {
+		var out, errb strings.Builder
+		env := &stagecmd.Env{Stdout: &out, Stderr: &errb, Log: stagecmd.NewLogger(&errb, false)}
+		code := stagecmd.Main(App(env), append(args, "--store", t.TempDir()), &errb)
+		if code != stagecmd.ExitUsage || !strings.Contains(errb.String(), "want 1 to 4096") {
+			t.Errorf("%v: exit %d, stderr %q; want 2 naming the bound", args[1:], code, errb.String())
+		}
 	}
 }
