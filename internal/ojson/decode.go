@@ -283,17 +283,8 @@ func (d *Decoder) number() (any, error) {
 	return json.Number(b[s:i]), nil
 }
 
-// key reads an object key. The keys of chat requests are a small set that
-// every message repeats: those come back as constants (common), neither
-// allocated nor boxed as str's values are.
+// key reads an object key.
 func (d *Decoder) key() (string, error) {
-	b := d.b
-	if end := bytes.IndexByte(b[d.i+1:], '"'); end >= 0 {
-		if k, ok := common(b[d.i+1 : d.i+1+end]); ok {
-			d.i += end + 2
-			return k, nil
-		}
-	}
 	k, err := d.str()
 	if err != nil {
 		return "", err
@@ -302,7 +293,7 @@ func (d *Decoder) key() (string, error) {
 }
 
 // str reads a string at d.i (which holds '"'). Plain ASCII strings are one
-// slice conversion, or a constant (common); others are decoded by unquote.
+// slice conversion; others are decoded by unquote.
 func (d *Decoder) str() (any, error) {
 	b := d.b
 	start := d.i + 1
@@ -311,9 +302,6 @@ func (d *Decoder) str() (any, error) {
 		c := b[i]
 		if c == '"' {
 			d.i = i + 1
-			if v, ok := common(b[start:i]); ok {
-				return v, nil
-			}
 			return string(b[start:i]), nil
 		}
 		if c == '\\' || c < 0x20 || c >= utf8.RuneSelf {

@@ -3,13 +3,9 @@ package ojson
 import (
 	"bytes"
 	"encoding/json"
-	"go/ast"
-	"go/parser"
-	"go/token"
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"testing"
 )
 
@@ -115,52 +111,5 @@ func checkDecode(t *testing.T, data []byte) {
 	}
 	if ok && !bytes.Equal(Marshal(got), Marshal(want)) {
 		t.Fatalf("Decode(%q) = %s, encoding/json: %s", data, Marshal(got), Marshal(want))
-	}
-}
-
-// TestCommonStrings: the constants common hands out are the very text they
-// stand for — every case label of its switch (read from the source) maps to
-// itself, and other text to nothing.
-func TestCommonStrings(t *testing.T) {
-	fset := token.NewFileSet()
-	f, err := parser.ParseFile(fset, "keys.go", nil, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	funcs := map[string]func([]byte) (string, bool){"common": common}
-	for _, d := range f.Decls {
-		fd, ok := d.(*ast.FuncDecl)
-		if !ok || funcs[fd.Name.Name] == nil {
-			continue
-		}
-		fn, labels := funcs[fd.Name.Name], 0
-		ast.Inspect(fd, func(n ast.Node) bool {
-			cc, ok := n.(*ast.CaseClause)
-			if !ok {
-				return true
-			}
-			for _, e := range cc.List {
-				lit, ok := e.(*ast.BasicLit)
-				if !ok || lit.Kind != token.STRING {
-					continue
-				}
-				s, _ := strconv.Unquote(lit.Value)
-				labels++
-				if got, ok := fn([]byte(s)); !ok || got != s {
-					t.Errorf("%s(%q) = %q, %v", fd.Name.Name, s, got, ok)
-				}
-				if _, ok := fn([]byte(s + "x")); ok {
-					t.Errorf("%s(%q) is taken", fd.Name.Name, s+"x")
-				}
-			}
-			return true
-		})
-		if labels < 20 {
-			t.Errorf("%s: %d case labels found in keys.go", fd.Name.Name, labels)
-		}
-		delete(funcs, fd.Name.Name)
-	}
-	if len(funcs) > 0 {
-		t.Errorf("not found in keys.go: %v", funcs)
 	}
 }

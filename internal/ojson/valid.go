@@ -3,11 +3,12 @@ package ojson
 // Valid reports whether data is one JSON value, white space around it
 // aside, exactly as encoding/json's Valid does: the RFC 8259 grammar,
 // containers nested at most MaxDepth deep, string bytes taken as they are
-// (invalid UTF-8 included; control bytes refused). It reads the text once
-// without allocating; encoding/json's Valid, a state machine calling a
-// function per byte, was half of the engine client's reading of a generate
-// reply (BenchmarkValid: ÷json, same run; FuzzValid holds the two to the
-// same answers).
+// (invalid UTF-8 included; control bytes refused). It serves the readers
+// that stay by measurement (issue 37): the engine client's typed reading
+// of generate replies (internal/agent/engine/typed.go), kiln-rollout's
+// turns reader (stages/rollout/turnjson.go) and the scripted engine's
+// request reading (enginetest's objectFields); FuzzValid holds it to
+// encoding/json's answers.
 func Valid(data []byte) bool {
 	i := validValue(data, Space(data, 0), 0)
 	return i >= 0 && Space(data, i) == len(data)

@@ -18,6 +18,17 @@ type member struct {
 // values: MiMo rows are tens of KB of JSON, and decoding them was the
 // largest part of the conversion.
 //
+// Why a second reader beside encoding/json (measured 2026-12-03 with the
+// built kiln-convert on 5,000 generated rows, 126 MB of Parquet,
+// alternating runs at load 28-38): with decodeInstance on json.Unmarshal
+// into a map (and each string unquoted by json.Unmarshal) the stage took
+// 6.6-7.4 s CPU (user+sys) and 34-60 s wall against 4.5-4.8 s and 21-29 s
+// with this; on json.Decoder's Token (strings decoded by Token, the rest
+// raw) 6.2-6.8 s CPU and 36-39 s wall against 5.3-5.5 s and 27-31 s. Both
+// cost well over 5% of the stage's wall time. Command:
+//
+//	KILN_BENCH_MIMO_ROWS=5000 go test ./stages/convert -run '^$' -bench ConvertMiMo -benchtime 1x -timeout 30m
+//
 // It stays beside internal/ojson rather than in it: ojson's decoder builds
 // every value (what this scanner exists to avoid) and its skimmers take
 // scalars by extent without validating them (what this scanner must do,

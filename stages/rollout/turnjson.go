@@ -38,6 +38,17 @@ import (
 //
 // The strings of an accepted turn that hold JSON (PromptMessages,
 // ResponseMessage) alias the line, which must not be modified afterwards.
+//
+// Why a second reader beside encoding/json: the stage's wall time on a real
+// size needs it. kiln-rollout assemble --turns-jsonl on the 198 MB file of
+// BenchmarkAssembleJSONL (20 sessions of 100 turns), alternating runs,
+// 2026-12-03, load 15-21 on 2 shared cores: median 2.6 s (2.3, 2.6, 4.0)
+// with it, 48 s (35, 48, 49) with every line decoded by decodeTurnJSON
+// (readTurnsJSONL with dec.decode never accepting). Command:
+//
+//	KILN_BENCH_TURNS_SESSIONS=20 go test ./stages/rollout -run '^$' -bench AssembleJSONL -benchtime 1x -timeout 30m
+//
+// (the figure compared the built binary's wall time on the one file).
 type turnDecoder struct {
 	// The previous accepted line's prompt_ids text ('[' to ']') and its
 	// ids, with the storage they share with later turns (ids is the longest
@@ -255,11 +266,13 @@ func (d *turnDecoder) decode(line []byte) (t records.Turn, hasTurn, ok bool) {
 		s := unsafe.String(unsafe.SliceData(resp), len(resp))
 		t.ResponseMessage = &s
 	}
-	// As records.Turn.Validate; prompt_messages and response_message were
-	// checked as they were read.
-	if t.Session == "" || (len(t.OutputLogProbs) != 0 && len(t.OutputLogProbs) != len(t.OutputIDs)) ||
-		(t.TopPTokenOffsets != nil && len(t.TopPTokenOffsets) != len(t.OutputIDs)+1) ||
-		(hasMsgs && msgsText[0] != '[') {
+	// records.Turn.Validate itself, so that the two paths refuse the same
+	// turns, but for prompt_messages and response_message, whose text was
+	// checked as it was read (Validate would check a whole history again
+	// every turn).
+	v := t
+	v.PromptMessages, v.ResponseMessage = "[]", nil
+	if (hasMsgs && msgsText[0] != '[') || v.Validate() != nil {
 		return t, false, false
 	}
 	if idsText != nil {

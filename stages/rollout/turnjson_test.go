@@ -35,12 +35,18 @@ func decodeAgrees(t testing.TB, d *turnDecoder, line []byte) bool {
 	if err != nil {
 		t.Fatalf("turnDecoder accepted %q; encoding/json refuses it: %v", line, err)
 	}
-	// The turn number: from the line, or the caller's count (-1 here).
-	numbered, err := decodeTurnJSON(line, map[string]int32{want.Session: -1})
+	// The turn number: from the line, or the caller's count. Records
+	// refuse a negative turn, so two counts tell the line's own number
+	// (the same with both) from the count.
+	n1, err := decodeTurnJSON(line, map[string]int32{want.Session: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if given := numbered.Turn != -1 || want.Turn != 0; given != hasTurn {
+	n2, err := decodeTurnJSON(line, map[string]int32{want.Session: 1<<20 + 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if given := n1.Turn == n2.Turn; given != hasTurn {
 		t.Fatalf("turnDecoder says the line %s \"turn\", encoding/json disagrees: %q", map[bool]string{true: "has", false: "has no"}[hasTurn], line)
 	}
 	if !hasTurn {
@@ -68,16 +74,16 @@ func TestTurnDecoder(t *testing.T) {
 	accepted := [][]byte{
 		line(fSession, fPrompt, fOutput, fLPs, fMsgs, fResp),
 		line(fSession),
-		line(fSession, `"index": 3, "group_index": -2, "rollout_id": 9223372036854775807, "turn": 4`),
-		line(fSession, `"index": -9223372036854775808, "rollout_id": null, "turn": null`),
+		line(fSession, `"index": 3, "group_index": 2, "rollout_id": 9223372036854775807, "turn": 4`),
+		line(fSession, `"index": 9223372036854775807, "rollout_id": null, "turn": null`),
 		line(fSession, `"finish_reason": "length", "ill_formed": true, "max_context_tokens": 2147483647`),
 		line(fSession, `"finish_reason": "\ud800"`),
-		line(fSession, `"finish_reason": "caf\u00e9\n", "ill_formed": false, "max_context_tokens": -2147483648`),
+		line(fSession, `"finish_reason": "caf\u00e9\n", "ill_formed": false, "max_context_tokens": 2147483647`),
 		line(`"session": "caf\u00e9 \"q\""`, `"reward": 1.5e2`),
 		line(fSession, `"reward": null, "response_message": null`),
 		line(fSession, `"response_message": "text"`, `"prompt_messages": []`),
 		line(fSession, `"prompt_ids": [], "output_ids": [], "output_log_probs": []`),
-		line(fSession, `"prompt_ids": [0, -0, 2147483647, -2147483648, 1000000000]`),
+		line(fSession, `"prompt_ids": [0, -0, 2147483647, 1000000000]`),
 		line(fSession, `"output_ids": [5], "output_log_probs": [-3.4028234663852886e38]`),
 		line(fSession, `"output_log_probs": [], "output_ids": [1, 2]`),
 		line(fSession, `"output_ids": [1], "output_log_probs": [1e-50]`),
@@ -94,9 +100,13 @@ func TestTurnDecoder(t *testing.T) {
 		assert.True(t, decodeAgrees(t, &d, l), "declined: %s", l)
 	}
 	declined := [][]byte{
-		line(),                      // no session: Validate refuses it
-		line(`"session": ""`),       // the same
-		line(`"Session": "s1"`),     // encoding/json matches keys without case
+		line(),                  // no session: Validate refuses it
+		line(`"session": ""`),   // the same
+		line(`"Session": "s1"`), // encoding/json matches keys without case
+		line(fSession, `"prompt_ids": [0, -2147483648]`), // Validate refuses a negative id
+		line(fSession, `"group_index": -2`),              // and a negative ordinal
+		line(fSession, `"index": -9223372036854775808`),
+		line(fSession, `"max_context_tokens": -1`),
 		line(`"sess\u0069on": "s"`), // an escaped key
 		line(fSession, `"extra": 1`),
 		line(fSession, fSession),

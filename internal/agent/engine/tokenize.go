@@ -178,6 +178,9 @@ func readTokenize(body []byte, memo *Memo) (ids []int32, maxLen int, err error) 
 // take, a count that disagrees — which readTokenizeSteps then reads (and
 // words the error of); TestSkimTokenize and FuzzSkimTokenize hold it to
 // that.
+//
+// It and readTokenizeTyped stay by measurement: see typed.go for the
+// figures and commands (issue 37).
 func readTokenizeSkim(body []byte, memo *Memo) (ids []int32, maxLen int, ok bool) {
 	var (
 		count                         *int

@@ -35,6 +35,19 @@ import (
 // Keys match fields as encoding/json matches them to struct fields:
 // exactly or case-insensitively (strings.EqualFold, which is encoding/json's
 // folding).
+//
+// Why it stays beside the plain reading (issue 37 measured it side by side,
+// 2026-12-03, 2 shared cores, load 14-36): with generate and /tokenize
+// replies read by encoding/json alone (this file, readTokenizeSkim,
+// readTokenizeTyped and ojson.DecodeInts gone), the adapter's CPU a turn
+// against a 200 ms-2 s engine at 256 sessions went from 1.1-1.4 ms to
+// 2.4-3.2 ms and the turns' mean wall time from 1.1-2.8 s to 2.0-4.2 s
+// (the one pinned adapter core saturates), and kiln-rollout run's CPU
+// against the same sandbox work alone from 1.07-1.16x to 1.35x (its wall
+// goal is <= 1.3x). Commands:
+//
+//	go test ./internal/agent/adapter -run '^$' -bench 'AdapterLoad/^engine=' -benchtime 1x
+//	go test ./stages/rollout -run '^$' -bench '^BenchmarkRun$' -benchtime 1x
 
 // declined is the error the typed values' UnmarshalJSON return for a value
 // the step-by-step reading would refuse or read differently; readGenerate
