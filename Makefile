@@ -13,7 +13,7 @@ BUNDLES ?= $(DEMO)/bundles
 KILN_BENCH_TOKENS ?= 100000000
 export KILN_BENCH_TOKENS
 
-.PHONY: all build deps test test-gpu test-short bench bench-ci demo demo-grade vet clean
+.PHONY: all build deps test test-gpu test-short bench bench-ci mutate demo demo-grade vet clean
 
 all: build
 
@@ -59,33 +59,58 @@ bench: deps
 bench-ci: deps
 	KILN_BENCH_TOKENS=2000000 $(GO) test -short -run '^$$' -bench . -benchtime 1x -timeout 10m ./...
 
-# The main job, as far as it is built: import the MiMo smoke tasks into a
-# store, inspect them, export them back for the reference stack, and show
-# what gc would collect.
-demo: build
-	$(BIN)/kiln import tasks --store $(STORE) --out tasks/mimo-smoke fixtures/tasks/mimo-smoke.jsonl
-	$(BIN)/kiln ls --store $(STORE)
-	$(BIN)/kiln show --store $(STORE) --rows 1 tasks/mimo-smoke
-	$(BIN)/kiln log --store $(STORE) tasks/mimo-smoke
-	$(BIN)/kiln export --store $(STORE) --out $(DEMO)/mimo-smoke.export.jsonl tasks/mimo-smoke
-	$(BIN)/kiln gc --store $(STORE) --dry-run
+# Mutation testing of the code whose correctness is a number (MUTATION.md):
+# gremlins over stages/advantages, pipelines/plan.go and stages/train's join
+# and packing, mutmut over gpu/kiln_gpu/loss.py and objectives.py, both
+# pinned and cached in ~/.cache/kiln. Prints each target's score and its
+# survivors. MUTATE_BASE=REV runs only the targets with a file changed since
+# REV; MUTATE_TARGETS picks targets (advantages plan train gpu).
+mutate:
+	scripts/install-gpu-deps.sh
+	scripts/install-mutation-deps.sh
+	scripts/mutate.sh $(if $(MUTATE_BASE),--changed $(MUTATE_BASE)) $(MUTATE_TARGETS)
 
-# The data side end to end on the fixture tasks, as root (debootstrap for the
-# fixture images, bubblewrap for the sandboxes): MiMo inputs to tasks, task
-# images to rootfs bundles, the gold patches and the empty-patch baseline
-# graded by the official tests in fresh sandboxes. make deps installs the
-# tools and builds the fixtures first.
+# The main job on the fixtures, on this machine, no GPU (pipelines/demo.kiln):
+# installs what it needs (as make test does), builds, then kiln run does the
+# whole loop: the four fixture tasks converted and their images unpacked,
+# gpu/serve.py on the tiny random checkpoint as the engine, and STEPS GRPO
+# steps of weights sync -> rollout (the shell agent, 4 samples a task, in
+# bwrap sandboxes) -> grade -> advantages -> train (CPU). Ends with kiln
+# status --table: one row per step and where the datasets are. A rerun runs
+# nothing and says so; STEPS=N continues a finished run; DEMO=dir puts
+# everything under dir (the store in dir/data). DEMO_VARS passes more
+# demo.kiln variables (e.g. DEMO_VARS='ENGINE_PORT=9000 SAMPLES=2'); the
+# same ones on every run, or the targets they change run again. As root:
+# bwrap sandboxes.
+STEPS     ?= 2
+DEMO_VARS ?=
+DEMO_KILN  = $(BIN)/kiln --store $(STORE)
+demo: deps build
+	scripts/install-gpu-deps.sh
+	@command -v bwrap >/dev/null || { echo 'demo: bubblewrap is missing: scripts/install-test-deps.sh installs it (as root)' >&2; exit 1; }
+	@fx=$$($(GO) run ./fixtures/cmd/kiln-fixtures build --print-dir) && \
+	vars="DEMO=$(abspath $(DEMO)) FIXTURES=$$fx BUNDLES=$(abspath $(BUNDLES)) GPU_DIR=$(CURDIR)/gpu \
+		PYTHON=$$(cat $(HOME)/.cache/kiln/gpu-venv-current)/bin/python $(DEMO_VARS)" && \
+	export PATH="$(abspath $(BIN)):$$PATH" && set -x && \
+	$(DEMO_KILN) run pipelines/demo.kiln STEPS=$(STEPS) $$vars && \
+	$(DEMO_KILN) status pipelines/demo.kiln --table STEPS=$(STEPS) $$vars
+
+# The gold patches and the empty-patch baseline of the fixture tasks,
+# graded by their official tests in fresh sandboxes (the grader's check,
+# beside the loop), as root (debootstrap for the fixture images, bubblewrap
+# for the sandboxes): MiMo inputs to tasks, task images to rootfs bundles,
+# then kiln grade. make deps installs the tools and builds the fixtures.
 demo-grade: build
 	@command -v bwrap >/dev/null || { echo 'demo-grade: bubblewrap is missing: run make deps first (as root)' >&2; exit 1; }
 	@fx=$$($(GO) run ./fixtures/cmd/kiln-fixtures build --print-dir) && set -x && \
-	$(BIN)/kiln convert mimo --store $(STORE) --data $$fx/mimo --out demo/tasks && \
-	$(BIN)/kiln images import --store $(STORE) --tasks demo/tasks --bundles $(BUNDLES) \
-		--source kiln.local/fixtures=oci:$$fx/oci --out demo/images && \
-	$(BIN)/kiln grade --store $(STORE) --tasks demo/tasks --images demo/images --bundles $(BUNDLES) \
-		--patches $$fx/gold-patches.jsonl --out demo/grades && \
-	$(BIN)/kiln grade --store $(STORE) --tasks demo/tasks --images demo/images --bundles $(BUNDLES) \
-		--baseline --out demo/baseline && \
-	$(BIN)/kiln show --store $(STORE) --rows 4 demo/grades
+	$(BIN)/kiln convert mimo --store $(STORE) --data $$fx/mimo --out demo-grade/tasks && \
+	$(BIN)/kiln images import --store $(STORE) --tasks demo-grade/tasks --bundles $(BUNDLES) \
+		--source kiln.local/fixtures=oci:$$fx/oci --out demo-grade/images && \
+	$(BIN)/kiln grade --store $(STORE) --tasks demo-grade/tasks --images demo-grade/images --bundles $(BUNDLES) \
+		--patches $$fx/gold-patches.jsonl --out demo-grade/grades && \
+	$(BIN)/kiln grade --store $(STORE) --tasks demo-grade/tasks --images demo-grade/images --bundles $(BUNDLES) \
+		--baseline --out demo-grade/baseline && \
+	$(BIN)/kiln show --store $(STORE) --rows 4 demo-grade/grades
 
 # What build and the demos made; the cache of make deps (~/.cache/kiln) stays.
 # --one-file-system: a sandbox killed mid-grading may leave a mount below.

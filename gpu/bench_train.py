@@ -2,18 +2,32 @@
 
 Both do the same work on the same packed micro-batch files of the tiny Qwen3
 checkpoint: read the file, one forward over the right-padded segments, the
-LM head on the response rows, −A·lp reduced per rollout, backward, gradient
-clipping, AdamW. The trainer's time is its own step event's time_s; the
-baseline is timed the same way. Prints both and the ratio (goal ≤ 1.15).
+LM head on the response rows (both: the trainer's direct path and the bare
+loop index the hidden states before the head), the loss reduced per
+rollout, backward, gradient clipping, AdamW. The bare loop's loss is −A·lp;
+the trainer's is its objective (PPO clip here) plus the metrics every step
+reports, max_abs_logprob_diff included.
 
-    cd gpu && python bench_train.py [--steps 3]
+The two alternate in rounds on the same cores, the order swapped every
+round, so a neighbour's load hits both alike: a round is one trainer run of
+a two-step plan (its first step warms up; the second step's own time_s is
+the figure) and one bare step on the same micro-batches by a model and
+optimizer kept across rounds (warmed once). Prints the median of the
+per-round ratios trainer/bare (goal ≤ 1.15) with its spread, the median
+times, and what max_abs_logprob_diff costs a step (timed apart on the same
+micro-batches) as a share of the trainer's step.
+
+    cd gpu && python bench_train.py [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
+import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -55,9 +69,25 @@ def bare_step(model, opt, files, divisor):
     return time.perf_counter() - t0
 
 
+def diff_cost(model, files) -> float:
+    """Seconds max_abs_logprob_diff takes over one step's micro-batches, on
+    logits computed the trainer's way (not timed)."""
+    from kiln_gpu.batches import load_micro_batch
+
+    total = 0.0
+    with torch.no_grad():
+        for f in files:
+            mb = load_micro_batch(f)
+            logits, target = train.response_logits(model, mb, 1.0, torch.device("cpu"), contextlib.nullcontext)
+            t0 = time.perf_counter()
+            train.max_abs_logprob_diff(logits, target, mb, torch.device("cpu"))
+            total += time.perf_counter() - t0
+    return total
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args(argv)
     from transformers import AutoModelForCausalLM
 
@@ -67,24 +97,47 @@ def main(argv=None) -> int:
         ckpt = build(d / "tiny")
         g = torch.Generator().manual_seed(0)
         steps = []
-        for s in range(a.steps + 1):  # the first is warm-up
+        for _ in range(2):  # warm-up, measured
             segs = [segment(g, 150000, 32, 48, r, 1.0 if r % 2 else -1.0) for r in range(8)]
             steps.append([segs[:4], segs[4:]])
         plan = write_plan(d / "b", ckpt, steps, d / "out", optimizer={"lr": 1e-4})
-        buf = io.StringIO()
-        with redirect_stdout(buf):
-            assert train.main(["--plan", str(plan)]) == 0
-        ev = [json.loads(x) for x in buf.getvalue().splitlines() if '"step"' in x]
-        t_kiln = sum(e["time_s"] for e in ev[1:]) / a.steps
+        p = json.loads(plan.read_text())
+        files = [[plan.parent / m for m in st["micro_batches"]] for st in p["steps"]]
+
+        def kiln_step() -> tuple[float, int]:
+            shutil.rmtree(d / "out", ignore_errors=True)  # the trainer writes a new directory
+            buf = io.StringIO()
+            with redirect_stdout(buf):
+                assert train.main(["--plan", str(plan)]) == 0
+            ev = [json.loads(x) for x in buf.getvalue().splitlines() if '"step"' in x]
+            return ev[-1]["time_s"], ev[-1]["tokens"]
+
         model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
-        p = json.loads(plan.read_text())
-        times = [bare_step(model, opt, [plan.parent / m for m in st["micro_batches"]], st["divisor"])
-                 for st in p["steps"]]
-        t_bare = sum(times[1:]) / a.steps
-        tokens = ev[0]["tokens"]
-    print(f"trainer step {t_kiln * 1e3:.0f} ms, bare loop {t_bare * 1e3:.0f} ms, ratio {t_kiln / t_bare:.3f} "
-          f"(goal <= 1.15; {tokens} tokens/step, 2 micro-batches, tiny Qwen3, CPU, {torch.get_num_threads()} threads)")
+        bare_step(model, opt, files[0], p["steps"][0]["divisor"])  # warm-up
+
+        def bare() -> float:
+            return bare_step(model, opt, files[1], p["steps"][1]["divisor"])
+
+        t_kiln, t_bare, ratios = [], [], []
+        tokens = 0
+        for r in range(a.rounds):
+            if r % 2 == 0:
+                (k, tokens), b = kiln_step(), bare()
+            else:
+                b = bare()
+                k, tokens = kiln_step()
+            t_kiln.append(k)
+            t_bare.append(b)
+            ratios.append(k / b)
+            print(f"round {r}: trainer {k * 1e3:.0f} ms, bare {b * 1e3:.0f} ms, ratio {k / b:.3f}", flush=True)
+        t_diff = statistics.median(diff_cost(model, files[1]) for _ in range(3))
+    km, bm = statistics.median(t_kiln), statistics.median(t_bare)
+    print(f"trainer step {km * 1e3:.0f} ms, bare loop {bm * 1e3:.0f} ms (medians); "
+          f"ratio median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}, "
+          f"{a.rounds} alternating rounds; goal <= 1.15); max_abs_logprob_diff {t_diff * 1e3:.1f} ms a step, "
+          f"{100 * t_diff / km:.2f}% of the trainer's step "
+          f"({tokens} tokens/step, 2 micro-batches, tiny Qwen3, CPU, {torch.get_num_threads()} threads)")
     return 0
 
 

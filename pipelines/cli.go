@@ -158,6 +158,9 @@ key:KEY for a target without an output dataset).`,
 						todo++
 					}
 				}
+				if todo == 0 {
+					env.Log.Info("nothing to run: every target is done", "pipeline", plan.Spec.Name, "targets", len(plan.Targets))
+				}
 				prog := stagecmd.NewProgress(env.Stderr, env.Log, "pipeline "+plan.Spec.Name, "targets", int64(todo))
 				res, err := plan.Run(c.Context, RunOptions{Jobs: ro.jobs, KeepGoing: ro.keepGoing, Output: env.Stderr, LockStale: ro.stale, NoLock: ro.only != "", Shards: shards,
 					OnEvent: func(t *Target, ev string) {

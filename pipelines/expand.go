@@ -18,6 +18,10 @@ func expandTargets(spec *Spec) (map[string]*Target, []string, error) {
 	all := map[string]*Target{}
 	explicit := map[string]bool{}
 	var order []string
+	skipped, err := everySkipped(spec)
+	if err != nil {
+		return nil, nil, err
+	}
 	// explicit rules first: they win over a step pattern's instance.
 	for pass := 0; pass < 2; pass++ {
 		for _, r := range spec.Rules {
@@ -47,7 +51,10 @@ func expandTargets(spec *Spec) (map[string]*Target, []string, error) {
 				if !r.Step && step > -1 {
 					break
 				}
-				t, err := expandRule(vt, r, step)
+				if r.Step && skipped[stepName{r, step}] {
+					continue // every=N leaves this step out
+				}
+				t, err := expandRule(vt, r, step, skipped)
 				if err != nil {
 					return nil, nil, err
 				}
@@ -83,7 +90,79 @@ func expandTargets(spec *Spec) (map[string]*Target, []string, error) {
 	return all, order, nil
 }
 
-func expandRule(vt *varTable, r *Rule, step int) (*Target, error) {
+// stepName is one step rule's instance.
+type stepName struct {
+	r    *Rule
+	step int
+}
+
+// everySkipped finds the step instances an every=N attribute leaves out
+// (steps that are not multiples of N), keyed by rule and step and by
+// name: a prerequisite naming a left-out instance is dropped (so
+// "eval/$(step-1)" means "eval/(step-1) if there is one"); a name an
+// explicit rule defines is never left out.
+func everySkipped(spec *Spec) (map[any]bool, error) {
+	skipped := map[any]bool{}
+	vt := spec.vars
+	explicit := map[string]bool{}
+	uses := false
+	for _, r := range spec.Rules {
+		for _, a := range r.Attrs {
+			uses = uses || a.Name == "every"
+		}
+		if !r.Step {
+			if n, err := vt.expand(r.Name, &scope{step: -1, used: map[string]string{}}, r.Pos); err == nil {
+				explicit[n] = true
+			}
+		}
+	}
+	if !uses {
+		return skipped, nil
+	}
+	steps := 0
+	if d, ok := vt.defs["STEPS"]; ok {
+		v, err := vt.expand(d.value, nil, d.pos)
+		if err != nil {
+			return nil, err
+		}
+		steps, _ = strconv.Atoi(strings.TrimSpace(v))
+		steps = min(max(steps, 0), maxSteps)
+	}
+	for _, r := range spec.Rules {
+		for _, a := range r.Attrs {
+			if a.Name != "every" {
+				continue
+			}
+			if !r.Step {
+				return nil, errAt(a.Pos, "every= on %s, which is not a step rule (its target does not mention $(step))", r.Name)
+			}
+			for step := 1; step <= steps; step++ {
+				sc := &scope{step: step, used: map[string]string{}}
+				v, err := vt.expand(a.Value, sc, a.Pos)
+				if err != nil {
+					return nil, err
+				}
+				n, err := strconv.Atoi(strings.TrimSpace(v))
+				if err != nil || n < 1 {
+					return nil, errAt(a.Pos, "attribute every=%q: want a whole number >= 1", v)
+				}
+				if step%n == 0 {
+					continue
+				}
+				name, err := vt.expand(r.Name, sc, r.Pos)
+				if err != nil {
+					return nil, err
+				}
+				if !explicit[name] {
+					skipped[stepName{r, step}], skipped[name] = true, true
+				}
+			}
+		}
+	}
+	return skipped, nil
+}
+
+func expandRule(vt *varTable, r *Rule, step int, skipped map[any]bool) (*Target, error) {
 	sc := &scope{step: step, used: map[string]string{}}
 	name, err := vt.expand(r.Name, sc, r.Pos)
 	if err != nil {
@@ -140,6 +219,12 @@ func expandRule(vt *varTable, r *Rule, step int) (*Target, error) {
 		case "out":
 			t.Attrs.Out = v
 			attrText = append(attrText, "out="+v)
+		case "every":
+			// which steps have an instance (everySkipped); not the output's
+			// business, so not in the key
+			if t.Attrs.Every, err = num(); err != nil {
+				return nil, err
+			}
 		}
 	}
 	t.attrText = strings.Join(attrText, " ")
@@ -152,6 +237,9 @@ func expandRule(vt *varTable, r *Rule, step int) (*Target, error) {
 			return nil, err
 		}
 		for _, f := range strings.Fields(v) {
+			if skipped[f] {
+				continue // an instance every=N left out
+			}
 			if f == name {
 				return nil, errAt(r.Pos, "target %s depends on itself", name)
 			}

@@ -389,7 +389,7 @@ func splitFields(s string) []string {
 // knownAttrs are the attribute names a rule may carry.
 var knownAttrs = map[string]bool{
 	"cpus": true, "gpus": true, "nodes": true, "shards": true, "throttle": true, "retries": true,
-	"memory": true, "time": true, "partition": true, "health": true, "service": true, "out": true,
+	"memory": true, "time": true, "partition": true, "health": true, "service": true, "out": true, "every": true,
 }
 
 func parseAttrs(s string, pos Pos) ([]Attr, error) {

@@ -139,4 +139,6 @@ type Attrs struct {
 	Health string
 	// Out names the output dataset when the recipe has no --out.
 	Out string
+	// Every, on a step rule, keeps only the steps that are multiples of it.
+	Every int
 }

@@ -156,6 +156,57 @@ def test_token_logprobs_shift_and_temperature():
                 assert got[b, i].item() == pytest.approx(want, abs=1e-12)
 
 
+def test_token_logprobs_default_temperature_and_bad_temperature():
+    """The default temperature is 1 and a temperature of 0 is refused by
+    name (mutation survivors: default 2, `< 0`, a message-less error)."""
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(1, 4, 5, generator=g, dtype=F64)
+    tokens = torch.randint(0, 5, (1, 4), generator=g)
+    assert torch.equal(token_logprobs(logits, tokens), token_logprobs(logits, tokens, 1.0))
+    # every temperature other than 1 divides, 2 included (a survivor skipped it at 2)
+    assert torch.allclose(token_logprobs(logits, tokens, 2.0), token_logprobs(logits / 2, tokens, 1.0))
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match="temperature must be > 0"):
+            token_logprobs(logits, tokens, bad)
+    with pytest.raises(ValueError, match=r"logits \(1, 4, 5\) do not match tokens \(1, 3\)"):
+        token_logprobs(logits, tokens[:, :3])
+
+
+def test_policy_loss_applies_the_dual_clip():
+    """policy_loss hands cfg.eps_clip_c to ppo_clip (a mutation survivor
+    dropped it): a ratio of e² on a negative advantage is capped at c."""
+    lp, old = t([0.0, 0.0]), t([-2.0, -2.0])
+    adv, mask, denom = t([-1.0, -1.0]), t([1.0, 1.0]), t([1.0, 1.0])
+    got = policy_loss(lp, old, old, adv, mask, denom, 1.0, LossConfig(eps_clip_c=3.0))
+    want, _ = ppo_clip(lp - old, adv, 0.2, None, 3.0)
+    assert got.loss.item() == pytest.approx(reduce(want, mask, denom, 1.0).item())
+    plain = policy_loss(lp, old, old, adv, mask, denom, 1.0, LossConfig())
+    assert plain.loss.item() != pytest.approx(got.loss.item())
+
+
+def test_step_denominators_edges_and_errors():
+    """token-mean's divisor is the step's trained tokens, 1 included (a
+    survivor floored it at 2); bad input is refused by name."""
+    assert step_denominators([7], [1], [1], "token-mean") == ([1.0], 1.0)
+    assert step_denominators([7], [0], [0], "token-mean") == ([1.0], 1.0)
+    with pytest.raises(ValueError, match="differ in length"):
+        step_denominators([1, 2], [1], [1], "rollout")
+    with pytest.raises(ValueError, match="unknown reduction 'mean'"):
+        step_denominators([1], [1], [1], "mean")
+
+
+def test_segment_mean_one_trained_token():
+    """A segment's masked mean divides by its trained-token count, 1
+    included; a segment without one gets 0 (mutation survivor: the count
+    clamped at 2)."""
+    from kiln_gpu.objectives import segment_mean
+
+    x = t([3.0, 5.0, 7.0, 1.0, 2.0])
+    mask = t([0.0, 1.0, 1.0, 1.0, 0.0])
+    seg = torch.tensor([0, 0, 1, 1, 2])
+    assert segment_mean(x, mask, seg, 3).tolist() == [5.0, 5.0, 4.0, 4.0, 0.0]
+
+
 def test_token_logprobs_upcasts_half_precision():
     logits = torch.randn(4, 7).to(torch.bfloat16)
     out = token_logprobs(logits, torch.tensor([1, 2, 3, 4]))

@@ -168,8 +168,8 @@ Examples:
 
 func statusCommand(env *stagecmd.Env, o Options) *cli.Command {
 	var f struct {
-		dir           string
-		summary, json bool
+		dir                  string
+		summary, json, table bool
 	}
 	return &cli.Command{
 		Name:      "status",
@@ -196,15 +196,26 @@ object per target and line instead: target, step (-1: not a step
 target), state, job, detail, ref, outputs (ref, rows, metrics), wall_s,
 failure, failure_log.
 
+--table prints, instead of the per-target lines, one row per step with the
+RL loop's numbers from those manifests: pass rate (kiln-grade's reward_1
+of graded), mean reward (kiln-advantages' group_stats), rollouts, aborted
+and segments (kiln-rollout), trained tokens, loss, clip fraction and
+train_rollout_logprob_max_abs_diff (kiln-train), the weights number the
+rollouts sampled from, and each of the step's targets' wall time; then
+where the datasets are (the store, and the refs of the targets of no step
+and of the last step). A metric no target of the step recorded is "-".
+
 Examples:
   kiln status rl.kiln
   kiln status rl.kiln STEPS=10 --dir /shared/runs/rl
-  kiln status rl.kiln --summary`,
+  kiln status rl.kiln --summary
+  kiln status rl.kiln --table`,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
 			&cli.StringFlag{Name: "dir", Usage: "the run `DIR` kiln slurm used", Destination: &f.dir},
 			&cli.BoolFlag{Name: "summary", Usage: "also print each step's targets with their wall time and their outputs' manifest metrics", Destination: &f.summary},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per target (state, outputs with their metrics, wall time, failure) instead of the table", Destination: &f.json},
+			&cli.BoolFlag{Name: "table", Usage: "print one row per step (pass rate, mean reward, rollouts, aborted, segments, trained tokens, loss, clip fraction, logprob diff, weights, each stage's wall time) and where the datasets are, instead of the per-target lines", Destination: &f.table},
 		},
 		Action: func(c *cli.Context) error {
 			p, err := o.load(c, f.dir)
@@ -216,7 +227,7 @@ Examples:
 				if t.Describe == nil {
 					continue
 				}
-				d, err := t.Describe(c.Context, f.summary || f.json)
+				d, err := t.Describe(c.Context, f.summary || f.json || f.table)
 				if err != nil {
 					return err
 				}
@@ -234,6 +245,9 @@ Examples:
 			}
 			if f.json {
 				return printStatusJSON(env.Stdout, p.targets, rows, details)
+			}
+			if f.table {
+				return printTable(env.Stdout, c.String("store"), p.targets, rows, details)
 			}
 			if err := printStatus(env.Stdout, rows); err != nil {
 				return err

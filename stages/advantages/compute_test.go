@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -158,6 +159,20 @@ func TestComputeFanOutWeights(t *testing.T) {
 
 // A group of four with one infra_error gives the other three what a group
 // of three without it gives; --infra-failures zero does not.
+// A group whose every rollout is dropped has no statistics: its reward mean
+// and pass rate stay 0, never 0/0 = NaN, which no manifest could hold (a
+// mutation survivor: len(rewards) >= 0).
+func TestComputeGroupWithoutStatistics(t *testing.T) {
+	g := []Grade{{RolloutID: 1, GroupIndex: 7, TaskID: "t", Reward: 0, Failure: records.FailureInfraError}}
+	s := []Segment{{RolloutID: 1, Index: 1, GroupIndex: 7, Segment: 0, Trained: 1}}
+	res, err := Compute(s, g, grpo())
+	require.NoError(t, err)
+	require.Len(t, res.Groups, 1)
+	assert.Zero(t, res.Groups[0].RewardMean)
+	assert.Zero(t, res.Groups[0].PassRate)
+	assert.NotEmpty(t, res.Groups[0].Dropped)
+}
+
 func TestComputeInfraFailures(t *testing.T) {
 	three := []Grade{
 		{RolloutID: 1, GroupIndex: 3, TaskID: "t", Reward: 1, Failure: records.FailureNone},
@@ -266,6 +281,10 @@ func TestComputeBadInput(t *testing.T) {
 		{"two grades", func(s []Segment, g []Grade) ([]Segment, []Grade) { return s, append(g, g[0]) },
 			"rollout 10 has two grades"},
 		{"duplicate segment", func(s []Segment, g []Grade) ([]Segment, []Grade) { return append(s, s[0]), g },
+			"rollout 10: segment 0 appears twice"},
+		// Adjacent and equal, so only the <= of the arrival-order check
+		// marks the rollout for the duplicate scan (a mutation survivor).
+		{"adjacent duplicate segment", func(s []Segment, g []Grade) ([]Segment, []Grade) { return slices.Insert(s, 1, s[0]), g },
 			"rollout 10: segment 0 appears twice"},
 		{"unknown failure", func(s []Segment, g []Grade) ([]Segment, []Grade) { g[1].Failure = "preempted"; return s, g },
 			"unknown failure class \"preempted\""},
@@ -521,4 +540,20 @@ func TestPassAtK(t *testing.T) {
 	assert.InDelta(t, 1.0, s.PassAtK[1], 1e-12)
 	assert.Equal(t, TaskStat{GroupIndex: 0, TaskID: "a", Rollouts: 3, Gradeable: 2, Passed: 1, RewardMean: 0.5, PassRate: 0.5}, s.Tasks[0])
 	assert.Equal(t, 0.5, s.ZeroAdvantageFraction)
+}
+
+// The fan-out metric's buckets at their edges, and every estimator's name
+// parsing back to it (mutation survivors: n < 8, hi <= n, and == negated
+// in ParseEstimator, which only the CLI tests reached).
+func TestFanoutBucketAndParseEstimator(t *testing.T) {
+	for n, want := range map[int]string{1: "1", 8: "8", 9: "9-16", 16: "9-16", 17: "17-32"} {
+		assert.Equal(t, want, fanoutBucket(n), "n=%d", n)
+	}
+	for _, e := range Estimators() {
+		got, err := ParseEstimator(string(e))
+		require.NoError(t, err)
+		assert.Equal(t, e, got)
+	}
+	_, err := ParseEstimator("ppo")
+	assert.ErrorContains(t, err, `unknown estimator "ppo"`)
 }

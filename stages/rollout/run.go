@@ -263,6 +263,11 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out RunOutput, 
 		for _, s := range specs {
 			fmt.Fprintln(env.Stdout, dataset.Ref{Name: s.Name, Version: version})
 		}
+		// The refs are returned too (nothing is committed): check names
+		// its grades' version from the rollouts'.
+		res.Rollouts.Ref = dataset.Ref{Name: specs[0].Name, Version: version}
+		res.Turns.Ref = dataset.Ref{Name: specs[1].Name, Version: version}
+		res.Trajectories.Ref = dataset.Ref{Name: specs[2].Name, Version: version}
 		return res, nil
 	}
 	rw, err := dataset.NewWriter(ctx, st, specs[0])

@@ -63,7 +63,27 @@ func checkAction(c *cli.Context, env *stagecmd.Env, f *checkFlagValues) error {
 	if err != nil {
 		return err
 	}
+	if f.run.printVersion {
+		return CheckVersions(c.Context, env, st, f.run.out, o, f.gradeTimeout)
+	}
 	return Check(c.Context, env, st, f.run.out, o, f.gradeTimeout)
+}
+
+// CheckVersions is check --print-version: it prints the references a
+// check would commit (OUT/rollouts, OUT/turns, OUT/trajectories, then
+// OUT/grades) and runs, grades and writes nothing, as every writing
+// command's --print-version (kiln's planner probes a recipe with it to
+// tell whether the store already holds its outputs). The grades' version
+// is named from the rollouts' pinned reference, which need not be
+// committed yet.
+func CheckVersions(ctx context.Context, env *stagecmd.Env, st store.Store, out string, o RunOptions, gradeTimeout time.Duration) error {
+	res, err := Run(ctx, env, st, RunOutput{Name: out, PrintVersion: true}, o)
+	if err != nil {
+		return err
+	}
+	_, err = grade.Run(ctx, env, st, stagecmd.Output{Name: out + "/grades", PrintVersion: true}, grade.Options{Tasks: o.Tasks, Images: o.Images,
+		Bundles: o.Bundles, Rollouts: res.Rollouts.Ref.String(), Jobs: o.Jobs, Timeout: gradeTimeout})
+	return err
 }
 
 // ErrNoReward is Check's error when no sample earned reward 1.
