@@ -107,7 +107,7 @@ slurm: 5 job(s) to submit; 0 target(s) already in Slurm
 // same way.
 func TestServiceHostVar(t *testing.T) {
 	for _, name := range []string{"engine", "engine/3", "grader.v2-a", "x_y"} {
-		if got, want := "KILN_SERVICE_"+envName(name)+"_HOST", pipelines.ServiceHostVar(name); got != want {
+		if got, want := "KILN_SERVICE_"+pipelines.EnvName(name)+"_HOST", pipelines.ServiceHostVar(name); got != want {
 			t.Errorf("%s: the job script exports %s, kiln run reads %s", name, got, want)
 		}
 	}

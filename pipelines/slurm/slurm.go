@@ -12,6 +12,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/kilnrl/kiln/pipelines"
 )
 
 // Job is one sbatch submission: a target of the plan, or a job of any other
@@ -251,7 +253,7 @@ func scriptText(j Job, byName map[string]Job, o CompileOptions) string {
 		if !ok || !svc.Service {
 			continue
 		}
-		v := envName(d)
+		v := pipelines.EnvName(d)
 		hostFile := filepath.Join(o.Dir, "services", strings.ReplaceAll(d, "/", "--")+".host")
 		w("# service %s: wait for its host file (written once it is healthy)\n", d)
 		w("kiln_deadline=$((SECONDS + %d))\n", o.HealthTimeout)
@@ -264,7 +266,7 @@ func scriptText(j Job, byName map[string]Job, o CompileOptions) string {
 		stopFile := filepath.Join(o.Dir, "services", strings.ReplaceAll(j.Name, "/", "--")+".stop")
 		w("# service: run the recipe in the background on this node, check its health\n# here (where the service is reachable), then publish this node's name for\n# the users; stop when the stop job (after the last user) touches the stop file.\n")
 		w("mkdir -p %s\nrm -f %s\n", shq(filepath.Dir(hostFile)), shq(stopFile))
-		w("export KILN_SERVICE_%s_HOST=\"$(hostname -s)\"\n", envName(j.Name))
+		w("export KILN_SERVICE_%s_HOST=\"$(hostname -s)\"\n", pipelines.EnvName(j.Name))
 		w("( %s\n) &\nkiln_pid=$!\n", body(j.Script))
 		if j.Health != "" {
 			w("kiln_deadline=$((SECONDS + %d))\n", o.HealthTimeout)
@@ -273,7 +275,7 @@ func scriptText(j Job, byName map[string]Job, o CompileOptions) string {
 			w("\t(( SECONDS < kiln_deadline )) || { echo \"kiln: service %s not healthy within %ds\" >&2; kill \"$kiln_pid\" 2>/dev/null || true; exit 75; }\n", j.Name, o.HealthTimeout)
 			w("\tsleep 1\ndone\n")
 		}
-		w("echo \"$KILN_SERVICE_%s_HOST\" > %s.tmp && mv %s.tmp %s\n", envName(j.Name), shq(hostFile), shq(hostFile), shq(hostFile))
+		w("echo \"$KILN_SERVICE_%s_HOST\" > %s.tmp && mv %s.tmp %s\n", pipelines.EnvName(j.Name), shq(hostFile), shq(hostFile), shq(hostFile))
 		w("while [ ! -e %s ]; do\n\tkill -0 \"$kiln_pid\" 2>/dev/null || { wait \"$kiln_pid\"; echo \"kiln: service %s exited before it was stopped\" >&2; exit 1; }\n\tsleep 1\ndone\n", shq(stopFile), j.Name)
 		w("kill \"$kiln_pid\" 2>/dev/null || true\nwait \"$kiln_pid\" || true\nrm -f %s\n", shq(hostFile))
 	case nodes > 1:
@@ -290,20 +292,6 @@ func scriptText(j Job, byName map[string]Job, o CompileOptions) string {
 }
 
 func body(s string) string { return strings.TrimRight(s, "\n") }
-
-// envName is a job name as an environment variable part: upper case,
-// anything but letters and digits as '_'.
-func envName(s string) string {
-	var b strings.Builder
-	for _, r := range strings.ToUpper(s) {
-		if (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9') {
-			b.WriteRune(r)
-		} else {
-			b.WriteByte('_')
-		}
-	}
-	return b.String()
-}
 
 // shq quotes s for bash.
 func shq(s string) string {

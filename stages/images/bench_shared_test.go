@@ -4,7 +4,6 @@ import (
 	"archive/tar"
 	"fmt"
 	"io"
-	"io/fs"
 	"math/rand"
 	"os"
 	"os/exec"
@@ -23,6 +22,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/klauspost/compress/gzip"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kilnrl/kiln/stages/images"
 )
 
 // BenchmarkImportShared imports KILN_BENCH_SHARED_IMAGES (50) generated
@@ -72,7 +73,8 @@ func BenchmarkImportShared(b *testing.B) {
 		t0 := time.Now()
 		f(dir)
 		d := time.Since(t0)
-		disk := diskBytes(b, dir)
+		disk, err := images.DiskUse(dir)
+		require.NoError(b, err)
 		require.NoError(b, os.RemoveAll(dir))
 		return result{d.Seconds(), float64(disk)}
 	}
@@ -149,32 +151,6 @@ func BenchmarkImportShared(b *testing.B) {
 	}
 	b.ReportMetric(float64(unique)/1e6, "unique_MB")
 	b.ReportMetric(0, "ns/op")
-}
-
-// diskBytes is the allocated size of a tree, a file with several names
-// counted once.
-func diskBytes(b *testing.B, dir string) int64 {
-	var n int64
-	seen := map[uint64]bool{}
-	require.NoError(b, filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		st := fi.Sys().(*syscall.Stat_t)
-		if st.Nlink > 1 && !d.IsDir() {
-			if seen[st.Ino] {
-				return nil
-			}
-			seen[st.Ino] = true
-		}
-		n += st.Blocks * 512
-		return nil
-	}))
-	return n
 }
 
 // sharedBenchLayout writes an OCI layout of n images task-NNN (the base
