@@ -16,8 +16,10 @@ error statuses follow vLLM's for every field kiln's engine client reads
 
 Logprobs are processed logprobs: log_softmax(logits / T) of the model's
 float32 logits (T = 1 for greedy), the quantity the trainer recomputes
-(docs/serve.md §4). One worker thread runs the model; HTTP threads queue
-requests to it (docs/serve.md §5).
+(docs/serve.md §4). One scheduler thread runs the model: HTTP threads
+queue requests to it, and it decodes the running ones (up to --max-batch)
+as one batch, one forward per token, each request with its own seeded
+sampler (docs/serve.md §3, §5).
 
 --tokenizer-only loads the checkpoint's tokenizer and config, never its
 weights, and serves the GETs, /tokenize and /detokenize through the same
@@ -33,8 +35,10 @@ templates are bounded or refused.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import hmac
 import json
+import math
 import os
 import queue
 import socket
@@ -138,57 +142,137 @@ class Sampling:
         return self.temperature < GREEDY_EPS
 
 
-def processed_logprobs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
-    """log_softmax(logits / T) in float32; T = 1 when greedy (docs/serve.md §4)."""
-    t = 1.0 if s.greedy else s.temperature
-    return torch.log_softmax(logits.float() / t, dim=-1)
+def processed_logprobs(logits: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits / T) in float32, row by row: logits [B, V], temps
+    [B] with T = 1 for a greedy row (docs/serve.md §4)."""
+    return torch.log_softmax(logits.float() / temps.unsqueeze(-1), dim=-1)
 
 
-def nucleus(logp: torch.Tensor, s: Sampling) -> torch.Tensor:
-    """The ids the sampler may draw from, by descending probability: top-k,
-    then min-p, then top-p over the processed distribution (docs/serve.md §3).
-    Top-p keeps the smallest prefix whose mass reaches top_p (the token that
-    crosses it included), as vLLM's sampler does."""
-    sorted_lp, order = torch.sort(logp, descending=True, stable=True)
-    n = sorted_lp.numel()
-    if s.top_k > 0:
-        n = min(n, s.top_k)
-    probs = sorted_lp[:n].exp()
-    if s.min_p > 0:
-        keep = probs >= s.min_p * probs[0]
-        n = int(keep.sum().item())
-        probs = probs[:n]
-    if s.top_p < 1:
-        cum = torch.cumsum(probs / probs.sum(), dim=0)
-        # tokens whose preceding mass is below top_p
-        before = cum - probs / probs.sum()
-        n = max(1, int((before < s.top_p).sum().item()))
-    return order[:n]
+def request_seed(server_seed: int, request_id: str) -> int:
+    """The seed of a request that sends none but names itself: a function
+    of the server's --seed and its request_id alone (docs/serve.md §3)."""
+    h = hashlib.blake2b(f"{server_seed}:{request_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") >> 1
+
+
+def ranked(logp: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """ids by descending logp, ties by ascending id: the nucleus order of
+    the sampling_mask reply (docs/serve.md §3)."""
+    ids = ids.sort().values
+    return ids[torch.sort(logp[ids], descending=True, stable=True).indices]
+
+
+def nucleus(logp: torch.Tensor, s: Sampling) -> Optional[torch.Tensor]:
+    """The ids the sampler may draw from, in ascending id order, or None for
+    the whole vocabulary: top-k, then min-p, then top-p over the processed
+    distribution (docs/serve.md §3). Top-p keeps the smallest prefix by
+    descending probability whose mass (renormalised over the ids top-k and
+    min-p left) reaches top_p, the token that crosses it included, as vLLM's
+    sampler does. Never sorts the vocabulary: torch.topk of k ids, and for
+    top-p alone a topk that widens until its mass reaches top_p."""
+    v = logp.numel()
+    k = s.top_k if 0 < s.top_k < v else v
+    if k == v and s.min_p <= 0 and s.top_p >= 1:
+        return None
+    if k < v or s.min_p > 0:
+        if k < v:
+            vals, ids = torch.topk(logp, k)
+        else:
+            # a loose cut in log space, then vLLM's test on the probabilities
+            ids = torch.nonzero(logp >= logp.max() + math.log(s.min_p) - 1e-4).squeeze(-1)
+            vals, order = torch.sort(logp[ids], descending=True, stable=True)
+            ids = ids[order]
+        probs = vals.exp()
+        if s.min_p > 0:
+            n = int((probs >= s.min_p * probs[0]).sum().item())
+            vals, ids, probs = vals[:n], ids[:n], probs[:n]
+        if s.top_p < 1:
+            ids = ids[:top_p_count(probs, probs.sum(), s.top_p)]
+        return ids.sort().values
+    # top-p over the whole vocabulary: the prefix from a widening topk
+    total = logp.exp().sum()
+    m = min(v, 64)
+    while True:
+        vals, ids = torch.topk(logp, m)
+        probs = vals.exp()
+        if m == v or float(probs.sum() / total) >= s.top_p:
+            return ids[:top_p_count(probs, total, s.top_p)].sort().values
+        m = min(v, m * 8)
+
+
+def top_p_count(probs: torch.Tensor, total: torch.Tensor, top_p: float) -> int:
+    """How many of probs (descending) top-p keeps: those whose preceding
+    mass, over total, is below top_p; at least one."""
+    before = torch.cumsum(probs / total, dim=0) - probs / total
+    return max(1, int((before < top_p).sum().item()))
+
+
+def race_scores(logp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The exponential race's scores (Gumbel-max): logp − log E with
+    E = −log u, u uniform in [0, 1) (rows alike: [.., V]). The id with the
+    highest score among a set wins with its probability renormalised over
+    the set, as torch.multinomial draws one sample (docs/serve.md §3). A
+    float change of logp flips the winner only at a near tie of two
+    scores, unlike an inverse CDF over ~10⁵ near-equal masses, so batched
+    and alone decoding draw the same ids. u is overwritten."""
+    return logp.float() - u.log_().neg_().log_()
+
+
+def draw(logp: torch.Tensor, ids: Optional[torch.Tensor], u: torch.Tensor) -> int:
+    """The race's winner among ids (None: the whole vocabulary) for one
+    row of uniforms u."""
+    score = race_scores(logp, u.clone())
+    if ids is None:
+        return int(torch.argmax(score).item())
+    return int(ids[torch.argmax(score[ids])].item())
 
 
 class Stepper:
-    """One request's token choice: processed logprobs, nucleus, a seeded draw."""
+    """One request's sampler: its Sampling and its generator. The
+    uniforms of the request's n-th sampled token are the n-th block of V
+    (vocabulary size) torch.rand float32 values of a CPU torch.Generator
+    seeded with the request's seed (docs/serve.md §3): a function of the
+    seed, the position and the id, never of what else the server runs or
+    batches."""
 
     def __init__(self, s: Sampling, seed: int):
         self.s = s
         self.gen = torch.Generator(device="cpu")
         self.gen.manual_seed(seed & 0xFFFFFFFFFFFFFFFF)
 
-    def choose(self, logits: torch.Tensor, banned: list[int]) -> tuple[int, torch.Tensor, Optional[torch.Tensor]]:
-        """Returns (token id, the processed logprobs row, the nucleus ids or
-        None when greedy). banned ids (min_tokens) are removed from the draw,
-        never from the reported logprobs."""
-        logp = processed_logprobs(logits, self.s)
-        draw = logp
-        if banned:
-            draw = logp.clone()
-            draw[banned] = float("-inf")
-        if self.s.greedy:
-            return int(torch.argmax(draw).item()), logp, None
-        ids = nucleus(draw, self.s)
-        p = draw[ids].exp()
-        j = int(torch.multinomial(p / p.sum(), 1, generator=self.gen).item())
-        return int(ids[j].item()), logp, ids
+    def choose(self, logp: torch.Tensor, banned: list[int]) -> tuple[int, Optional[torch.Tensor]]:
+        """choose_rows for one row."""
+        return choose_rows(logp.unsqueeze(0), [self], [banned])[0]
+
+
+def choose_rows(logp: torch.Tensor, steppers: list[Stepper], banned: list[list[int]]
+                ) -> list[tuple[int, Optional[torch.Tensor]]]:
+    """Each row's (token id, nucleus ids in ascending order or None when
+    greedy or the whole vocabulary) from the processed logprobs [B, V]:
+    the uniforms are drawn row by row from each request's own generator,
+    the race is scored for all rows at once. banned ids (min_tokens) are
+    removed from the draw, never from the reported logprobs."""
+    if any(banned):
+        logp = logp.clone()
+        for i, b in enumerate(banned):
+            if b:
+                logp[i, b] = float("-inf")
+    out: list = [None] * len(steppers)
+    greedy = [i for i, st in enumerate(steppers) if st.s.greedy]
+    sampled = [i for i, st in enumerate(steppers) if not st.s.greedy]
+    if greedy:
+        for i, t in zip(greedy, logp[greedy].argmax(dim=-1).tolist()):
+            out[i] = (t, None)
+    if sampled:
+        u = torch.empty(len(sampled), logp.shape[-1])
+        for r, i in enumerate(sampled):
+            torch.rand(logp.shape[-1], generator=steppers[i].gen, out=u[r])
+        score = race_scores(logp[sampled], u)
+        best = score.argmax(dim=-1).tolist()
+        for r, i in enumerate(sampled):
+            ids = nucleus(logp[i], steppers[i].s)
+            out[i] = (best[r], None) if ids is None else (int(ids[torch.argmax(score[r, ids])].item()), ids)
+    return out
 
 
 # ------------------------------------------------------------------ engine
@@ -253,13 +337,176 @@ class Job:
         self.error: Optional[BaseException] = None
 
 
+class Seq:
+    """One admitted request in the running batch: its sampler, what it has
+    emitted, and why it stopped (docs/serve.md §3, §5)."""
+
+    def __init__(self, job: Job, eos_ids: list[int]):
+        self.job = job
+        self.s = s = job.s
+        self.step = Stepper(s, job.seed)
+        self.stops = set(s.stop_token_ids)
+        self.eos = set() if s.ignore_eos else set(eos_ids)
+        self.out: list[int] = []
+        self.lps: list[float] = []
+        self.tops: list[list[tuple[int, float]]] = []
+        self.masks: list[list[int]] = []
+        self.mask_lps: list[list[float]] = []
+        self.versions: list[int] = []  # the weights version of each token's forward
+        self.finish: Optional[str] = None
+        self.stop_reason: Any = None
+
+    @property
+    def temperature(self) -> float:
+        return 1.0 if self.s.greedy else self.s.temperature
+
+    @property
+    def position(self) -> int:
+        """The position of the last emitted token, the next forward's input."""
+        return len(self.job.prompt) + len(self.out) - 1
+
+    def banned(self) -> list[int]:
+        """The ids min_tokens keeps out of the next draw."""
+        return sorted(self.eos | self.stops) if len(self.out) < self.s.min_tokens else []
+
+    def emit(self, logp: torch.Tensor, tok: int, nuc: Optional[torch.Tensor], version: int, tokenizer) -> bool:
+        """Records the chosen token with its processed logprobs row (and
+        nucleus); True when the request is finished."""
+        s = self.s
+        self.out.append(tok)
+        self.lps.append(float(logp[tok].item()))
+        self.versions.append(version)
+        if s.logprobs > 0:
+            top = torch.topk(logp, min(s.logprobs, logp.numel()))
+            row = [(tok, float(logp[tok].item()))]
+            row += [(int(t), float(v)) for v, t in zip(top.values.tolist(), top.indices.tolist()) if int(t) != tok]
+            self.tops.append(row)  # k entries when tok is among the top k, else k+1
+        if s.return_sampling_mask:
+            if s.greedy:
+                m = torch.tensor([tok])
+            else:
+                m = ranked(logp, torch.arange(logp.numel()) if nuc is None else nuc)
+            self.masks.append(m.tolist())
+            if s.return_sampling_mask_logprobs:
+                self.mask_lps.append(logp[m].tolist())
+        if len(self.out) >= s.min_tokens:
+            if tok in self.stops:
+                self.finish, self.stop_reason = "stop", tok
+            elif tok in self.eos:
+                self.finish = "stop"
+            elif s.stop:
+                text = tokenizer.decode(self.out)
+                hit = next((st for st in s.stop if st in text), None)
+                if hit is not None:
+                    self.finish, self.stop_reason = "stop", hit
+        if self.finish is None and len(self.out) >= s.max_tokens:
+            self.finish = "length"
+        return self.finish is not None
+
+    def result(self) -> dict:
+        return dict(out=self.out, lps=self.lps, tops=self.tops, masks=self.masks, mask_lps=self.mask_lps,
+                    finish=self.finish, stop_reason=self.stop_reason, versions=self.versions,
+                    version=self.versions[-1] if self.versions else None)
+
+
+# -- the running batch's KV cache: a transformers DynamicCache whose rows are
+# left-padded to one length, with a [B, T] attention mask (1 real, 0 pad)
+
+
+def batchable(cache) -> bool:
+    """A cache whose layers are plain DynamicLayers (keys, values [B, H, T,
+    D]): the rows can be padded, joined and dropped. Others (sliding
+    windows) run one request at a time."""
+    from transformers.cache_utils import DynamicLayer
+
+    return all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None]))
+
+
+def pad_cache_left(cache, n: int) -> None:
+    if n > 0:
+        for layer in cache.layers:
+            layer.keys = torch.nn.functional.pad(layer.keys, (0, 0, n, 0))
+            layer.values = torch.nn.functional.pad(layer.values, (0, 0, n, 0))
+
+
+def join_caches(a, b) -> None:
+    """Appends b's rows to a's (the same length)."""
+    for la, lb in zip(a.layers, b.layers):
+        la.keys = torch.cat([la.keys, lb.keys], dim=0)
+        la.values = torch.cat([la.values, lb.values], dim=0)
+
+
+def keep_cache(cache, rows: torch.Tensor, start: int) -> None:
+    """Keeps the given rows and the positions from start on."""
+    for layer in cache.layers:
+        layer.keys = layer.keys[rows, :, start:]
+        layer.values = layer.values[rows, :, start:]
+
+
+class Batch:
+    """The running requests, decoded together: one forward per step over
+    every row, each row's own tokens alone visible to it through the
+    attention mask, its own positions through position_ids."""
+
+    def __init__(self):
+        self.rows: list[Seq] = []
+        self.cache = None
+        self.mask: Optional[torch.Tensor] = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def join(self, seq: Seq, cache) -> None:
+        """Adds a prefilled request: its cache holds the prompt; its first
+        token is emitted and is the next step's input."""
+        n = cache.get_seq_length()
+        mask = torch.ones(1, n, dtype=torch.long, device=cache.layers[0].keys.device)
+        if not self.rows:
+            self.rows, self.cache, self.mask = [seq], cache, mask
+            return
+        t = self.mask.shape[1]
+        pad_cache_left(cache, t - n)
+        pad_cache_left(self.cache, n - t)
+        z = lambda rows, k: torch.zeros(rows, k, dtype=torch.long, device=mask.device)  # noqa: E731
+        mask = torch.cat([z(1, max(0, t - n)), mask], dim=1)
+        self.mask = torch.cat([z(len(self.rows), max(0, n - t)), self.mask], dim=1)
+        join_caches(self.cache, cache)
+        self.mask = torch.cat([self.mask, mask], dim=0)
+        self.rows.append(seq)
+
+    def drop(self, done: list[Seq]) -> None:
+        """Removes finished rows, and the leading columns no row still needs."""
+        if not done:
+            return
+        keep = [i for i, r in enumerate(self.rows) if r not in done]
+        if not keep:
+            self.rows, self.cache, self.mask = [], None, None
+            return
+        idx = torch.tensor(keep, device=self.mask.device)
+        mask = self.mask[idx]
+        start = int((mask.sum(dim=0) > 0).nonzero()[0].item())
+        keep_cache(self.cache, idx, start)
+        self.mask = mask[:, start:]
+        self.rows = [self.rows[i] for i in keep]
+
+    def step_inputs(self) -> dict:
+        """One decode step's forward arguments: each row's last token at its
+        own position; the mask grows by the column those tokens fill."""
+        dev = self.mask.device
+        ids = torch.tensor([[r.out[-1]] for r in self.rows], dtype=torch.long, device=dev)
+        pos = torch.tensor([[r.position] for r in self.rows], dtype=torch.long, device=dev)
+        self.mask = torch.cat([self.mask, torch.ones(len(self.rows), 1, dtype=torch.long, device=dev)], dim=1)
+        return dict(input_ids=ids, position_ids=pos, attention_mask=self.mask, cache=self.cache,
+                    use_cache=True)
+
+
 class Engine(Renderer):
-    """The model over a Renderer, and the worker that runs requests one at
-    a time, each with its own KV cache (docs/serve.md §5)."""
+    """The model over a Renderer, and the scheduler thread that decodes the
+    running requests (up to max_batch) as one batch (docs/serve.md §5)."""
 
     generates = True
 
-    def __init__(self, model_dir: str, served_name: Optional[str] = None, seed: int = 0, max_batch: int = 1,
+    def __init__(self, model_dir: str, served_name: Optional[str] = None, seed: int = 0, max_batch: int = 32,
                  device: str = "cpu", max_model_len: Optional[int] = None):
         super().__init__(model_dir, served_name, max_model_len)
         self.device = torch.device(device)
@@ -269,14 +516,18 @@ class Engine(Renderer):
         self.model = self._load(self.model_dir)
         self.eos_ids = self._eos_ids(self.model_dir)
         self.max_batch = max(1, max_batch)
+        self.widest = 0  # the most rows one decode forward has run (tests, benchmarks)
+        self.batching = True  # off for a model whose cache cannot be batched (batchable)
+        self.server_seed = seed
         self._seeds = torch.Generator().manual_seed(seed)
         self._seed_lock = threading.Lock()
         self.model_lock = threading.Lock()  # one forward or one reload at a time
         self.pause_cv = threading.Condition()
         self.paused = False
         self.pause_mode = "abort"
-        self.running = 0  # jobs the worker has started and not finished
+        self.running = 0  # jobs the worker has admitted and not finished
         self.queue: "queue.Queue[Optional[Job]]" = queue.Queue()
+        self._stopping = False  # a None job was queued: finish the running rows, then stop
         self.worker = threading.Thread(target=self._work, name="kiln-serve-worker", daemon=True)
         self.worker.start()
 
@@ -352,7 +603,7 @@ class Engine(Renderer):
             self.paused = False
             self.pause_cv.notify_all()
 
-    # -- the worker
+    # -- the worker: one scheduler thread owns the model (docs/serve.md §5)
 
     def submit(self, job: Job) -> dict:
         self.queue.put(job)
@@ -361,28 +612,52 @@ class Engine(Renderer):
             raise job.error
         return job.result
 
-    def _work(self) -> None:
-        while True:
+    def _admit(self, busy: int) -> Optional[list[Job]]:
+        """Takes queued jobs while the batch has room: waits for one when
+        nothing runs, never while something does. Nothing is admitted while
+        paused: with nothing running, a taken job waits for resume (all
+        modes); with rows running, the queue is left alone, so a pause wait
+        sees them finish. None: the worker is told to stop (a None job)."""
+        jobs: list[Job] = []
+        while busy + len(jobs) < self.max_batch:
+            with self.pause_cv:
+                if busy + len(jobs) > 0:
+                    if self.paused:
+                        break
+                    try:
+                        job = self.queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if job is None:
+                        self._stopping = True
+                        break
+                    self.running += 1
+                    jobs.append(job)
+                    continue
             job = self.queue.get()
             if job is None:
-                return
+                return None
             with self.pause_cv:
-                while self.paused:  # new requests wait for resume (all modes)
+                while self.paused:
                     self.pause_cv.wait()
                 self.running += 1
-            try:
-                job.result = self._generate(job)
-            except BaseException as e:  # answered to the request's thread
-                job.error = e
-            finally:
-                with self.pause_cv:
-                    self.running -= 1
-                    self.pause_cv.notify_all()
-                job.done.set()
+            jobs.append(job)
+        return jobs
 
-    def _abort_or_hold(self) -> bool:
-        """At a step boundary: True to abort (pause mode abort); blocks while
-        paused in mode keep; continues in mode wait."""
+    def _finish(self, seqs: list[Seq], error: Optional[BaseException] = None) -> None:
+        for q in seqs:
+            if error is not None:
+                q.job.error = error
+            else:
+                q.job.result = q.result()
+            with self.pause_cv:
+                self.running -= 1
+                self.pause_cv.notify_all()
+            q.job.done.set()
+
+    def _pause_point(self) -> bool:
+        """At a step boundary: True to abort the running rows (pause mode
+        abort); blocks while paused in mode keep; continues in mode wait."""
         with self.pause_cv:
             if not self.paused:
                 return False
@@ -393,64 +668,73 @@ class Engine(Renderer):
                     self.pause_cv.wait()
             return False
 
+    def _work(self) -> None:
+        b = Batch()
+        while True:
+            if b.rows and self._pause_point():
+                for q in b.rows:
+                    q.finish = "abort"
+                self._finish(b.rows)
+                b = Batch()
+            if self._stopping and not b.rows:
+                return
+            jobs = [] if self._stopping or not self.batching and b.rows else self._admit(len(b))
+            if jobs is None:
+                return
+            for job in jobs:
+                seq = Seq(job, self.eos_ids)
+                try:
+                    cache = self._prefill(seq)
+                    if seq.finish is None:
+                        if not batchable(cache):
+                            self.batching = False
+                        b.join(seq, cache)
+                except BaseException as e:  # answered to the request's thread
+                    self._finish([seq], e)
+                    continue
+                if seq.finish is not None:
+                    self._finish([seq])
+            if not b.rows:
+                continue
+            try:
+                self._decode(b)
+            except BaseException as e:
+                self._finish(b.rows, e)
+                b = Batch()
+                continue
+            done = [q for q in b.rows if q.finish is not None]
+            b.drop(done)
+            self._finish(done)
+
     @torch.no_grad()
-    def _generate(self, job: Job) -> dict:
-        s = job.s
-        step = Stepper(s, job.seed)
-        stops = set(s.stop_token_ids)
-        eos = set() if s.ignore_eos else set(self.eos_ids)
-        out: list[int] = []
-        lps: list[float] = []
-        tops: list[list[tuple[int, float]]] = []
-        masks: list[list[int]] = []
-        mask_lps: list[list[float]] = []
-        finish, stop_reason = "length", None
-        past = None
-        ids = torch.tensor([job.prompt], dtype=torch.long, device=self.device)
-        text = ""
-        version = self.weight_version
-        for i in range(s.max_tokens):
-            if i > 0 and self._abort_or_hold():
-                finish = "abort"
-                break
-            with self.model_lock:
-                version = self.weight_version
-                o = self.model(input_ids=ids, past_key_values=past, use_cache=True)
-            past = o.past_key_values
-            logits = o.logits[0, -1].float().cpu()  # sampling on the CPU generator (§3)
-            banned = sorted(eos | stops) if i < s.min_tokens else []
-            tok, logp, nuc = step.choose(logits, banned)
-            out.append(tok)
-            lps.append(float(logp[tok].item()))
-            if s.logprobs > 0:
-                k = min(s.logprobs, logp.numel())
-                top = torch.topk(logp, k)
-                row = [(tok, float(logp[tok].item()))]
-                row += [(int(t), float(v)) for v, t in zip(top.values.tolist(), top.indices.tolist()) if int(t) != tok]
-                tops.append(row)  # k entries when tok is among the top k, else k+1
-            if s.return_sampling_mask:
-                m = nuc if nuc is not None else torch.tensor([tok])
-                masks.append([int(x) for x in m.tolist()])
-                if s.return_sampling_mask_logprobs:
-                    mask_lps.append([float(x) for x in logp[m].tolist()])
-            ids = torch.tensor([[tok]], dtype=torch.long, device=self.device)
-            if i + 1 >= s.min_tokens:
-                if tok in stops:
-                    finish, stop_reason = "stop", tok
-                    break
-                if tok in eos:
-                    finish = "stop"
-                    break
-                if s.stop:
-                    text = self.tokenizer.decode(out)
-                    hit = next((st for st in s.stop if st in text), None)
-                    if hit is not None:
-                        finish, stop_reason = "stop", hit
-                        break
-        return dict(
-            out=out, lps=lps, tops=tops, masks=masks, mask_lps=mask_lps,
-            finish=finish, stop_reason=stop_reason, version=version,
-        )
+    def _prefill(self, seq: Seq):
+        """The request's prompt alone, one forward; emits its first token.
+        Returns the prompt's KV cache."""
+        ids = torch.tensor([seq.job.prompt], dtype=torch.long, device=self.device)
+        with self.model_lock:
+            version = self.weight_version
+            o = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        self._emit([seq], o.logits[:, -1].cpu(), version)  # sampling on the CPU generators (§3)
+        return o.cache
+
+    @torch.no_grad()
+    def _decode(self, b: Batch) -> None:
+        """One batched forward: every row's next token."""
+        kw = b.step_inputs()
+        self.widest = max(self.widest, len(b))
+        with self.model_lock:
+            version = self.weight_version
+            o = self.model(**kw)
+        b.cache = o.cache
+        self._emit(b.rows, o.logits[:, -1].cpu(), version)
+
+    def _emit(self, seqs: list[Seq], logits: torch.Tensor, version: int) -> None:
+        """Each row's next token from its logits [B, V]: processed logprobs
+        and the race for all rows at once (§3, §4)."""
+        logp = processed_logprobs(logits, torch.tensor([q.temperature for q in seqs]))
+        chosen = choose_rows(logp, [q.step for q in seqs], [q.banned() for q in seqs])
+        for i, (q, (tok, nuc)) in enumerate(zip(seqs, chosen)):
+            q.emit(logp[i], tok, nuc, version, self.tokenizer)
 
 
 # ------------------------------------------------------------------ limits
@@ -714,7 +998,13 @@ class Server:
             if t >= vocab:
                 raise bad(f"Token id {t} is out of vocabulary (prompt[{i}])")
         s = Sampling(sp, self.e.max_model_len, len(prompt), self.limits.max_logprobs)
-        seed = s.seed if s.seed is not None else self.e.next_seed()
+        rid = body.get("request_id")
+        if s.seed is not None:
+            seed = s.seed
+        elif isinstance(rid, str) and rid:
+            seed = request_seed(self.e.server_seed, rid)
+        else:
+            seed = self.e.next_seed()  # arrival order: reproducible only one at a time (§3)
         return s, self.e.submit(Job(prompt, s, seed))
 
     def generate(self, body: dict) -> tuple[dict, int]:
@@ -731,7 +1021,7 @@ class Server:
             "index": 0, "token_ids": r["out"], "logprobs": {"content": content},
             "finish_reason": r["finish"], "stop_reason": r["stop_reason"],
             "sampling_mask": r["masks"] if s.return_sampling_mask else None,
-            "weight_versions": [r["version"]] * len(r["out"]),
+            "weight_versions": r["versions"],
         }
         if s.return_sampling_mask_logprobs:
             choice["sampling_mask_logprobs"] = r["mask_lps"]
@@ -997,7 +1287,8 @@ def main(argv=None) -> int:
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port-file)")
     p.add_argument("--port-file", help="write the bound port here (tmp + rename) once serving")
     p.add_argument("--seed", type=int, default=0, help="seeds the per-request seeds of requests without one")
-    p.add_argument("--max-batch", type=int, default=1, help="accepted for interface stability; requests run one at a time")
+    p.add_argument("--max-batch", type=int, default=32,
+                   help="the most requests decoded together, one forward per token (docs/serve.md §5)")
     p.add_argument("--served-model-name", help="the model name /v1/models reports (default: --model)")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cuda (float32 either way; docs/serve.md §1)")
     p.add_argument("--max-model-len", type=int,

@@ -225,6 +225,13 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 		env.Log.Info("advantages", "segments", len(segs), "rollouts", res.Rollouts, "rows", len(res.Rows),
 			"dropped_rows", res.DroppedRows, "grades_without_trajectories", res.GradesWithoutTrajectories,
 			"read_s", t1.Sub(t0).Seconds(), "compute_s", t2.Sub(t1).Seconds()-wrote.Seconds(), "write_s", wrote.Seconds())
+		if res.AllZero() {
+			env.Log.Warn("every advantage is 0: training on them teaches nothing (every group's rollouts got the same reward?)",
+				"trajectories", tv.Ref().String(), "grades", gv.Ref().String(), "rows", len(res.Rows), "groups", len(res.Groups))
+		}
+		for _, l := range res.SummaryLines() {
+			fmt.Fprintln(env.Stderr, l)
+		}
 		return m, nil
 	})
 }

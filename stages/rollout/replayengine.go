@@ -35,6 +35,9 @@ type replayEngine struct {
 
 	mu       sync.Mutex
 	sessions map[string]*replaySession
+	// What the finished sessions did (drop): every recorded turn answered,
+	// a call the recording could not answer, or fewer calls than recorded.
+	matched, mismatched, short int
 
 	ln net.Listener
 	hs *http.Server
@@ -121,14 +124,41 @@ func (e *replayEngine) failure(sid string) string {
 	return ""
 }
 
-// drop forgets session sid (nil-safe).
+// drop forgets session sid, counting how its run matched the recording
+// (nil-safe).
 func (e *replayEngine) drop(sid string) {
 	if e == nil {
 		return
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if s := e.sessions[sid]; s != nil {
+		switch {
+		case s.failure != nil:
+			e.mismatched++
+		case s.calls == len(e.book.runs[s.rolloutID]):
+			e.matched++
+		default:
+			e.short++
+		}
+	}
 	delete(e.sessions, sid)
+}
+
+// summary is the replay's end-of-run line, "" without a replay
+// (nil-safe): "replay: N of M runs matched" the recording, every recorded
+// turn answered, and what the others did.
+func (e *replayEngine) summary() string {
+	if e == nil {
+		return ""
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	line := fmt.Sprintf("replay: %d of %d runs matched %s (every recorded turn answered)", e.matched, e.matched+e.mismatched+e.short, e.ref)
+	if e.mismatched+e.short > 0 {
+		line += fmt.Sprintf("; %d mismatched (a prompt the recording does not hold), %d made fewer calls than recorded", e.mismatched, e.short)
+	}
+	return line
 }
 
 func (e *replayEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {

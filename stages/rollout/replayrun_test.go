@@ -125,6 +125,8 @@ func TestReplayRun(t *testing.T) {
 		res, err, logs := w.run(t, ctx, "rollout/replay", replay, nil)
 		require.NoError(t, err, logs)
 		assertReplayedAsRecorded(t, w.st, rec, res)
+		n := len(recRows)
+		assert.Contains(t, logs, fmt.Sprintf("replay: %d of %d runs matched %s (every recorded turn answered)\n", n, n, rec.Turns.Ref))
 		// The renderer rendered and decoded, and never generated.
 		assert.NotEmpty(t, renderer.RequestsTo("/tokenize"))
 		assert.NotEmpty(t, renderer.RequestsTo("/detokenize"))
@@ -195,6 +197,8 @@ func TestReplayRun(t *testing.T) {
 			assert.Regexp(t, fmt.Sprintf(`^replay: rollout %d turn 1: prompt token [0-9]+ is [0-9]+, the recorded one [0-9]+$`, id), deref(r.AbortDetail))
 		}
 		assert.Equal(t, len(w.set.Tasks), mismatched)
+		assert.Contains(t, logs, fmt.Sprintf("replay: %d of %d runs matched %s (every recorded turn answered); %d mismatched (a prompt the recording does not hold), 0 made fewer calls than recorded\n",
+			len(rows)-mismatched, len(rows), rec.Turns.Ref, mismatched))
 		assert.Equal(t, turnsByRollout(wantTurns), turnsByRollout(readTurns(t, w.st, res.Turns.Ref)))
 		assert.Equal(t, segmentsByRollout(wantSegs), segmentsByRollout(readSegments(t, w.st, res.Trajectories.Ref)))
 	})

@@ -900,6 +900,9 @@ func (p *runProducer) run(ctx context.Context, todo []*runJob) (map[string]any, 
 	}
 	prog.Done()
 	fmt.Fprintln(p.env.Stderr, runTally(p.metrics))
+	if line := p.rt.replay.summary(); line != "" {
+		fmt.Fprintln(p.env.Stderr, line)
+	}
 	return p.metrics, nil
 }
 

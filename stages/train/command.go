@@ -367,6 +367,11 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 	plan.FillSteps(segs, layout, o.Reduction)
 	env.Log.Info("plan", "segments", len(segs), "segments_without_advantages", stats.WithoutAdvantages,
 		"steps", len(layout.Steps), "dropped_rollouts", layout.Dropped, "read_s", time.Since(t0).Seconds())
+	zeroAdv := allAdvantagesZero(segs)
+	if zeroAdv {
+		env.Log.Warn("every advantage of the input is 0: training on it teaches nothing (every group's rollouts got the same reward?); see kiln-advantages' summary",
+			"advantages", av.Ref().String(), "segments", len(segs))
+	}
 
 	if o.DryRun {
 		ref, err := out.Identity.Version()
@@ -418,6 +423,17 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 		}
 		if err := CheckOut(plan.Out, model); err != nil {
 			return nil, err
+		}
+		unchanged, err := WeightsUnchanged(plan.Out, model.Dir)
+		if err != nil { // best effort (a base without safetensors is not compared), never a reason to fail the run
+			env.Log.Info("the trained weights were not compared with the base's", "err", err)
+		}
+		if unchanged {
+			env.Log.Warn("the trained weights equal the base's (max tensor difference 0): no step changed a weight; check the advantages, --lr and the base's dtype (an update below its precision rounds away)",
+				"base", modelName(model), "steps", len(tr.Steps))
+		}
+		for _, l := range (Summary{Steps: tr.Steps, ZeroAdvantages: zeroAdv, Unchanged: unchanged}).Lines() {
+			fmt.Fprintln(env.Stderr, l)
 		}
 		files, err := upload(ctx, st, w.Ref(), plan.Out, env.Log)
 		if err != nil {
