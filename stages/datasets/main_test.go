@@ -1,10 +1,8 @@
 package datasets_test
 
 import (
-	"fmt"
 	"os"
 	"testing"
-	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -20,26 +18,10 @@ import (
 // KILN_TEST_RESUME_FILE appears.
 func TestMain(m *testing.M) {
 	if os.Getenv("KILN_TEST_HELPER") == "1" {
-		env := &datasets.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false), Hook: pauseHook}
+		env := &datasets.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false), Hook: stagetest.PauseHook}
 		os.Exit(stagecmd.Main(newApp(env), append([]string{"kiln"}, os.Args[1:]...), os.Stderr))
 	}
 	os.Exit(m.Run())
-}
-
-func pauseHook(point string) {
-	if point != os.Getenv("KILN_TEST_PAUSE_AT") {
-		return
-	}
-	fmt.Fprintf(os.Stderr, "PAUSED %s\n", point)
-	resume := os.Getenv("KILN_TEST_RESUME_FILE")
-	for {
-		if resume != "" {
-			if _, err := os.Stat(resume); err == nil {
-				return
-			}
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func newApp(env *datasets.Env) *cli.App {

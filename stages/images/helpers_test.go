@@ -42,27 +42,11 @@ import (
 // <point>" on stderr and waits for SIGKILL (or KILN_TEST_RESUME_FILE).
 func TestMain(m *testing.M) {
 	if os.Getenv("KILN_TEST_HELPER") == "1" {
-		env := &stagecmd.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false), Hook: pauseHook}
+		env := &stagecmd.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false), Hook: stagetest.PauseHook}
 		app := stagecmd.CommonApp(&cli.App{Name: "kiln", Commands: commands(env)}, env.Stdout, env.Stderr)
 		os.Exit(stagecmd.Main(app, append([]string{"kiln"}, os.Args[1:]...), os.Stderr))
 	}
 	os.Exit(m.Run())
-}
-
-func pauseHook(point string) {
-	if point != os.Getenv("KILN_TEST_PAUSE_AT") {
-		return
-	}
-	fmt.Fprintf(os.Stderr, "PAUSED %s\n", point)
-	resume := os.Getenv("KILN_TEST_RESUME_FILE")
-	for {
-		if resume != "" {
-			if _, err := os.Stat(resume); err == nil {
-				return
-			}
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // commands: "images import|gc|du|verify", "convert mimo|..." plus the kiln

@@ -2,10 +2,8 @@ package sync
 
 import (
 	"bytes"
-	"fmt"
 	"os"
 	"testing"
-	"time"
 
 	"github.com/kilnrl/kiln/internal/stagecmd"
 	"github.com/kilnrl/kiln/internal/stagecmd/stagetest"
@@ -18,26 +16,10 @@ import (
 // until the file KILN_TEST_RESUME_FILE appears.
 func TestMain(m *testing.M) {
 	if os.Getenv("KILN_TEST_HELPER") == "1" {
-		env := &stagecmd.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false), Hook: pauseHook}
+		env := &stagecmd.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false), Hook: stagetest.PauseHook}
 		os.Exit(stagecmd.Main(App(env), append([]string{"kiln-sync"}, os.Args[1:]...), os.Stderr))
 	}
 	os.Exit(m.Run())
-}
-
-func pauseHook(point string) {
-	if point != os.Getenv("KILN_TEST_PAUSE_AT") {
-		return
-	}
-	fmt.Fprintf(os.Stderr, "PAUSED %s\n", point)
-	resume := os.Getenv("KILN_TEST_RESUME_FILE")
-	for {
-		if resume != "" {
-			if _, err := os.Stat(resume); err == nil {
-				return
-			}
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // run runs kiln-sync in-process on args, as its main would.
