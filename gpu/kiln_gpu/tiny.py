@@ -67,8 +67,12 @@ def tiny_config(**overrides):
     return Qwen3Config(**kw)
 
 
-def build(out: str | Path, tokenizer_dir: str | Path | None = None, seed: int = 0, **config_overrides) -> Path:
+def build(out: str | Path, tokenizer_dir: str | Path | None = None, seed: int = 0, end_rate: float = 0.0,
+          **config_overrides) -> Path:
     """Writes the tiny checkpoint to out and returns its path.
+
+    end_rate > 0 makes the model end its turns: about that share of its
+    samples at temperature 1 is <|im_end|> (end_turns).
 
     The weights depend only on the seed and the config: the same call gives
     the same safetensors bytes.
@@ -90,6 +94,8 @@ def build(out: str | Path, tokenizer_dir: str | Path | None = None, seed: int = 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.eval()
+    if end_rate > 0:
+        end_turns(model, config, end_rate)
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(
         bos_token_id=config.bos_token_id,
@@ -105,6 +111,37 @@ def build(out: str | Path, tokenizer_dir: str | Path | None = None, seed: int = 
     return out
 
 
+IM_END = 151645
+
+
+def end_turns(model, config, rate: float) -> None:
+    """Makes <|im_end|> about rate of the model's samples at temperature 1,
+    whatever the context, so that agents' turns finish "stop" as a trained
+    model's do (the adapter reuses only such turns' tokens, docs/adapter.md
+    §3, and the real CLIs treat a turn cut at max_tokens as a failure).
+
+    The embeddings are tied, so the logit of id v is the final normed
+    hidden state h·E[v]. Every embedding row gets the same value c in
+    dimension 0: the residual stream, and so h, then carries a near-constant
+    component h0 > 0 there, which adds c·h0 to every logit alike; <|im_end|>'s
+    row gets c + d, raising its logit alone by d·h0. d is set from h0
+    measured on random contexts so that the raised logit is log(rate / (1 −
+    rate) · V) above the others' typical value. Deterministic: no draw
+    beyond the seeded ones."""
+    import math
+
+    with torch.no_grad():
+        E = model.get_input_embeddings().weight
+        c = 4 * float(E[:, 1:].std())
+        E[:, 0] = c
+        g = torch.Generator().manual_seed(1)
+        ids = torch.randint(0, 151643, (4, 64), generator=g)
+        h = model.model(input_ids=ids).last_hidden_state
+        h0 = float(h[..., 0].mean())
+        d = math.log(rate / (1 - rate) * config.vocab_size) / h0
+        E[IM_END, 0] = c + d
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m kiln_gpu.tiny", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="checkpoint directory to write")
@@ -112,8 +149,14 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--max-position-embeddings", type=int, default=4096,
+                   help="the context length config.json declares (the real CLIs' prompts need more than 4096)")
+    p.add_argument("--end-rate", type=float, default=0.0,
+                   help="make <|im_end|> about this share of the samples at temperature 1, so turns end "
+                        "(default 0: the plain random model, which almost never ends a turn)")
     a = p.parse_args(argv)
-    out = build(a.out, a.tokenizer, a.seed, num_hidden_layers=a.layers, hidden_size=a.hidden)
+    out = build(a.out, a.tokenizer, a.seed, a.end_rate, num_hidden_layers=a.layers, hidden_size=a.hidden,
+                max_position_embeddings=a.max_position_embeddings)
     print(out)
     return 0
 

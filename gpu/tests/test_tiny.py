@@ -97,6 +97,25 @@ def test_same_seed_same_weights(tiny_checkpoint, qwen3_tokenizer_dir, tmp_path):
     assert digest(other) != digest(tiny_checkpoint)
 
 
+def test_end_rate_makes_turns_end(tiny_checkpoint, qwen3_tokenizer_dir, tmp_path):
+    """--end-rate r: <|im_end|> is about r of the samples at T = 1 in any
+    context (the on-policy identity test's multi-turn and CLI cases need
+    turns that finish "stop"); the plain model all but never samples it."""
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.randint(0, 151643, (8, 40), generator=torch.Generator().manual_seed(3))
+    ids[:, 20] = 151645  # contexts after an <|im_end|> too
+
+    def rate(path):
+        m = AutoModelForCausalLM.from_pretrained(path)
+        with torch.no_grad():
+            return float(torch.softmax(m(input_ids=ids).logits, -1)[..., 151645].mean())
+
+    ending = build(tmp_path / "ending", qwen3_tokenizer_dir, seed=0, end_rate=0.2)
+    assert 0.1 < rate(ending) < 0.4
+    assert rate(tiny_checkpoint) < 1e-3
+
+
 def test_chat_template_tools_reasoning_tool_calls(tiny_checkpoint):
     from transformers import AutoTokenizer
 

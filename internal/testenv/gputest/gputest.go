@@ -72,8 +72,9 @@ func (e Env) Command(ctx context.Context, args ...string) *exec.Cmd {
 
 // Tiny builds the tiny Qwen3 checkpoint with the real Qwen3 tokenizer into
 // a temporary directory and returns it; a missing tokenizer skips (fails
-// under CI=true).
-func (e Env) Tiny(t testing.TB) string {
+// under CI=true). extra are more flags of kiln_gpu.tiny (e.g.
+// --max-position-embeddings).
+func (e Env) Tiny(t testing.TB, extra ...string) string {
 	t.Helper()
 	home, _ := os.UserHomeDir()
 	if os.Getenv("KILN_QWEN3_TOKENIZER") == "" {
@@ -82,7 +83,7 @@ func (e Env) Tiny(t testing.TB) string {
 		}
 	}
 	dir := filepath.Join(t.TempDir(), "tiny")
-	out, err := e.Command(context.Background(), "-m", "kiln_gpu.tiny", "--out", dir).CombinedOutput()
+	out, err := e.Command(context.Background(), append([]string{"-m", "kiln_gpu.tiny", "--out", dir}, extra...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("python -m kiln_gpu.tiny: %v\n%s", err, out)
 	}
