@@ -15,7 +15,8 @@ the figure) and one bare step on the same micro-batches by a model and
 optimizer kept across rounds (warmed once). Prints the median of the
 per-round ratios trainer/bare (goal ≤ 1.15) with its spread, the median
 times, and what max_abs_logprob_diff costs a step (timed apart on the same
-micro-batches) as a share of the trainer's step.
+micro-batches, reading the loss's logprobs as the trainer does, and
+recomputing them as it did before) as a share of the trainer's step.
 
     cd gpu && python bench_train.py [--rounds 5]
 """
@@ -69,20 +70,27 @@ def bare_step(model, opt, files, divisor):
     return time.perf_counter() - t0
 
 
-def diff_cost(model, files) -> float:
+def diff_cost(model, files) -> tuple[float, float]:
     """Seconds max_abs_logprob_diff takes over one step's micro-batches, on
-    logits computed the trainer's way (not timed)."""
+    logits computed the trainer's way (not timed): reading the loss's
+    full-vocabulary logprobs as the trainer does (LossOutput.full_lp), and
+    recomputing them from the logits (the top-p replay path, and every step
+    before 2026-12-03)."""
     from kiln_gpu.batches import load_micro_batch
 
-    total = 0.0
+    read = recompute = 0.0
+    cpu = torch.device("cpu")
     with torch.no_grad():
         for f in files:
             mb = load_micro_batch(f)
-            logits, target = train.response_logits(model, mb, 1.0, torch.device("cpu"), contextlib.nullcontext)
+            logits, target = train.response_logits(model, mb, 1.0, cpu, contextlib.nullcontext)
+            full = torch.log_softmax(logits, -1).gather(-1, target.unsqueeze(-1)).squeeze(-1)  # the loss's
             t0 = time.perf_counter()
-            train.max_abs_logprob_diff(logits, target, mb, torch.device("cpu"))
-            total += time.perf_counter() - t0
-    return total
+            train.max_abs_logprob_diff(logits, target, mb, cpu, full)
+            t1 = time.perf_counter()
+            train.max_abs_logprob_diff(logits, target, mb, cpu)
+            read, recompute = read + t1 - t0, recompute + time.perf_counter() - t1
+    return read, recompute
 
 
 def main(argv=None) -> int:
@@ -131,12 +139,14 @@ def main(argv=None) -> int:
             t_bare.append(b)
             ratios.append(k / b)
             print(f"round {r}: trainer {k * 1e3:.0f} ms, bare {b * 1e3:.0f} ms, ratio {k / b:.3f}", flush=True)
-        t_diff = statistics.median(diff_cost(model, files[1]) for _ in range(3))
+        costs = [diff_cost(model, files[1]) for _ in range(3)]
+        t_diff = statistics.median(c[0] for c in costs)
+        t_recompute = statistics.median(c[1] for c in costs)
     km, bm = statistics.median(t_kiln), statistics.median(t_bare)
     print(f"trainer step {km * 1e3:.0f} ms, bare loop {bm * 1e3:.0f} ms (medians); "
           f"ratio median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}, "
           f"{a.rounds} alternating rounds; goal <= 1.15); max_abs_logprob_diff {t_diff * 1e3:.1f} ms a step, "
-          f"{100 * t_diff / km:.2f}% of the trainer's step "
+          f"{100 * t_diff / km:.2f}% of the trainer's step (recomputed from the logits: {t_recompute * 1e3:.1f} ms) "
           f"({tokens} tokens/step, 2 micro-batches, tiny Qwen3, CPU, {torch.get_num_threads()} threads)")
     return 0
 

@@ -123,6 +123,11 @@ class LossOutput:
 
     loss: torch.Tensor
     metrics: dict[str, float]
+    # the full-vocabulary log_softmax(logits)[target] of each token,
+    # detached, when the loss computed it anyway (None otherwise): the
+    # trainer's max |lp − roll| metric reads it instead of a second pass
+    # over the R × V logits
+    full_lp: Optional[torch.Tensor] = None
 
 
 def reduce(x: torch.Tensor, mask: torch.Tensor, denom: torch.Tensor, divisor: float) -> torch.Tensor:

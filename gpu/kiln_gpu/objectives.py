@@ -217,6 +217,9 @@ def micro_batch_loss(
     adv = adv.to(dt)
     roll = roll.to(dt)
     lp, logp, score, sc_metrics = policy_logprobs(obj, logits, target, roll, spans)
+    # lp is the full-vocabulary logprob exactly when the full log-softmax was
+    # what it was gathered from (no nucleus, no score centering)
+    full_lp = lp.detach() if logp is not None else None
     if obj.old_logprobs == "rollout":
         old = roll  # the behaviour policy is the old policy (decoupled PPO collapsed)
     elif old is None:
@@ -283,4 +286,6 @@ def micro_batch_loss(
             metrics["tis_clipfrac"] = r_(changed)
         for k, v in sc_metrics.items():
             metrics[k] = r_(v)
-    return LossOutput(loss=loss, metrics=metrics)
+        if full_lp is None and logp is not None:  # computed for the entropy or KL term
+            full_lp = logp.gather(-1, target.long().unsqueeze(-1)).squeeze(-1)
+    return LossOutput(loss=loss, metrics=metrics, full_lp=full_lp)

@@ -179,7 +179,8 @@ def micro_batch_step(model, ref_model, mb: MicroBatch, obj: Objective, divisor: 
     (out.loss * scale if scale != 1.0 else out.loss).backward()
     if scale != 1.0:
         return {}
-    return {**out.metrics, "train_rollout_logprob_max_abs_diff": max_abs_logprob_diff(logits, target, mb, device)}
+    return {**out.metrics,
+            "train_rollout_logprob_max_abs_diff": max_abs_logprob_diff(logits, target, mb, device, out.full_lp)}
 
 
 def old_logprobs(model, plan: Plan, obj: Objective, dist: "Dist", device, autocast, fsdp: bool) -> dict:
@@ -217,15 +218,22 @@ def old_logprobs(model, plan: Plan, obj: Objective, dist: "Dist", device, autoca
 MAX_METRICS = ("train_rollout_logprob_max_abs_diff",)
 
 
-def max_abs_logprob_diff(logits, target, mb: MicroBatch, device) -> float:
+def max_abs_logprob_diff(logits, target, mb: MicroBatch, device, full_lp: Optional[torch.Tensor] = None) -> float:
     """max |log_softmax(logits / T)[target] - rollout logprob| over the
     trained tokens (loss mask 1) of the micro-batch: the on-policy identity
     (docs/train-stage.md §13) needs the worst token, which the mean
     train_rollout_logprob_abs_diff hides. Full-vocabulary logprobs, as the
-    engine reports them (docs/serve.md §4); 0 with no trained token."""
+    engine reports them (docs/serve.md §4); 0 with no trained token.
+    full_lp: those logprobs when the loss already computed them (the plain
+    objective's lp, LossOutput.full_lp); else one logsumexp over the R × V
+    logits computes them here, which on a small model with a large
+    vocabulary is a sixth of a CPU step (docs/train.md §12)."""
     with torch.no_grad():
-        lg = logits.detach().float()
-        lp = lg.gather(-1, target.long().unsqueeze(-1)).squeeze(-1) - torch.logsumexp(lg, -1)
+        if full_lp is not None:
+            lp = full_lp.detach().float()
+        else:
+            lg = logits.detach().float()
+            lp = lg.gather(-1, target.long().unsqueeze(-1)).squeeze(-1) - torch.logsumexp(lg, -1)
         m = mb.loss_mask.to(device) > 0
         if not bool(m.any()):
             return 0.0

@@ -99,6 +99,42 @@ def _sc_setup(seed, V=12, R=5, path="top-p"):
     return logits, torch.tensor(offs), torch.tensor(ids), torch.tensor(probs, dtype=torch.float64)
 
 
+@pytest.mark.parametrize("objective,spans,entropy", [("ppo", False, 0.0), ("reinforce", False, 0.0),
+                                                     ("ppo", True, 0.0), ("ppo", True, 0.01)])
+def test_max_abs_logprob_diff_reads_the_loss_logprobs(objective, spans, entropy):
+    """The step's max |lp − roll| (docs/train.md §3.3) is the same whether
+    the metric recomputes the full-vocabulary logprobs or reads the loss's
+    (LossOutput.full_lp, which saves a pass over the R × V logits); under
+    top-p replay the loss's lp is on the nucleus, so it must not be read
+    unless the full log-softmax was made anyway (the entropy term)."""
+    from types import SimpleNamespace
+
+    g = torch.Generator().manual_seed(7)
+    R, V = 12, 50
+    logits = torch.randn(R, V, generator=g) * 3
+    target = torch.randint(0, V, (R,), generator=g)
+    full = torch.log_softmax(logits, -1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    roll = full + torch.randn(R, generator=g) * 0.1
+    mask = torch.ones(R)
+    mask[3] = 0
+    roll[3] = full[3] + 5.0  # an untrained token off by more than any trained one
+    sp = None
+    if spans:
+        ids = torch.stack([target, (target + 1) % V], 1).reshape(-1)
+        sp = (torch.arange(0, 2 * R + 1, 2), ids, None)
+    out = micro_batch_loss(Objective(objective=objective, entropy_coef=entropy), logits, target, roll, torch.ones(R),
+                           mask, torch.full((R,), float(R)), 1.0, torch.zeros(R, dtype=torch.long), 1, spans=sp)
+    if spans and entropy == 0.0:
+        assert out.full_lp is None
+    else:
+        assert torch.allclose(out.full_lp, full, atol=1e-6)
+    mb = SimpleNamespace(loss_mask=mask, rollout_logprobs=roll)
+    want = float((full - roll)[mask > 0].abs().max())
+    cpu = torch.device("cpu")
+    assert train.max_abs_logprob_diff(logits, target, mb, cpu, out.full_lp) == pytest.approx(want, abs=1e-6)
+    assert train.max_abs_logprob_diff(logits, target, mb, cpu) == pytest.approx(want, abs=1e-6)
+
+
 @pytest.mark.parametrize("path", ["top-p", "top-k"])
 @pytest.mark.parametrize("corr", [None, "tis", "mis"])
 def test_score_centering_expected_gradient_is_zero(path, corr):
