@@ -141,5 +141,3 @@ func TestHarborNoReward(t *testing.T) {
 	assert.EqualValues(t, 124, g.ExitCode)
 	assert.Less(t, g.DurationMS, int64(50_000), "the task's timeout_sec, not --timeout, bounds the verifier")
 }
-
-
