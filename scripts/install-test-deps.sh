@@ -42,6 +42,9 @@ APT_PACKAGES=(
 	debootstrap
 	fuse-overlayfs
 	umoci
+	# stages/images: kiln-images build builds Harbor tasks'
+	# environment/Dockerfile images with it (chroot isolation, no daemon).
+	buildah
 	# stages/grade: its grading-logic tests run patch(1) and the SWE-bench
 	# Pro parser (python3) on the host.
 	patch

@@ -30,7 +30,9 @@ type Grade struct {
 	GroupIndex int64  `parquet:"group_index" json:"group_index"`
 	Sample     int64  `parquet:"sample" json:"sample"`
 	TaskID     string `parquet:"task_id" json:"task_id"`
-	// Reward is 1 when the official tests pass on the patched tree, else 0.
+	// Reward is 1 when the official tests pass on the patched tree, else 0;
+	// a Harbor verifier's reward may be any number in [0, 1] (a fraction is
+	// failure tests_failed).
 	Reward float64 `parquet:"reward" json:"reward"`
 	// Applied says the patch applied (an empty patch applies vacuously).
 	Applied bool `parquet:"applied" json:"applied"`
@@ -105,8 +107,8 @@ func (g *Grade) Validate() error {
 		return fmt.Errorf("%s: unknown apply_method %q (want empty, git_apply, git_apply_3way or patch)", where, *g.ApplyMethod)
 	case g.Log != nil && checkStoreKey("log", *g.Log, false) != nil:
 		return fmt.Errorf("%s: %w", where, checkStoreKey("log", *g.Log, false))
-	case g.Reward != 0 && g.Reward != 1:
-		return fmt.Errorf("%s: reward %v, want 0 or 1", where, g.Reward)
+	case !(g.Reward >= 0 && g.Reward <= 1):
+		return fmt.Errorf("%s: reward %v, want a number in [0, 1]", where, g.Reward)
 	case !failureClasses[g.Failure]:
 		return fmt.Errorf("%s: unknown failure class %q", where, g.Failure)
 	case (g.Reward == 1) != (g.Failure == FailureNone):

@@ -52,7 +52,9 @@ func TestGradeValidate(t *testing.T) {
 		want string
 	}{
 		{"empty id", Grade{Failure: FailureNone, Reward: 1, Applied: true}, "empty task_id"},
-		{"partial reward", Grade{TaskID: "a", Reward: 0.5, Failure: FailureTestsFailed}, "want 0 or 1"},
+		{"reward above 1", Grade{TaskID: "a", Reward: 1.5, Failure: FailureTestsFailed}, "want a number in [0, 1]"},
+		{"negative reward", Grade{TaskID: "a", Reward: -0.5, Failure: FailureTestsFailed}, "want a number in [0, 1]"},
+		{"partial reward passing", Grade{TaskID: "a", Reward: 0.5, Applied: true, Failure: FailureNone}, "reward 1 iff failure none"},
 		{"unknown failure", Grade{TaskID: "a", Failure: "oops"}, `unknown failure class "oops"`},
 		{"reward without none", Grade{TaskID: "a", Reward: 1, Applied: true, Failure: FailureTestsFailed}, "reward 1 iff failure none"},
 		{"none without reward", Grade{TaskID: "a", Failure: FailureNone}, "reward 1 iff failure none"},

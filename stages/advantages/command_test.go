@@ -264,7 +264,7 @@ func TestRunBadInput(t *testing.T) {
 				o.Trajectories = commitSegments(t, w.st, []dataset.Ref{w.rollouts}, segs).String()
 				return o
 			}},
-		{name: "NaN reward", err: "grade of rollout 3 (task \"fixture-duration-001\"): reward NaN, want 0 or 1: regrade the rollout", code: stagecmd.ExitBadInput,
+		{name: "NaN reward", err: "grade of rollout 3 (task \"fixture-duration-001\"): reward NaN, want a number in [0, 1]", code: stagecmd.ExitBadInput,
 			edit: func(t *testing.T, w *world) RunOptions {
 				o := w.opts()
 				o.Grades = commitRawGrades(t, w, func(g *records.Grade) {
@@ -274,12 +274,12 @@ func TestRunBadInput(t *testing.T) {
 				}).String()
 				return o
 			}},
-		{name: "out-of-range reward", err: "grade of rollout 4 (task \"fixture-slugify-002\"): reward 0.5, want 0 or 1", code: stagecmd.ExitBadInput,
+		{name: "out-of-range reward", err: "grade of rollout 4 (task \"fixture-slugify-002\"): reward 1.5, want a number in [0, 1]", code: stagecmd.ExitBadInput,
 			edit: func(t *testing.T, w *world) RunOptions {
 				o := w.opts()
 				o.Grades = commitRawGrades(t, w, func(g *records.Grade) {
 					if g.RolloutID == 4 {
-						g.Reward = 0.5
+						g.Reward = 1.5
 					}
 				}).String()
 				return o

@@ -107,6 +107,96 @@ row's label), problem_statement, image, workdir and a non-blank f2p_script,
 carried verbatim: grading is {"kind": "f2p", "f2p_script": SCRIPT}; the grader
 writes it to a file and runs it with python in the workdir (exit 0: solved).
 repo, when present, is the split unit.`+commonHelp),
+		harborCommand(env),
+	}
+}
+
+const harborHelp = `Reads Harbor task directories (Terminal-Bench 2.0, Harbor's registry
+adapters): each DIR is one task (it holds task.toml) or a directory whose
+subdirectories holding task.toml are tasks, taken in name order. A task is
+task.toml (either schema form: version = "1.0" with [metadata], or
+schema_version = "1.1" with [task]), instruction.md, environment/ (a
+Dockerfile and its context, or [environment].docker_image), tests/test.sh and,
+optionally, solution/solve.sh. The task:
+
+   task_id            [task].name, else the directory's name
+   prompt             [{"role": "user", "content": instruction.md}]
+   problem_statement  instruction.md
+   image              [environment].docker_image (kiln-images import), else
+                      kiln.local/harbor-build:<sha256 of environment/>, which
+                      kiln-images build makes from environment/Dockerfile
+   workdir            --workdir, else [metadata].workdir, else the Dockerfile's
+                      last WORKDIR, else /app
+   eval_user          [verifier].user, else root
+   grading            {"kind": "harbor", "tests", "solution", verifier timeout,
+                      user and env, the solution's env, "reward_metric",
+                      "memory_mb"}
+   metadata           {"harbor": {"schema", "task_toml" (the whole file, every
+                      key), "unknown_keys", "build"}}
+
+tests/, solution/ and (for a Dockerfile) environment/ are packed as
+reproducible tars and stored as attachments of the version, named by their
+sha256 (harbor/sha256/HEX.tar): never inside an image, so the agent's sandbox
+never holds them. kiln-grade uploads tests/ to /tests only after the patch is
+applied. The reward is /logs/verifier/reward.json's metric (--reward-metric,
+or the task's [metadata].reward_metric, else "reward", else its only metric)
+or reward.txt's number, in [0, 1].
+
+Tasks kiln cannot grade (a docker-compose.yaml environment, os = "windows",
+gpus > 0) are reported and left out unless --keep-ungradeable. The mapping of
+every task.toml key, and what is unsupported and why, is
+docs/data-and-grading.md §7.
+
+A malformed task.toml (a syntax error, a value of the wrong type, a timeout or
+a resource that is not positive) exits 5 naming the file, the line and the
+key; a task without instruction.md or tests/test.sh exits 5 naming it.
+
+Every run writes one version of the tasks kind through the store (--store) and
+prints the committed reference (NAME@VERSION) as the last line of stdout; the
+version id covers every file of every task directory (by content) and the
+arguments.
+
+Example:
+   kiln convert harbor ./terminal-bench-2 --out tasks/tb2`
+
+func harborCommand(env *stagecmd.Env) *cli.Command {
+	f := &flags{}
+	var workdir, metric string
+	fl := []cli.Flag{
+		stagecmd.StoreFlag(),
+		&cli.StringFlag{Name: "out", Value: "tasks/harbor", Destination: &f.out, Usage: "dataset name to write"},
+		&cli.StringFlag{Name: "split", Destination: &f.split, Usage: "NAME=FRACTION,... e.g. train=0.9,eval=0.1"},
+		&cli.Uint64Flag{Name: "seed", Destination: &f.seed, Usage: "seed of --split and --limit"},
+		&cli.IntFlag{Name: "limit", Destination: &f.limit, Usage: "keep at most N tasks per split"},
+		&cli.StringFlag{Name: "dataset", Destination: &f.dataset, Usage: "the dataset column (default: harbor)"},
+		&cli.StringFlag{Name: "workdir", Destination: &workdir, Usage: "every task's workdir (the repository the agent's patch is taken in)"},
+		&cli.StringFlag{Name: "reward-metric", Destination: &metric, Usage: "the reward.json metric that is the reward (default: reward)"},
+		&cli.BoolFlag{Name: "keep-ungradeable", Destination: &f.keepUngradeable, Usage: "keep tasks kiln cannot grade (compose, windows, GPU)"},
+		stagecmd.ShardFlag(),
+		stagecmd.PrintVersionFlag(&f.printVersion),
+	}
+	return &cli.Command{
+		Name: "harbor", Usage: "convert Harbor task directories (task.toml, instruction.md, environment/, tests/, solution/)",
+		ArgsUsage: "DIR...", Description: harborHelp, Flags: fl,
+		Action: func(c *cli.Context) error {
+			st, err := stagecmd.OpenStore(c)
+			if err != nil {
+				return err
+			}
+			part, err := stagecmd.PartFrom(c)
+			if err != nil {
+				return err
+			}
+			splits, err := ParseSplits(f.split)
+			if err != nil {
+				return stagecmd.UsageError{Err: err}
+			}
+			o := Options{Format: "harbor", Dirs: c.Args().Slice(), Splits: splits, Seed: f.seed, Limit: f.limit,
+				KeepUngradeable: f.keepUngradeable, Dataset: f.dataset, Workdir: workdir, RewardMetric: metric}
+			out := stagecmd.Output{Name: f.out, Part: part, PrintVersion: f.printVersion, Hook: env.Hook}
+			_, err = Run(c.Context, env, st, out, o)
+			return err
+		},
 	}
 }
 

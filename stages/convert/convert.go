@@ -1,6 +1,7 @@
 package convert
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -54,6 +55,14 @@ type Options struct {
 	Dataset string
 	// ShardBytes bounds one shard's buffered row bytes (0: the default).
 	ShardBytes int64
+	// Dirs are the Harbor task directories, or directories of them (harbor).
+	Dirs []string
+	// Workdir, if set, is every Harbor task's workdir (harbor).
+	Workdir string
+	// RewardMetric names the reward.json metric that is a Harbor task's
+	// reward unless its [metadata] reward_metric names another ("" =
+	// "reward"; harbor).
+	RewardMetric string
 }
 
 // Split is one named split and its fraction of the tasks.
@@ -110,6 +119,9 @@ type converted struct {
 	Unit string
 	// Ungradeable says why kiln cannot grade the task ("" when it can).
 	Ungradeable string
+	// Attachments are files stored beside the rows, by their path among the
+	// version's attachments (a Harbor task's tests/ and solution/).
+	Attachments map[string][]byte
 }
 
 // rowFunc receives each input row's instance id and a function converting
@@ -138,8 +150,10 @@ func newSource(o *Options) (source, error) {
 		return newRowSource(o, sweproTask)
 	case "f2p":
 		return newRowSource(o, f2pTask)
+	case "harbor":
+		return newHarborSource(o)
 	}
-	return nil, stagecmd.Usagef("unknown format %q (want mimo, swebench, swepro or f2p)", o.Format)
+	return nil, stagecmd.Usagef("unknown format %q (want mimo, swebench, swepro, f2p or harbor)", o.Format)
 }
 
 // defaultDataset is the dataset column per format; MiMo's is the value the
@@ -149,6 +163,7 @@ var defaultDataset = map[string]string{
 	"swebench": "swebench",
 	"swepro":   "swepro",
 	"f2p":      "f2p",
+	"harbor":   "harbor",
 }
 
 // Run converts o.Data into the tasks dataset out names, through stagecmd.Write:
@@ -179,7 +194,11 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 	out.Kind = records.TasksKind()
 	out.Identity = dataset.Identity{Stage: "convert-" + o.Format, CodeVersion: codeVersion, Args: identityArgs(o), External: ext}
 	return stagecmd.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
-		return produce(ctx, env, src, o, out.Part, w)
+		atts := &attachmentPutter{done: map[string]bool{}, put: func(ctx context.Context, rel string, data []byte) error {
+			_, err := st.Put(ctx, dataset.AttachmentKey(w.Ref(), rel), bytes.NewReader(data), int64(len(data)))
+			return err
+		}}
+		return produce(ctx, env, src, o, out.Part, w, atts)
 	})
 }
 
@@ -209,6 +228,12 @@ func identityArgs(o Options) map[string]any {
 	if o.KeepUngradeable {
 		args["keep_ungradeable"] = true
 	}
+	if o.Workdir != "" {
+		args["workdir"] = o.Workdir
+	}
+	if o.RewardMetric != "" {
+		args["reward_metric"] = o.RewardMetric
+	}
 	return args
 }
 
@@ -230,6 +255,7 @@ func duplicates(ids []string) []string {
 type walkResult struct {
 	rows        int64    // input rows read
 	ungradeable []string // ids left out (or kept, with --keep-ungradeable) as ungradeable
+	why         []string // "id: reason" of each, for the formats that say why
 }
 
 // walk runs the reference's checks in its order (docs/data-and-grading.md §1.3) and
@@ -273,6 +299,9 @@ func walk(ctx context.Context, src source, o Options, fn func(loc location, c co
 		}
 		if c.Ungradeable != "" {
 			res.ungradeable = append(res.ungradeable, id)
+			if o.Format == "harbor" {
+				res.why = append(res.why, id+": "+c.Ungradeable)
+			}
 			if !o.KeepUngradeable {
 				return nil
 			}
@@ -298,12 +327,18 @@ func walk(ctx context.Context, src source, o Options, fn func(loc location, c co
 	if kept == 0 {
 		hint := "the input has no rows"
 		switch {
+		case len(res.why) > 0:
+			hint = fmt.Sprintf("all %d selected tasks are ungradeable (%s); --keep-ungradeable keeps them", len(res.ungradeable), strings.Join(res.why, "; "))
 		case len(res.ungradeable) > 0:
 			hint = fmt.Sprintf("all %d selected rows name a log parser kiln does not implement; --keep-ungradeable keeps them", len(res.ungradeable))
 		case sel != nil:
 			hint = "no selected row was converted"
 		}
-		return res, stagecmd.BadInputError{Err: fmt.Errorf("%s: No code tasks found (%s)", o.Data, hint)}
+		in := o.Data
+		if o.Format == "harbor" {
+			in = strings.Join(o.Dirs, " ")
+		}
+		return res, stagecmd.BadInputError{Err: fmt.Errorf("%s: No code tasks found (%s)", in, hint)}
 	}
 	return res, nil
 }
@@ -312,7 +347,7 @@ func walk(ctx context.Context, src source, o Options, fn func(loc location, c co
 // reads the input twice: first to learn every task's split unit (and check
 // every row), then to write; the assignment needs all units before the
 // first row is written.
-func produce(ctx context.Context, env *stagecmd.Env, src source, o Options, part dataset.Part, w *dataset.Writer) (map[string]any, error) {
+func produce(ctx context.Context, env *stagecmd.Env, src source, o Options, part dataset.Part, w *dataset.Writer, atts *attachmentPutter) (map[string]any, error) {
 	var assign map[string]string // task id -> split; nil keeps every task
 	if len(o.Splits) > 0 || o.Limit > 0 {
 		var ids, unitOf []string
@@ -368,6 +403,10 @@ func produce(ctx context.Context, env *stagecmd.Env, src source, o Options, part
 		if len(o.IDs) > 0 {
 			instances = append(instances, t.TaskID)
 		}
+		// Attachments go first: a row never names a file that is not there.
+		if err := atts.add(ctx, c.Attachments); err != nil {
+			return err
+		}
 		return buf.add(t)
 	})
 	if err != nil {
@@ -405,8 +444,15 @@ func produce(ctx context.Context, env *stagecmd.Env, src source, o Options, part
 			ids = ids[:maxListedIDs]
 			metrics["ungradeable_ids_truncated"] = true
 		}
-		env.Log.Warn("rows kiln cannot grade (no test command, or a log parser kiln does not implement)", "count", n, "action", verb,
-			"implemented", strings.Join(gradeableParsers, ","), "ids", strings.Join(ids, ","))
+		if len(res.why) > 0 {
+			for _, w := range res.why[:min(len(res.why), 20)] {
+				fmt.Fprintf(env.Stderr, "convert harbor: task %s (%s)\n", w, verb)
+			}
+			env.Log.Warn("tasks kiln cannot grade", "count", n, "action", verb, "ids", strings.Join(ids, ","))
+		} else {
+			env.Log.Warn("rows kiln cannot grade (no test command, or a log parser kiln does not implement)", "count", n, "action", verb,
+				"implemented", strings.Join(gradeableParsers, ","), "ids", strings.Join(ids, ","))
+		}
 		metrics["ungradeable"] = n
 		metrics["ungradeable_ids"] = ids
 	}

@@ -50,6 +50,7 @@ func (f *Flags) Flags() []cli.Flag {
 		&cli.StringFlag{Name: "rollouts", Destination: &o.Rollouts, Usage: "rollouts dataset whose patches to grade"},
 		&cli.StringFlag{Name: "patches", Destination: &o.Patches, Usage: "patches file to grade (local or s3://; .zst ok): JSON lines {task_id, patch, sample?} or SWE-bench predictions {instance_id, model_patch} (JSONL or a JSON array)"},
 		&cli.BoolFlag{Name: "baseline", Destination: &o.Baseline, Usage: "grade the empty patch once per task instead, and flag tasks that pass without a fix"},
+		&cli.BoolFlag{Name: "solution", Destination: &o.Solution, Usage: "grade each Harbor task's oracle (solution/solve.sh) once instead of a patch"},
 		&cli.StringFlag{Name: "split", Destination: &o.Split, Usage: "grade only tasks of this split (the tasks' split column)"},
 		&cli.StringFlag{Name: "out", Value: "grades", Destination: &f.Out, Usage: "dataset name to write"},
 		&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.NumCPU(), Destination: &o.Jobs, Usage: "gradings run at once"},
@@ -85,6 +86,10 @@ What to grade (exactly one):
                     must show before its rewards can be trusted. Tasks whose
                     baseline passes are flagged on stderr and in the metrics
                     (rows with baseline=true and reward 1).
+   --solution       each Harbor task's oracle, once per task: solution/solve.sh
+                    runs where a patch would apply (tasks without one are
+                    skipped and counted); with --baseline, the task's own
+                    sanity check (oracle 1 or its declared fraction, empty 0).
 
 Per patch (docs/data-and-grading.md §5.1): boot a sandbox from the task's
 bundle (--bundles, as kiln-images unpacked it on this node); give the
@@ -106,6 +111,13 @@ one grading path, by the task's grading kind:
    swepro     SWE-bench Pro's run script and parser; reward 1 iff the required
               tests are non-empty and all PASSED in result.json
    f2p        the task's pytest file run with python in the workdir as agent
+   harbor     tests/ (an attachment of the tasks version, never in the image)
+              uploaded to /tests only now; tests/test.sh run in the workdir as
+              [verifier].user with [verifier].env under its timeout_sec; the
+              reward is /logs/verifier/reward.json's metric (the task's
+              reward_metric, else "reward", else its only one) or reward.txt's
+              number, in [0, 1]: fractions reach the advantages. No reward file
+              is failure no_grading with the verifier's output in the log.
 
 The failure column says why a reward is 0: patch_failed (applied=false, no
 test ran), tests_failed, timeout (a grading command ran past --timeout; exit
@@ -163,10 +175,11 @@ func Action(c *cli.Context, env *stagecmd.Env, f *Flags) error {
 type Options struct {
 	Tasks, Images string // dataset references
 	Bundles       string // bundle root on this node
-	// Exactly one of Rollouts, Patches and Baseline.
+	// Exactly one of Rollouts, Patches, Baseline and Solution.
 	Rollouts string
 	Patches  string
 	Baseline bool
+	Solution bool
 	Split    string
 	Jobs     int
 	Timeout  time.Duration
@@ -181,13 +194,13 @@ type Options struct {
 // Run grades per o and writes the grades version out names.
 func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Output, o Options) (dataset.Result, error) {
 	n := 0
-	for _, set := range []bool{o.Rollouts != "", o.Patches != "", o.Baseline} {
+	for _, set := range []bool{o.Rollouts != "", o.Patches != "", o.Baseline, o.Solution} {
 		if set {
 			n++
 		}
 	}
 	if n != 1 {
-		return dataset.Result{}, stagecmd.Usagef("give exactly one of --rollouts REF, --patches FILE and --baseline")
+		return dataset.Result{}, stagecmd.Usagef("give exactly one of --rollouts REF, --patches FILE, --baseline and --solution")
 	}
 	if o.Bundles == "" {
 		return dataset.Result{}, stagecmd.Usagef("--bundles DIR is required: the bundle root kiln-images unpacked the images into on this node")
@@ -223,6 +236,9 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 	}
 	id := dataset.Identity{Stage: "grade", CodeVersion: codeVersion, Inputs: inputs,
 		Args: map[string]any{"timeout_s": o.Timeout.Seconds(), "split": o.Split, "baseline": o.Baseline, "sandbox": o.Provider}}
+	if o.Solution {
+		id.Args["solution"] = true // only when set: earlier versions' ids stay
+	}
 	var patches stagecmd.Input
 	if o.Patches != "" {
 		if patches, err = stagecmd.ParseInput(o.Patches); err != nil {
@@ -239,7 +255,7 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 		if fi, err := os.Stat(bundles); err != nil || !fi.IsDir() {
 			return nil, stagecmd.Usagef("--bundles %q is not a directory: pass the bundle root kiln-images unpacked the images into", o.Bundles)
 		}
-		jobs, skipped, err := planJobs(ctx, st, inputs, bundles, patches, o)
+		jobs, skipped, noSolution, err := planJobs(ctx, st, inputs, bundles, patches, o)
 		if err != nil {
 			return nil, err
 		}
@@ -269,6 +285,9 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 		if skipped > 0 {
 			metrics["skipped_other_split"] = skipped
 		}
+		if noSolution > 0 {
+			metrics["skipped_no_solution"] = noSolution
+		}
 		fmt.Fprintln(env.Stderr, tally(metrics))
 		if o.Baseline {
 			p.baselineSummary(metrics)
@@ -280,55 +299,72 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 // planJobs reads the inputs and lists the gradings, in input order. Every
 // input problem (an unknown task id, an image that was not imported) is
 // found here, before anything is graded.
-func planJobs(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles string, patches stagecmd.Input, o Options) ([]*job, int, error) {
+// The second count is the tasks --solution skipped for want of a Harbor
+// solution.
+func planJobs(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles string, patches stagecmd.Input, o Options) ([]*job, int, int, error) {
 	tv, err := dataset.Open(ctx, st, inputs[0])
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	tasks, err := loadTasks(ctx, tv)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	iv, err := dataset.Open(ctx, st, inputs[1])
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	images, err := loadImages(ctx, iv)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	ts := &targets{tasks: tasks, images: images, imgRef: iv.Ref(), bundles: bundles, cache: map[string]*Target{}}
 	inSplit := func(t *records.Task) bool { return o.Split == "" || (t.Split != nil && *t.Split == o.Split) }
 	var jobs []*job
-	skipped := 0
+	skipped, noSolution := 0, 0
 	add := func(j *job, t *records.Task) error {
 		if !inSplit(t) {
 			skipped++
 			return nil
 		}
 		j.row.TaskID, j.row.GroupIndex = t.TaskID, t.TaskIndex
-		if j.target, err = ts.get(t); err != nil {
+		if j.target, err = ts.get(ctx, t); err != nil {
 			return err
 		}
 		jobs = append(jobs, j)
 		return nil
 	}
 	switch {
+	case o.Solution:
+		for _, t := range tasks.order {
+			if g, _ := ParseGrading(t.Grading); g == nil || g.Harbor == nil || g.Harbor.Solution == "" {
+				noSolution++
+				continue
+			}
+			j := &job{key: fmt.Sprintf("solution-%d", t.TaskIndex), solution: true}
+			j.row.RolloutID, j.row.Index = t.TaskIndex, t.TaskIndex
+			if err := add(j, t); err != nil {
+				return nil, 0, 0, err
+			}
+		}
+		if len(jobs) == 0 {
+			return nil, 0, 0, stagecmd.BadInputError{Err: fmt.Errorf("tasks %s has no Harbor task with a solution/solve.sh (of split %q) to grade with --solution", tasks.ref, o.Split)}
+		}
 	case o.Baseline:
 		for _, t := range tasks.order {
 			j := &job{key: fmt.Sprintf("baseline-%d", t.TaskIndex)}
 			j.row.RolloutID, j.row.Index, j.row.Baseline = t.TaskIndex, t.TaskIndex, true
 			if err := add(j, t); err != nil {
-				return nil, 0, err
+				return nil, 0, 0, err
 			}
 		}
 		if o.Split != "" && len(jobs) == 0 {
-			return nil, 0, stagecmd.BadInputError{Err: fmt.Errorf("tasks %s has no task of split %q", tasks.ref, o.Split)}
+			return nil, 0, 0, stagecmd.BadInputError{Err: fmt.Errorf("tasks %s has no task of split %q", tasks.ref, o.Split)}
 		}
 	case o.Patches != "":
 		rc, err := patches.Open(ctx)
 		if err != nil {
-			return nil, 0, fmt.Errorf("patches %q: %w", o.Patches, err)
+			return nil, 0, 0, fmt.Errorf("patches %q: %w", o.Patches, err)
 		}
 		defer rc.Close()
 		samples := map[string]int64{}
@@ -348,15 +384,15 @@ func planJobs(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles
 			return add(j, t)
 		})
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 	default:
 		rv, err := dataset.Open(ctx, st, inputs[2])
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		if rv.Kind().Name != records.RolloutsKind().Name {
-			return nil, 0, stagecmd.Usagef("--rollouts %s holds %s records, not rollouts", rv.Ref(), rv.Kind().Name)
+			return nil, 0, 0, stagecmd.Usagef("--rollouts %s holds %s records, not rollouts", rv.Ref(), rv.Kind().Name)
 		}
 		seen := map[int64]bool{}
 		err = rv.EachShard(ctx, func(_ int, data []byte) error {
@@ -386,10 +422,10 @@ func planJobs(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles
 			})
 		})
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 	}
-	return jobs, skipped, nil
+	return jobs, skipped, noSolution, nil
 }
 
 // producer grades jobs with a pool of workers and writes the rows in
@@ -531,7 +567,12 @@ func (p *producer) gradeOne(ctx context.Context, j *job) (records.Grade, error) 
 		row.Error = optional(abortedError(j.abort, j.abortDetail))
 		return row, nil
 	}
-	o := p.g.Grade(ctx, t, j.patch)
+	var o Outcome
+	if j.solution {
+		o = p.g.GradeSolution(ctx, t)
+	} else {
+		o = p.g.Grade(ctx, t, j.patch)
+	}
 	if err := ctx.Err(); err != nil {
 		return row, err // interrupted: no verdict; a rerun grades it
 	}

@@ -43,6 +43,9 @@ type Target struct {
 	// in the rest from its own base options.
 	Sandbox     sandbox.Options
 	ImageDigest string
+	// Files are the tasks version's attachments the grading needs, by
+	// their path there (a Harbor task's tests/ and solution/ tars).
+	Files map[string][]byte
 }
 
 // Grader grades patches, each in a fresh sandbox. Its zero time limits
@@ -146,8 +149,18 @@ var errTimedOut = errors.New("timed out")
 // Outcome with a failure class; only a cancelled ctx makes Grade's result
 // meaningless (the caller drops it).
 func (g *Grader) Grade(ctx context.Context, t *Target, patch string) Outcome {
+	return g.grade(ctx, t, patch, false)
+}
+
+// GradeSolution grades a Harbor task's oracle: its solution/solve.sh runs
+// where a patch would be applied, then the verifier (docs/data-and-grading.md §7.3).
+func (g *Grader) GradeSolution(ctx context.Context, t *Target) Outcome {
+	return g.grade(ctx, t, "", true)
+}
+
+func (g *Grader) grade(ctx context.Context, t *Target, patch string, oracle bool) Outcome {
 	start := time.Now()
-	run := &run{g: g, t: t}
+	run := &run{g: g, t: t, oracle: oracle}
 	run.header(patch)
 	out := run.grade(ctx, patch)
 	out.Duration = time.Since(start)
@@ -157,10 +170,11 @@ func (g *Grader) Grade(ctx context.Context, t *Target, patch string) Outcome {
 
 // run is one grading in progress.
 type run struct {
-	g   *Grader
-	t   *Target
-	sb  *logged
-	log bytes.Buffer
+	g      *Grader
+	t      *Target
+	sb     *logged
+	log    bytes.Buffer
+	oracle bool // run the task's solution instead of applying a patch
 }
 
 func (r *run) header(patch string) {
@@ -290,6 +304,9 @@ func (r *run) grade(ctx context.Context, patch string) Outcome {
 	}
 	opts := r.g.Base
 	opts.Rootfs, opts.Env = t.Sandbox.Rootfs, t.Sandbox.Env
+	if t.Sandbox.MemoryBytes > 0 {
+		opts.MemoryBytes = t.Sandbox.MemoryBytes // the task's own limit (Harbor's memory_mb)
+	}
 	sb, err := r.g.Boot(ctx, opts)
 	if err != nil {
 		r.record(step{Step: "boot", ExitCode: -1, Error: err.Error()})
@@ -303,7 +320,12 @@ func (r *run) grade(ctx context.Context, patch string) Outcome {
 	if err := r.setup(ctx); err != nil {
 		return infra(err)
 	}
-	out := r.apply(ctx, patch)
+	var out Outcome
+	if r.oracle {
+		out = r.solution(ctx)
+	} else {
+		out = r.apply(ctx, patch)
+	}
 	if !out.Applied {
 		return out
 	}
@@ -317,6 +339,8 @@ func (r *run) grade(ctx context.Context, patch string) Outcome {
 		graded = r.swebench(ctx)
 	case KindF2P:
 		graded = r.f2p(ctx)
+	case KindHarbor:
+		graded = r.harbor(ctx)
 	}
 	graded.Applied, graded.ApplyMethod = true, out.ApplyMethod
 	return graded

@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/kilnrl/kiln/internal/harbor"
 )
 
 // Grading kinds (the tasks grading column's "kind").
@@ -15,6 +17,7 @@ const (
 	KindSWEBench = "swebench"
 	KindSWEPro   = "swepro"
 	KindF2P      = "f2p"
+	KindHarbor   = harbor.Kind
 )
 
 // Grading is a task's grading payload, decoded from the tasks grading
@@ -37,6 +40,9 @@ type Grading struct {
 	// swepro: SWE-bench Pro's run and parser scripts (embedded at convert
 	// time) and its test lists.
 	SWEPro *SWEPro `json:"swepro"`
+	// Harbor is a Harbor task's verifier (docs/data-and-grading.md §7):
+	// its tests/ and solution/ are attachments of the tasks version.
+	Harbor *harbor.Grading `json:"-"`
 }
 
 // SWEPro is the payload of a SWE-bench Pro task (docs/data-and-grading.md §1.7, §5.4).
@@ -76,6 +82,15 @@ func ParseGrading(col *string) (*Grading, error) {
 		if g.SWEPro.RunScript == "" && g.SWEPro.ParserScript == "" {
 			return nil, fmt.Errorf("grading kind swepro has neither run_script nor parser_script")
 		}
+	case KindHarbor:
+		var h harbor.Grading
+		if err := json.Unmarshal([]byte(*col), &h); err != nil {
+			return nil, fmt.Errorf("grading kind harbor: %w", err)
+		}
+		if h.Tests == "" {
+			return nil, fmt.Errorf("grading kind harbor names no tests attachment")
+		}
+		g.Harbor = &h
 	case KindSWEBench:
 		if strings.TrimSpace(g.TestCmd) == "" {
 			return nil, fmt.Errorf("grading kind swebench has no test_cmd")
@@ -84,7 +99,7 @@ func ParseGrading(col *string) (*Grading, error) {
 			return nil, err
 		}
 	default:
-		return nil, fmt.Errorf("unknown grading kind %q (want eval_cmd, swebench, swepro or f2p)", g.Kind)
+		return nil, fmt.Errorf("unknown grading kind %q (want eval_cmd, swebench, swepro, f2p or harbor)", g.Kind)
 	}
 	return &g, nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/internal/harbor"
 	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
@@ -28,17 +29,20 @@ type job struct {
 	// version written before the column).
 	abortDetail string
 	target      *Target
+	// solution grades the task's Harbor oracle instead of a patch.
+	solution bool
 }
 
 // taskTable is the tasks version, by id.
 type taskTable struct {
+	v     *dataset.Version
 	ref   dataset.Ref
 	byID  map[string]*records.Task
 	order []*records.Task
 }
 
 func loadTasks(ctx context.Context, v *dataset.Version) (*taskTable, error) {
-	tt := &taskTable{ref: v.Ref(), byID: map[string]*records.Task{}}
+	tt := &taskTable{v: v, ref: v.Ref(), byID: map[string]*records.Task{}}
 	if v.Kind().Name != records.TasksKind().Name {
 		return nil, stagecmd.Usagef("--tasks %s holds %s records, not tasks", v.Ref(), v.Kind().Name)
 	}
@@ -81,13 +85,37 @@ type targets struct {
 	imgRef  dataset.Ref
 	bundles string
 	cache   map[string]*Target
+	// files caches the tasks version's attachments by path: Harbor tasks
+	// sharing tests share one copy.
+	files map[string][]byte
+}
+
+// attachment reads an attachment of the tasks version (once).
+func (ts *targets) attachment(ctx context.Context, rel string) ([]byte, error) {
+	if b, ok := ts.files[rel]; ok {
+		return b, nil
+	}
+	rc, _, err := ts.tasks.v.OpenAttachment(ctx, rel)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, harbor.MaxDirBytes+1<<20))
+	if err != nil {
+		return nil, fmt.Errorf("tasks %s: reading attachment %q: %w", ts.tasks.ref, rel, err)
+	}
+	if ts.files == nil {
+		ts.files = map[string][]byte{}
+	}
+	ts.files[rel] = b
+	return b, nil
 }
 
 // get returns the target of a task. An image missing from the images
 // version, or a bundle missing on this node, is a bad input (nothing can
 // be graded right until it is imported); a task whose own columns make it
 // ungradeable is a Target with Invalid set, graded as infra_error.
-func (ts *targets) get(t *records.Task) (*Target, error) {
+func (ts *targets) get(ctx context.Context, t *records.Task) (*Target, error) {
 	if tg, ok := ts.cache[t.TaskID]; ok {
 		return tg, nil
 	}
@@ -128,6 +156,23 @@ func (ts *targets) get(t *records.Task) (*Target, error) {
 		return nil, stagecmd.BadInputError{Err: fmt.Errorf("images %s: image %q: env: %w", ts.imgRef, im.Image, err)}
 	}
 	tg.Sandbox.Rootfs, tg.Sandbox.Env = rootfs, env
+	if h := g.Harbor; h != nil {
+		// tests/ and solution/ travel with the tasks version, never in the
+		// image (docs/data-and-grading.md §7): a missing one is a version
+		// that cannot be graded.
+		tg.Files = map[string][]byte{}
+		for _, rel := range []string{h.Tests, h.Solution} {
+			if rel == "" {
+				continue
+			}
+			b, err := ts.attachment(ctx, rel)
+			if err != nil {
+				return nil, stagecmd.BadInputError{Err: fmt.Errorf("task %q: %w", t.TaskID, err)}
+			}
+			tg.Files[rel] = b
+		}
+		tg.Sandbox.MemoryBytes = h.MemoryMB << 20
+	}
 	tg.ImageDigest = im.Digest
 	switch {
 	case t.Workdir != nil && *t.Workdir != "":

@@ -62,7 +62,7 @@ type gcFlags struct {
 
 // Commands returns the kiln-images commands.
 func Commands(env *stagecmd.Env) []*cli.Command {
-	return []*cli.Command{importCommand(env), gcCommand(env), duCommand(env), verifyCommand(env)}
+	return []*cli.Command{importCommand(env), buildCommand(env), gcCommand(env), duCommand(env), verifyCommand(env)}
 }
 
 func importCommand(env *stagecmd.Env) *cli.Command {
@@ -146,23 +146,28 @@ unpacks nothing).
 Example:
    kiln-images import --tasks tasks/mimo --bundles /var/lib/kiln/images \
      --source kiln.local/fixtures=oci:/data/layout -j 4 --out images/mimo`,
-		Flags: []cli.Flag{
-			stagecmd.StoreFlag(),
-			&cli.StringFlag{Name: "tasks", Destination: &f.tasks, Usage: "tasks dataset whose images to import (name or name@version)", Required: true},
-			bundlesFlag(&f.bundles, "bundle root directory on this node (created if missing)"),
-			&cli.StringFlag{Name: "out", Value: "images", Destination: &f.out, Usage: "images dataset name to write"},
-			&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: 2, Destination: &f.jobs, Usage: "images imported in parallel"},
-			&cli.StringSliceFlag{Name: "source", Destination: &f.sources, Usage: "KEY=oci:DIR | KEY=oci-archive:FILE | KEY=docker-archive:FILE (repeatable)"},
-			&cli.StringSliceFlag{Name: "env-path-prepend", Destination: &f.envPathPrepend, Usage: "IMAGE=DIR: put DIR in front of PATH in IMAGE's env (repeatable)"},
-			&cli.StringFlag{Name: "layout", Value: "layered", Destination: &f.layout, Usage: "layered (layers shared in ROOT/layers, needs root) or rootfs (a whole unpacked rootfs per bundle; rootless imports always make these)"},
-			&cli.BoolFlag{Name: "verify", Destination: &f.verify, Usage: "then run the verify gate (kiln-images verify --help) on the tasks and the images written; exit 5 if an image fails it"},
-			&cli.StringFlag{Name: "verify-out", Value: "verify", Destination: &f.verifyOut, Usage: "with --verify: the grades dataset name the gate writes"},
-			&cli.StringFlag{Name: "gold", Destination: &f.gold, Usage: `with --verify: gold patches, JSON lines {"task_id", "patch"} (default: each task's metadata "patch")`},
-			&cli.BoolFlag{Name: "no-sync", Destination: &f.noSync, Usage: "do not flush a bundle to disk before putting it in place (faster; a power loss may then leave a damaged bundle that looks complete)"},
-			stagecmd.ShardFlag(),
-			stagecmd.PrintVersionFlag(&f.printVersion),
-		},
+		Flags:  importFlagList(f),
 		Action: func(c *cli.Context) error { return runImport(c, env, f) },
+	}
+}
+
+// importFlagList is import's flags (build takes them too), bound to f.
+func importFlagList(f *importFlags) []cli.Flag {
+	return []cli.Flag{
+		stagecmd.StoreFlag(),
+		&cli.StringFlag{Name: "tasks", Destination: &f.tasks, Usage: "tasks dataset whose images to import (name or name@version)", Required: true},
+		bundlesFlag(&f.bundles, "bundle root directory on this node (created if missing)"),
+		&cli.StringFlag{Name: "out", Value: "images", Destination: &f.out, Usage: "images dataset name to write"},
+		&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: 2, Destination: &f.jobs, Usage: "images imported in parallel"},
+		&cli.StringSliceFlag{Name: "source", Destination: &f.sources, Usage: "KEY=oci:DIR | KEY=oci-archive:FILE | KEY=docker-archive:FILE (repeatable)"},
+		&cli.StringSliceFlag{Name: "env-path-prepend", Destination: &f.envPathPrepend, Usage: "IMAGE=DIR: put DIR in front of PATH in IMAGE's env (repeatable)"},
+		&cli.StringFlag{Name: "layout", Value: "layered", Destination: &f.layout, Usage: "layered (layers shared in ROOT/layers, needs root) or rootfs (a whole unpacked rootfs per bundle; rootless imports always make these)"},
+		&cli.BoolFlag{Name: "verify", Destination: &f.verify, Usage: "then run the verify gate (kiln-images verify --help) on the tasks and the images written; exit 5 if an image fails it"},
+		&cli.StringFlag{Name: "verify-out", Value: "verify", Destination: &f.verifyOut, Usage: "with --verify: the grades dataset name the gate writes"},
+		&cli.StringFlag{Name: "gold", Destination: &f.gold, Usage: `with --verify: gold patches, JSON lines {"task_id", "patch"} (default: each task's metadata "patch")`},
+		&cli.BoolFlag{Name: "no-sync", Destination: &f.noSync, Usage: "do not flush a bundle to disk before putting it in place (faster; a power loss may then leave a damaged bundle that looks complete)"},
+		stagecmd.ShardFlag(),
+		stagecmd.PrintVersionFlag(&f.printVersion),
 	}
 }
 

@@ -1,0 +1,397 @@
+package images
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/urfave/cli/v2"
+
+	"github.com/kilnrl/kiln/formats/dataset"
+	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/internal/harbor"
+	"github.com/kilnrl/kiln/internal/stagecmd"
+)
+
+// buildHelp is kiln-images build's manual.
+const buildHelp = `Builds the images of Harbor tasks that come with environment/Dockerfile
+(kiln convert harbor names them kiln.local/harbor-build:<sha256 of environment/>
+and stores environment/ as an attachment of the tasks version), then imports
+every image of the tasks exactly as kiln-images import does (same flags, same
+bundles, same images dataset): a built image lands as a bundle like any other.
+
+Per distinct build context, with buildah (Debian's package; no daemon):
+   1. resolve every FROM image through the same sources import uses (--source
+      KEY=oci:DIR, oci-archive:FILE, docker-archive:FILE, else its registry),
+      so the fixtures' base builds offline;
+   2. the cache key is the sha256 of the context and of those FROM manifest
+      digests: when BUILD-CACHE/<key>/layout is complete the image is reused
+      and nothing is built (a changed context, or a FROM that now names
+      another manifest, builds again);
+   3. otherwise each FROM image is handed to buildah as an OCI layout (buildah
+      pull, tagged with the name the Dockerfile uses), then
+      buildah bud --isolation chroot --pull-never, as root, with its own
+      storage under BUILD-CACHE/buildah, bounded by the task's
+      [environment].build_timeout_sec (else --build-timeout); the result is
+      pushed to BUILD-CACHE/<key>/layout and imported from there.
+
+A step that fails (a RUN exiting non-zero) is exit 5 naming the task and the
+step, with the end of buildah's log; the whole log is kept at
+BUILD-CACHE/<key>.log. A task whose environment is a docker-compose.yaml is
+refused (exit 5): kiln runs one container per task. FROM lines using build
+arguments ($VAR) and multi-platform builds are not supported.
+
+Example:
+   kiln-images build --tasks tasks/harbor --bundles /var/lib/kiln/images \
+     --source kiln.local/fixtures=oci:/data/layout --out images/harbor`
+
+func buildCommand(env *stagecmd.Env) *cli.Command {
+	f := &importFlags{}
+	var cache, buildah, driver string
+	var timeout time.Duration
+	fl := append(importFlagList(f),
+		&cli.StringFlag{Name: "build-cache", Destination: &cache, Usage: "where built images and buildah's storage live (default: BUNDLES/harbor-build)"},
+		&cli.StringFlag{Name: "buildah", Value: "buildah", Destination: &buildah, Usage: "the buildah binary"},
+		&cli.StringFlag{Name: "storage-driver", Value: "overlay", Destination: &driver, Usage: "buildah's storage driver: overlay, or vfs where overlay cannot mount (slower: copies every layer)"},
+		&cli.DurationFlag{Name: "build-timeout", Value: 30 * time.Minute, Destination: &timeout, Usage: "limit of one build whose task names no build_timeout_sec"},
+	)
+	return &cli.Command{
+		Name: "build", Usage: "build Harbor tasks' environment/Dockerfile images with buildah, then import every image of the tasks",
+		Description: buildHelp, Flags: fl,
+		Action: func(c *cli.Context) error {
+			if cache == "" {
+				cache = filepath.Join(f.bundles, "harbor-build")
+			}
+			b := &builder{env: env, cache: cache, buildah: buildah, timeout: timeout, driver: driver}
+			if err := b.run(c, f); err != nil {
+				return err
+			}
+			return runImport(c, env, f)
+		},
+	}
+}
+
+// builder builds the Harbor environments of one tasks version.
+type builder struct {
+	env     *stagecmd.Env
+	cache   string
+	buildah string
+	driver  string
+	timeout time.Duration
+}
+
+// buildSpec is one distinct build context.
+type buildSpec struct {
+	image   string // kiln.local/harbor-build:<context sha256>
+	task    string // the first task naming it (for messages)
+	context string // the attachment holding environment/
+	timeout time.Duration
+}
+
+// harborMetadata is what build reads of a task's metadata (kiln convert
+// harbor writes it).
+type harborMetadata struct {
+	Harbor *struct {
+		Build *struct {
+			Context    string  `json:"context"`
+			TimeoutSec float64 `json:"timeout_sec"`
+		} `json:"build"`
+		Compose bool `json:"compose"`
+	} `json:"harbor"`
+}
+
+// run builds what is missing and adds a --source for every built image.
+func (b *builder) run(c *cli.Context, f *importFlags) error {
+	ctx := c.Context
+	st, err := stagecmd.OpenStore(c)
+	if err != nil {
+		return err
+	}
+	inputs, err := stagecmd.ResolveInputs(ctx, st, []string{f.tasks}, dataset.Part{})
+	if err != nil {
+		return err
+	}
+	v, err := dataset.Open(ctx, st, inputs[0])
+	if err != nil {
+		return err
+	}
+	if v.Kind().Name != records.TasksKind().Name {
+		return stagecmd.Usagef("build: --tasks %s is a %s dataset, want tasks", inputs[0], v.Kind().Name)
+	}
+	var specs []buildSpec
+	seen := map[string]bool{}
+	err = v.EachShard(ctx, func(_ int, data []byte) error {
+		return records.EachTask(data, func(t records.Task) error {
+			var md harborMetadata
+			_ = json.Unmarshal([]byte(t.Metadata), &md)
+			if md.Harbor == nil {
+				return nil
+			}
+			if md.Harbor.Compose && md.Harbor.Build == nil && (t.Image == nil || strings.HasPrefix(*t.Image, "kiln.local/harbor-build:")) {
+				return stagecmd.BadInputf("task %q: its environment is a docker-compose.yaml: kiln-images build builds one Dockerfile per task, and kiln runs one container per task, so compose environments (several services, networks, volumes) are not supported", t.TaskID)
+			}
+			if md.Harbor.Build == nil || t.Image == nil || seen[*t.Image] {
+				return nil
+			}
+			seen[*t.Image] = true
+			s := buildSpec{image: *t.Image, task: t.TaskID, context: md.Harbor.Build.Context, timeout: b.timeout}
+			if md.Harbor.Build.TimeoutSec > 0 {
+				s.timeout = time.Duration(md.Harbor.Build.TimeoutSec * float64(time.Second))
+			}
+			specs = append(specs, s)
+			return nil
+		})
+	})
+	if err != nil || len(specs) == 0 {
+		return err
+	}
+	var sources []Source
+	for _, s := range f.sources.Value() {
+		src, err := ParseSource(s)
+		if err != nil {
+			return stagecmd.UsageError{Err: err}
+		}
+		sources = append(sources, src)
+	}
+	if err := os.MkdirAll(b.cache, 0o755); err != nil {
+		return fmt.Errorf("--build-cache %q: %w", b.cache, err)
+	}
+	res := newResolver(sources, filepath.Join(b.cache, ".sources"), nil)
+	defer res.close()
+	built, reused := 0, 0
+	for _, s := range specs {
+		dir, fresh, err := b.build(ctx, v, res, s)
+		if err != nil {
+			return err
+		}
+		if fresh {
+			built++
+		} else {
+			reused++
+		}
+		if err := f.sources.Set(s.image + "=" + SourceOCI + ":" + dir); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(b.env.Stderr, "build: %d image(s) built, %d reused from %s\n", built, reused, b.cache)
+	b.env.Log.Info("harbor environments", "built", built, "reused", reused, "cache", b.cache)
+	return nil
+}
+
+var fromLine = regexp.MustCompile(`(?i)^\s*FROM\s+(.*)$`)
+
+// fromImages lists the images a Dockerfile's FROM lines name, in order,
+// leaving out scratch and earlier stages' names.
+func fromImages(dockerfile string) ([]string, error) {
+	var out []string
+	stages := map[string]bool{}
+	for i, line := range strings.Split(dockerfile, "\n") {
+		m := fromLine.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		var words []string
+		for _, w := range strings.Fields(m[1]) {
+			if !strings.HasPrefix(w, "--") {
+				words = append(words, w)
+			}
+		}
+		if len(words) == 0 {
+			return nil, fmt.Errorf("Dockerfile line %d: FROM without an image", i+1)
+		}
+		img := words[0]
+		switch {
+		case strings.Contains(img, "$"):
+			return nil, fmt.Errorf("Dockerfile line %d: FROM %s uses a build argument, which kiln-images build does not resolve", i+1, img)
+		case img != "scratch" && !stages[strings.ToLower(img)]:
+			out = append(out, img)
+		}
+		if len(words) >= 3 && strings.EqualFold(words[1], "AS") {
+			stages[strings.ToLower(words[2])] = true
+		}
+	}
+	return out, nil
+}
+
+// build makes one context's image unless the cache has it; it returns the
+// OCI layout holding it and whether it was built now.
+func (b *builder) build(ctx context.Context, v *dataset.Version, res *resolver, s buildSpec) (string, bool, error) {
+	rc, _, err := v.OpenAttachment(ctx, s.context)
+	if err != nil {
+		return "", false, stagecmd.BadInputError{Err: fmt.Errorf("task %q: its build context: %w", s.task, err)}
+	}
+	data, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil {
+		return "", false, err
+	}
+	work, err := os.MkdirTemp("", "kilnbuild")
+	if err != nil {
+		return "", false, err
+	}
+	defer os.RemoveAll(work)
+	ctxDir := filepath.Join(work, "context")
+	if err := harbor.UntarDir(data, ctxDir); err != nil {
+		return "", false, stagecmd.BadInputError{Err: fmt.Errorf("task %q: its build context: %w", s.task, err)}
+	}
+	df, err := os.ReadFile(filepath.Join(ctxDir, "Dockerfile"))
+	if err != nil {
+		return "", false, stagecmd.BadInputError{Err: fmt.Errorf("task %q: its build context has no Dockerfile: %w", s.task, err)}
+	}
+	froms, err := fromImages(string(df))
+	if err != nil {
+		return "", false, stagecmd.BadInputError{Err: fmt.Errorf("task %q: environment/%w", s.task, err)}
+	}
+	// The key: the context and what every FROM resolves to now.
+	h := sha256.New()
+	sum := sha256.Sum256(data)
+	fmt.Fprintf(h, "context %x\n", sum)
+	var bases []*resolved
+	for _, img := range froms {
+		r, err := res.resolve(ctx, img)
+		if err != nil {
+			return "", false, fmt.Errorf("task %q: FROM %s: %w", s.task, img, err)
+		}
+		fmt.Fprintf(h, "from %s %s\n", img, r.digest)
+		bases = append(bases, r)
+	}
+	key := hex.EncodeToString(h.Sum(nil))
+	final := filepath.Join(b.cache, key, "layout")
+	if _, err := os.Stat(filepath.Join(b.cache, key, "done")); err == nil {
+		return final, false, nil
+	}
+	bctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	logPath := filepath.Join(b.cache, key+".log")
+	var log bytes.Buffer
+	tag := "kiln-build-" + key[:32]
+	for i, r := range bases {
+		// buildah names an oci: image after its path, so the path must be
+		// a valid repository name: a fresh directory under the temp dir.
+		dir := filepath.Join(work, fmt.Sprintf("from%d", i))
+		p, err := layout.Write(dir, empty.Index)
+		if err != nil {
+			return "", false, err
+		}
+		if err := p.AppendImage(r.img, layout.WithAnnotations(map[string]string{refNameAnnotation: "base"})); err != nil {
+			return "", false, fmt.Errorf("task %q: FROM %s: writing it for buildah: %w", s.task, r.image, err)
+		}
+		out, err := b.buildahCmd(bctx, &log, "pull", "--quiet", "oci:"+dir+":base")
+		if err != nil {
+			return "", false, fmt.Errorf("task %q: buildah pull of FROM %s (%s): %w", s.task, r.image, logTail(log.String(), 20), err)
+		}
+		id := lastOutputLine(out)
+		if _, err := b.buildahCmd(bctx, &log, "tag", id, r.image); err != nil {
+			return "", false, fmt.Errorf("task %q: buildah tag %s: %w", s.task, r.image, err)
+		}
+	}
+	_, err = b.buildahCmd(bctx, &log, "bud", "--isolation", "chroot", "--pull-never", "--layers=false",
+		"-f", filepath.Join(ctxDir, "Dockerfile"), "-t", tag, ctxDir)
+	_ = os.WriteFile(logPath, log.Bytes(), 0o644)
+	if err != nil {
+		if bctx.Err() != nil {
+			return "", false, stagecmd.BadInputf("task %q: building environment/Dockerfile took longer than %s (build_timeout_sec); log %q", s.task, s.timeout, logPath)
+		}
+		return "", false, stagecmd.BadInputf("task %q: environment/Dockerfile: step %q failed: %v; the end of buildah's log:\n%s\n(the whole log: %q)",
+			s.task, failedStep(log.String()), err, logTail(log.String(), 30), logPath)
+	}
+	tmp := filepath.Join(b.cache, key, ".layout.tmp")
+	os.RemoveAll(tmp)
+	if err := os.MkdirAll(filepath.Dir(tmp), 0o755); err != nil {
+		return "", false, err
+	}
+	if _, err := b.buildahCmd(bctx, &log, "push", "--quiet", "--disable-compression", tag, "oci:"+tmp+":"+tagOf(s.image)); err != nil {
+		return "", false, fmt.Errorf("task %q: buildah push: %w: %s", s.task, err, logTail(log.String(), 20))
+	}
+	_, _ = b.buildahCmd(ctx, io.Discard, "rmi", "--all", "--force") // storage holds nothing between builds
+	_ = os.WriteFile(logPath, log.Bytes(), 0o644)
+	os.RemoveAll(final)
+	if err := os.Rename(tmp, final); err != nil {
+		return "", false, err
+	}
+	if err := os.WriteFile(filepath.Join(b.cache, key, "done"), []byte(s.image+"\n"), 0o644); err != nil {
+		return "", false, err
+	}
+	return final, true, nil
+}
+
+// buildahCmd runs buildah with kiln's own storage under the cache; its
+// output goes to log, and stdout is returned too.
+func (b *builder) buildahCmd(ctx context.Context, log io.Writer, args ...string) (string, error) {
+	store := filepath.Join(b.cache, "buildah")
+	full := append([]string{"--root", filepath.Join(store, "root"), "--runroot", filepath.Join(store, "runroot"),
+		"--storage-driver", b.driver}, args...)
+	cmd := exec.CommandContext(ctx, b.buildah, full...)
+	cmd.Env = append(os.Environ(), "BUILDAH_ISOLATION=chroot")
+	// Both streams go to log, through one lock: exec copies them from two
+	// goroutines.
+	var stdout bytes.Buffer
+	lw := &lockedWriter{w: log}
+	cmd.Stdout = io.MultiWriter(&stdout, lw)
+	cmd.Stderr = lw
+	fmt.Fprintf(log, "$ buildah %s\n", strings.Join(args, " "))
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		err = fmt.Errorf("buildah %s: exit %d", args[0], ee.ExitCode())
+	} else if err != nil {
+		err = fmt.Errorf("running %q (install buildah: it is Debian's package): %w", b.buildah, err)
+	}
+	return stdout.String(), err
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+var (
+	stepLine  = regexp.MustCompile(`(?m)^STEP \d+/\d+: (.*)$`)
+	errorStep = regexp.MustCompile(`(?m)^Error: building at STEP "(.*)": `)
+)
+
+// failedStep is the step buildah names in its error, else the last step
+// it started.
+func failedStep(log string) string {
+	if m := errorStep.FindAllStringSubmatch(log, -1); len(m) > 0 {
+		return m[len(m)-1][1]
+	}
+	m := stepLine.FindAllStringSubmatch(log, -1)
+	if len(m) == 0 {
+		return "(before the first step)"
+	}
+	return m[len(m)-1][1]
+}
+
+func logTail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func lastOutputLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
+}
