@@ -503,11 +503,12 @@ func readRows(ctx context.Context, st store.Store, s *Step, r *Report) error {
 		s.Rows.SegmentsPerRollout = ptr(segs / withSegs)
 	}
 	s.Rows.Advantage = distribution(advs)
-	// Best and worst: by advantage, then reward; rollouts with neither are
-	// left out.
+	// Best and worst: by advantage, then reward, among the rollouts with
+	// an advantage (an aborted or filtered one has none); by reward when
+	// the step has no advantages.
 	ranked := make([]*Rollout, 0, len(s.Rollouts))
 	for _, x := range s.Rollouts {
-		if x.Advantage != nil || x.Reward != nil {
+		if x.Advantage != nil || (len(advs) == 0 && x.Reward != nil) {
 			ranked = append(ranked, x)
 		}
 	}
