@@ -254,6 +254,9 @@ func matrixCell(p *float64) template.HTMLAttr {
 
 func wallString(sec float64) string {
 	d := time.Duration(sec * float64(time.Second))
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
 	if d < 10*time.Second {
 		return d.Round(100 * time.Millisecond).String()
 	}
