@@ -49,6 +49,11 @@ APT_PACKAGES=(
 	# Pro parser (python3) on the host.
 	patch
 	python3
+	# stages/report: the report's headless-browser test drives Debian's
+	# chromium over the DevTools protocol (chromedp); fonts so that its
+	# screenshot (docs/report.png) has text in it.
+	chromium
+	fonts-dejavu-core
 )
 
 # --- helpers ----------------------------------------------------------------

@@ -190,6 +190,12 @@ var exampleStandIns = []struct{ in, out, why string }{
 // runs, each with the reason; every other example runs in
 // testdata/script/help_examples*.txtar (TestHelpExamplesCovered).
 var skippedExamples = []struct{ example, reason string }{
+	{"kiln report pipelines/demo.kiln DEMO=/var/tmp/kiln-demo --out demo.html",
+		"needs a run's datasets and pipeline record in the store (stages/report's TestBrowser writes one with reporttest and renders FILE.kiln --out in Chromium)"},
+	{"kiln report demo/checkpoints/step-1 demo/checkpoints/step-2",
+		"needs a run's datasets in the store (stages/report's TestJSONGolden reports checkpoints refs of a run reporttest writes)"},
+	{"kiln report pipelines/demo.kiln --json | jq '.steps[].figures.pass_rate'",
+		"needs a run's datasets and pipeline record, and jq (stages/report's TestFiguresFromTheStore reads FILE.kiln --json)"},
 	{"kiln-grade --tasks tasks --images images --bundles /var/lib/kiln/bundles  --rollouts rollouts/step-3 --out grades/step-3",
 		"grading runs sandboxes: needs root, bubblewrap and the fixtures' bundles (testdata/pipeline runs kiln-grade on them, TestScriptPipeline)"},
 	{"kiln-grade --bundles /var/lib/kiln/bundles --patches preds.jsonl --out grades/preds",

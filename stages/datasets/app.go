@@ -8,6 +8,7 @@ import (
 
 	"github.com/kilnrl/kiln/pipelines"
 	"github.com/kilnrl/kiln/pipelines/slurm"
+	"github.com/kilnrl/kiln/stages/report"
 )
 
 // Stage is a binary kiln runs git-style: "kiln NAME ..." is "kiln-NAME ...".
@@ -46,6 +47,7 @@ after the command.`,
 	app.Commands = append(app.Commands, pipelines.Commands(env)...)
 	slurmOpts := slurm.Options{Plan: slurm.PipelinePlanner(env)}
 	app.Commands = append(app.Commands, slurm.Commands(env, slurmOpts)...)
+	app.Commands = append(app.Commands, report.Command(env))
 	for _, c := range app.Commands {
 		switch c.Name {
 		case "verify":
