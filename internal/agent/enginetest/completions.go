@@ -26,7 +26,7 @@ func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request, body 
 	}
 	var prompts [][]int
 	raw := m["prompt"]
-	one, oneOK := ojson.DecodeInts(raw)
+	one, oneOK := intList(raw)
 	var many [][]int
 	var str string
 	var strs []string

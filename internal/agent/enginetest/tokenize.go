@@ -147,7 +147,7 @@ func (e *Engine) handleDetokenize(w http.ResponseWriter, body []byte) {
 		writeError(w, aerr)
 		return
 	}
-	ids, ok := ojson.DecodeInts(m["tokens"])
+	ids, ok := intList(m["tokens"])
 	if !ok || ids == nil {
 		writeError(w, schemaError("tokens", "1 validation error:\n  tokens: Field required (a list of integers)"))
 		return
