@@ -114,7 +114,7 @@ func assemble(c *cli.Context, env *stagecmd.Env, f *assembleFlags) error {
 		}
 		id.Inputs = inputs
 		read = func(add func(records.Turn) error) error {
-			v, err := dataset.Open(ctx, st, inputs[0])
+			v, err := dataset.OpenKind(ctx, st, inputs[0], records.TurnsKind(), "--turns")
 			if err != nil {
 				return err
 			}
