@@ -439,6 +439,33 @@ func intList(raw json.RawMessage) (ids []int, ok bool) {
 	return ids, len(raw) > 0 && json.Unmarshal(raw, &ids) == nil && ids != nil
 }
 
+// readRequest decodes a request body and checks its model, writing the
+// error reply when either fails (ok false).
+func (e *Engine) readRequest(w http.ResponseWriter, body []byte) (m map[string]json.RawMessage, ok bool) {
+	m, aerr := decodeBody(body)
+	if aerr == nil {
+		aerr = e.checkModel(m)
+	}
+	if aerr != nil {
+		writeError(w, aerr)
+		return nil, false
+	}
+	return m, true
+}
+
+// idsError is the reply to a list of token ids given as field that holds a
+// negative id or one outside the vocabulary, or nil.
+func idsError(field string, ids []int) *apiError {
+	bad, ok := ValidIDs(ids)
+	switch {
+	case ok:
+		return nil
+	case bad < 0:
+		return schemaError(field, "%s: Input should be greater than or equal to 0", field)
+	}
+	return badRequest("Token id %d is out of vocabulary", bad)
+}
+
 // checkModel enforces the optional model field (docs/engine-wire.md §1: unknown model → 404).
 func (e *Engine) checkModel(m map[string]json.RawMessage) *apiError {
 	raw, ok := m["model"]

@@ -379,12 +379,8 @@ func (e *Engine) handleGenerate(w http.ResponseWriter, r *http.Request, body []b
 		writeError(w, &apiError{status: 501, typ: "NotImplementedError", message: "The model does not support generate tokens API"})
 		return
 	}
-	m, aerr := decodeBody(body)
-	if aerr == nil {
-		aerr = e.checkModel(m)
-	}
-	if aerr != nil {
-		writeError(w, aerr)
+	m, ok := e.readRequest(w, body)
+	if !ok {
 		return
 	}
 	prompt, ok := intList(m["token_ids"])
@@ -396,12 +392,8 @@ func (e *Engine) handleGenerate(w http.ResponseWriter, r *http.Request, body []b
 		writeError(w, schemaError("token_ids", "1 validation error:\n  token_ids: List should have at least 1 item after validation, not 0"))
 		return
 	}
-	if bad, ok := ValidIDs(prompt); !ok {
-		if bad < 0 {
-			writeError(w, schemaError("token_ids", "token_ids: Input should be greater than or equal to 0"))
-		} else {
-			writeError(w, badRequest("Token id %d is out of vocabulary", bad))
-		}
+	if aerr := idsError("token_ids", prompt); aerr != nil {
+		writeError(w, aerr)
 		return
 	}
 	var spRaw map[string]json.RawMessage
