@@ -47,13 +47,13 @@ func (v *Version) Ref() Ref { return Ref{Name: v.Dataset, Version: v.Version} }
 func (v *Version) Kind() records.Kind { return v.kind }
 
 // OpenKind is Open of an input that must hold kind's records, given by
-// the command-line flag flag: a version of another kind is an error
-// satisfying ErrKindMismatch, worded "FLAG REF holds GOT records, not
-// WANT".
+// the command-line flag flag: Open's errors are prefixed "FLAG: ", and a
+// version of another kind is an error satisfying ErrKindMismatch, worded
+// "FLAG REF holds GOT records, not WANT".
 func OpenKind(ctx context.Context, st store.Store, ref Ref, kind records.Kind, flag string) (*Version, error) {
 	v, err := Open(ctx, st, ref)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", flag, err)
 	}
 	if got := v.Kind().Name; got != kind.Name {
 		return nil, kindError{fmt.Sprintf("%s %s holds %s records, not %s", flag, v.Ref(), got, kind.Name)}

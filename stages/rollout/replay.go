@@ -62,7 +62,7 @@ func loadReplayBook(ctx context.Context, st store.Store, ref string) (*replayBoo
 		return nil, fmt.Errorf("%w: replay the NAME/turns version of the run", err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("--engine %s%s: %w", replayScheme, ref, err)
+		return nil, err
 	}
 	var turns []records.Turn
 	if err := v.EachShard(ctx, func(_ int, data []byte) error {

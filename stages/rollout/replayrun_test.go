@@ -211,7 +211,7 @@ func TestReplayRun(t *testing.T) {
 		assert.ErrorContains(t, err, "holds trajectories records, not turns: replay the NAME/turns version of the run")
 		bad.Engines = []string{"replay://rollout/replay/turns@0000000000000000000a"}
 		_, err, _ = w.run(t, ctx, "rollout/replay-bad", bad, nil)
-		assert.ErrorContains(t, err, "--engine replay://rollout/replay/turns@0000000000000000000a")
+		assert.ErrorContains(t, err, "--engine: dataset rollout/replay/turns@0000000000000000000a: not found")
 		_, err = dataset.OpenString(ctx, w.st, "rollout/replay-bad/rollouts")
 		assert.Error(t, err, "nothing committed")
 	})

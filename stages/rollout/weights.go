@@ -41,7 +41,7 @@ func openWeights(ctx context.Context, st store.Store, ref dataset.Ref) (*pinnedW
 		return nil, fmt.Errorf("%w: pass a version kiln-sync published (kiln-sync publish --out NAME), or record what the engines serve with --weights-version", err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("--weights %s: %w", ref, err)
+		return nil, err
 	}
 	n, ok := weightsNumber(v.Metrics["weights_number"])
 	if !ok {
