@@ -604,4 +604,3 @@ func upload(ctx context.Context, st store.Store, ref dataset.Ref, dir string, lo
 	log.Info("checkpoint stored", "files", len(files), "bytes", total, "seconds", time.Since(t0).Seconds())
 	return files, nil
 }
-
