@@ -25,8 +25,9 @@ var (
 	// restoring the files, is the way out; kiln never repairs in place.
 	ErrCorrupt = errors.New("corrupt dataset")
 	// ErrKindMismatch: a writer would commit a version of another record
-	// kind than the dataset name already holds (a usage error: the name is
-	// wrong, nothing was written).
+	// kind than the dataset name already holds, or an input opened with
+	// OpenKind holds another kind than the stage reads (a usage error: the
+	// name is wrong, nothing was written).
 	ErrKindMismatch = errors.New("another record kind than the dataset holds")
 )
 
@@ -44,6 +45,28 @@ func (v *Version) Ref() Ref { return Ref{Name: v.Dataset, Version: v.Version} }
 
 // Kind is the version's record kind.
 func (v *Version) Kind() records.Kind { return v.kind }
+
+// OpenKind is Open of an input that must hold kind's records, given by
+// the command-line flag flag: Open's errors are prefixed "FLAG: ", and a
+// version of another kind is an error satisfying ErrKindMismatch, worded
+// "FLAG REF holds GOT records, not WANT".
+func OpenKind(ctx context.Context, st store.Store, ref Ref, kind records.Kind, flag string) (*Version, error) {
+	v, err := Open(ctx, st, ref)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	if got := v.Kind().Name; got != kind.Name {
+		return nil, kindError{fmt.Sprintf("%s %s holds %s records, not %s", flag, v.Ref(), got, kind.Name)}
+	}
+	return v, nil
+}
+
+// kindError is OpenKind's error: its own words, and ErrKindMismatch's
+// class.
+type kindError struct{ msg string }
+
+func (e kindError) Error() string        { return e.msg }
+func (e kindError) Is(target error) bool { return target == ErrKindMismatch }
 
 // Open resolves a reference (a bare name through Resolve) and reads its
 // manifest.

@@ -98,9 +98,8 @@ func NewAdvantageEncoder(w io.Writer, opts ArrowOptions) (*AdvantageEncoder, err
 func (e *AdvantageEncoder) Write(rows ...Advantage) error {
 	// The record builder keeps its field builders across batches, so they
 	// are looked up once, not per row.
-	f := e.b.Fields()
-	rid, seg, grp := f[0].(*array.Int64Builder), f[1].(*array.Int32Builder), f[2].(*array.Int64Builder)
-	adv, tok, rew := f[3].(*array.Float64Builder), f[4].(*array.Int64Builder), f[5].(*array.Float64Builder)
+	rid, seg, grp := e.col("rollout_id").(*array.Int64Builder), e.col("segment").(*array.Int32Builder), e.col("group_index").(*array.Int64Builder)
+	adv, tok, rew := e.col("advantage").(*array.Float64Builder), e.col("rollout_trained_tokens").(*array.Int64Builder), e.col("reward").(*array.Float64Builder)
 	for i := range rows {
 		a := &rows[i]
 		if err := a.Validate(); err != nil {

@@ -6,7 +6,6 @@ import (
 	"math"
 	"testing"
 
-	"github.com/apache/arrow-go/v18/arrow/array"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -75,22 +74,7 @@ func rawTrajectories(t *testing.T, segs ...Trajectory) []byte {
 	aw, err := newArrowWriter(&buf, trajectorySchema, ArrowOptions{})
 	require.NoError(t, err)
 	for _, s := range segs {
-		f := aw.b.Fields()
-		f[0].(*array.Int64Builder).Append(s.RolloutID)
-		f[1].(*array.Int64Builder).Append(s.Index)
-		f[2].(*array.Int64Builder).Append(s.GroupIndex)
-		f[3].(*array.Int32Builder).Append(s.Segment)
-		appendInt32s(f[4], s.Tokens, false)
-		f[5].(*array.Int32Builder).Append(s.ResponseLength)
-		lb := f[6].(*array.ListBuilder)
-		lb.Append(true)
-		lb.ValueBuilder().(*array.Uint8Builder).AppendValues(s.LossMask, nil)
-		appendFloat32s(f[7], s.RolloutLogProbs, false)
-		f[8].(*array.BooleanBuilder).Append(s.Truncated)
-		f[9].(*array.BooleanBuilder).Append(s.UseTool)
-		f[10].(*array.BooleanBuilder).Append(s.IllFormed)
-		appendOptFloat64(f[11], s.Reward)
-		s.Replay.appendTo(f[12:])
+		appendTrajectory(aw, &s)
 		require.NoError(t, aw.rowDone(len(s.Tokens)))
 	}
 	require.NoError(t, aw.Close())

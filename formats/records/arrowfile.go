@@ -43,6 +43,18 @@ func newArrowWriter(w io.Writer, schema *arrow.Schema, opts ArrowOptions) (*arro
 	return &arrowWriter{w: fw, b: array.NewRecordBuilder(memory.DefaultAllocator, schema), batchTokens: opts.BatchTokens}, nil
 }
 
+// col is the builder of the schema's column name: encoders set fields by
+// name, so a reordered schema cannot fill a column with another's values.
+// A name the schema lacks is a bug in this package: it panics, and every
+// encoder's tests write rows.
+func (a *arrowWriter) col(name string) array.Builder {
+	idx := a.b.Schema().FieldIndices(name)
+	if len(idx) != 1 {
+		panic("records: the schema has no column " + name)
+	}
+	return a.b.Field(idx[0])
+}
+
 // rowDone counts a row appended to the builder and flushes a full batch.
 func (a *arrowWriter) rowDone(tokens int) error {
 	a.rows++

@@ -86,8 +86,7 @@ func NewCheckpointEncoder(w io.Writer, opts ArrowOptions) (*CheckpointEncoder, e
 
 // Write validates and appends rows.
 func (e *CheckpointEncoder) Write(rows ...CheckpointFile) error {
-	f := e.b.Fields()
-	name, size, sum := f[0].(*array.StringBuilder), f[1].(*array.Int64Builder), f[2].(*array.StringBuilder)
+	name, size, sum := e.col("name").(*array.StringBuilder), e.col("size").(*array.Int64Builder), e.col("sha256").(*array.StringBuilder)
 	for i := range rows {
 		if err := rows[i].Validate(); err != nil {
 			return err

@@ -43,16 +43,16 @@ func fieldsWithReplay(head []arrow.Field, tail ...arrow.Field) []arrow.Field {
 	return append(out, tail...)
 }
 
-// appendTo appends the replay columns to f, which starts at the first one.
-func (r *Replay) appendTo(f []array.Builder) {
-	appendInt32s(f[0], r.TopPTokenIDs, true)
-	appendInt32s(f[1], r.TopPTokenOffsets, true)
-	appendFloat32s(f[2], r.TopPLogProbs, true)
-	appendInt32s(f[3], r.TopKTokenIDs, true)
-	appendFloat32s(f[4], r.TopKLogProbs, true)
-	appendOptInt32(f[5], r.TopK, r.TopKTokenIDs != nil)
-	appendInt32s(f[6], r.RoutedExperts, true)
-	appendInt32s(f[7], r.RoutedExpertsShape, true)
+// appendTo appends the replay columns through col (arrowWriter.col).
+func (r *Replay) appendTo(col func(name string) array.Builder) {
+	appendInt32s(col("rollout_top_p_token_ids"), r.TopPTokenIDs, true)
+	appendInt32s(col("rollout_top_p_token_offsets"), r.TopPTokenOffsets, true)
+	appendFloat32s(col("rollout_top_p_log_probs"), r.TopPLogProbs, true)
+	appendInt32s(col("rollout_topk_token_ids"), r.TopKTokenIDs, true)
+	appendFloat32s(col("rollout_topk_log_probs"), r.TopKLogProbs, true)
+	appendOptInt32(col("rollout_topk_k"), r.TopK, r.TopKTokenIDs != nil)
+	appendInt32s(col("rollout_routed_experts"), r.RoutedExperts, true)
+	appendInt32s(col("rollout_routed_experts_shape"), r.RoutedExpertsShape, true)
 }
 
 // readFrom reads row's replay columns from c, which starts at the first one.

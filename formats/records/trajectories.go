@@ -158,27 +158,32 @@ func (e *TrajectoryEncoder) Write(segs ...Trajectory) error {
 		if err := t.Validate(); err != nil {
 			return err
 		}
-		f := e.b.Fields()
-		f[0].(*array.Int64Builder).Append(t.RolloutID)
-		f[1].(*array.Int64Builder).Append(t.Index)
-		f[2].(*array.Int64Builder).Append(t.GroupIndex)
-		f[3].(*array.Int32Builder).Append(t.Segment)
-		appendInt32s(f[4], t.Tokens, false)
-		f[5].(*array.Int32Builder).Append(t.ResponseLength)
-		lb := f[6].(*array.ListBuilder)
-		lb.Append(true)
-		lb.ValueBuilder().(*array.Uint8Builder).AppendValues(t.LossMask, nil)
-		appendFloat32s(f[7], t.RolloutLogProbs, false)
-		f[8].(*array.BooleanBuilder).Append(t.Truncated)
-		f[9].(*array.BooleanBuilder).Append(t.UseTool)
-		f[10].(*array.BooleanBuilder).Append(t.IllFormed)
-		appendOptFloat64(f[11], t.Reward)
-		t.Replay.appendTo(f[12:])
+		appendTrajectory(e.arrowWriter, t)
 		if err := e.rowDone(len(t.Tokens)); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// appendTrajectory appends t's row, unchecked (Write checks it first).
+func appendTrajectory(a *arrowWriter, t *Trajectory) {
+	c := a.col
+	c("rollout_id").(*array.Int64Builder).Append(t.RolloutID)
+	c("index").(*array.Int64Builder).Append(t.Index)
+	c("group_index").(*array.Int64Builder).Append(t.GroupIndex)
+	c("segment").(*array.Int32Builder).Append(t.Segment)
+	appendInt32s(c("tokens"), t.Tokens, false)
+	c("response_length").(*array.Int32Builder).Append(t.ResponseLength)
+	lb := c("loss_mask").(*array.ListBuilder)
+	lb.Append(true)
+	lb.ValueBuilder().(*array.Uint8Builder).AppendValues(t.LossMask, nil)
+	appendFloat32s(c("rollout_log_probs"), t.RolloutLogProbs, false)
+	c("truncated").(*array.BooleanBuilder).Append(t.Truncated)
+	c("use_tool").(*array.BooleanBuilder).Append(t.UseTool)
+	c("ill_formed").(*array.BooleanBuilder).Append(t.IllFormed)
+	appendOptFloat64(c("reward"), t.Reward)
+	t.Replay.appendTo(c)
 }
 
 func appendInt32s(b array.Builder, v []int32, nullable bool) {

@@ -149,24 +149,24 @@ func (e *TurnEncoder) Write(turns ...Turn) error {
 		if err := t.Validate(); err != nil {
 			return err
 		}
-		f := e.b.Fields()
-		f[0].(*array.Int64Builder).Append(t.RolloutID)
-		f[1].(*array.Int64Builder).Append(t.Index)
-		f[2].(*array.Int64Builder).Append(t.GroupIndex)
-		f[3].(*array.StringBuilder).Append(t.Session)
-		f[4].(*array.Int32Builder).Append(t.Turn)
-		appendInt32s(f[5], t.PromptIDs, false)
-		appendInt32s(f[6], t.OutputIDs, false)
-		appendFloat32s(f[7], t.OutputLogProbs, false)
-		f[8].(*array.StringBuilder).Append(t.FinishReason)
-		f[9].(*array.BooleanBuilder).Append(t.IllFormed)
-		f[10].(*array.StringBuilder).Append(t.PromptMessages)
-		appendOptString(f[11], t.ResponseMessage)
-		f[12].(*array.Int32Builder).Append(t.MaxContextTokens)
-		appendOptFloat64(f[13], t.Reward)
-		t.Replay.appendTo(f[14:])
-		appendOptInt64(f[22], t.StartedMs)
-		appendOptInt64(f[23], t.DurationMs)
+		c := e.col
+		c("rollout_id").(*array.Int64Builder).Append(t.RolloutID)
+		c("index").(*array.Int64Builder).Append(t.Index)
+		c("group_index").(*array.Int64Builder).Append(t.GroupIndex)
+		c("session").(*array.StringBuilder).Append(t.Session)
+		c("turn").(*array.Int32Builder).Append(t.Turn)
+		appendInt32s(c("prompt_ids"), t.PromptIDs, false)
+		appendInt32s(c("output_ids"), t.OutputIDs, false)
+		appendFloat32s(c("output_log_probs"), t.OutputLogProbs, false)
+		c("finish_reason").(*array.StringBuilder).Append(t.FinishReason)
+		c("ill_formed").(*array.BooleanBuilder).Append(t.IllFormed)
+		c("prompt_messages").(*array.StringBuilder).Append(t.PromptMessages)
+		appendOptString(c("response_message"), t.ResponseMessage)
+		c("max_context_tokens").(*array.Int32Builder).Append(t.MaxContextTokens)
+		appendOptFloat64(c("reward"), t.Reward)
+		t.Replay.appendTo(c)
+		appendOptInt64(c("started_ms"), t.StartedMs)
+		appendOptInt64(c("duration_ms"), t.DurationMs)
 		if err := e.rowDone(len(t.PromptIDs) + len(t.OutputIDs)); err != nil {
 			return err
 		}

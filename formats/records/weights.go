@@ -185,16 +185,14 @@ func NewWeightsEncoder(w io.Writer, opts ArrowOptions) (*WeightsEncoder, error) 
 
 // Write validates and appends rows.
 func (e *WeightsEncoder) Write(rows ...WeightsEntry) error {
-	b := e.b
-	str := func(i int) *array.StringBuilder { return b.Field(i).(*array.StringBuilder) }
-	i64 := func(i int) *array.Int64Builder { return b.Field(i).(*array.Int64Builder) }
-	idx := func(name string) int { return weightsSchema.FieldIndices(name)[0] }
-	entry, name, file, dtype := str(idx("entry")), str(idx("name")), str(idx("file")), str(idx("dtype"))
-	shape := b.Field(idx("shape")).(*array.ListBuilder)
+	str := func(name string) *array.StringBuilder { return e.col(name).(*array.StringBuilder) }
+	i64 := func(name string) *array.Int64Builder { return e.col(name).(*array.Int64Builder) }
+	entry, name, file, dtype := str("entry"), str("name"), str("file"), str("dtype")
+	shape := e.col("shape").(*array.ListBuilder)
 	dims := shape.ValueBuilder().(*array.Int64Builder)
-	offset, size := i64(idx("offset")), i64(idx("size"))
-	sum, enc, payload := str(idx("checksum")), str(idx("encoding")), str(idx("payload"))
-	poff, psize := i64(idx("payload_offset")), i64(idx("payload_size"))
+	offset, size := i64("offset"), i64("size")
+	sum, enc, payload := str("checksum"), str("encoding"), str("payload")
+	poff, psize := i64("payload_offset"), i64("payload_size")
 	for i := range rows {
 		r := &rows[i]
 		if err := r.Validate(); err != nil {

@@ -195,12 +195,12 @@ func ReadCheckpointFiles(ctx context.Context, v *dataset.Version) ([]records.Che
 // temporary directory renamed into place, so a directory that exists is
 // complete. An existing one is reused.
 func Materialize(ctx context.Context, st store.Store, ref dataset.Ref, cache, flag string) (string, error) {
-	v, err := dataset.Open(ctx, st, ref)
+	v, err := dataset.OpenKind(ctx, st, ref, records.CheckpointsKind(), flag)
+	if errors.Is(err, dataset.ErrKindMismatch) {
+		return "", fmt.Errorf("%w: pass a model directory or a checkpoints version", err)
+	}
 	if err != nil {
 		return "", err
-	}
-	if v.Kind().Name != records.CheckpointsKind().Name {
-		return "", stagecmd.Usagef("%s %s holds %s records, not checkpoints: pass a model directory or a checkpoints version", flag, v.Ref(), v.Kind().Name)
 	}
 	final := filepath.Join(cache, v.Dataset+"@"+v.Version)
 	if IsDir(final) {

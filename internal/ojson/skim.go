@@ -118,21 +118,6 @@ func ValueEnd(b []byte, i int) int {
 	return i
 }
 
-// EachField calls fn with every key (the text between its quotes, escapes
-// not undone) and raw value of the JSON object b, in order, without
-// allocating; fn returns false to stop, and EachField then returns false.
-// It returns false when b is not one object (white space around it aside).
-func EachField(b []byte, fn func(key, val []byte) bool) bool {
-	end := WalkObject(b, Space(b, 0), func(key []byte, v int) int {
-		e := ValueEnd(b, v)
-		if e < 0 || !fn(key, b[v:e]) {
-			return -1
-		}
-		return e
-	})
-	return end >= 0 && Space(b, end) == len(b)
-}
-
 // EachElem calls fn with every raw element of the JSON array b, in order,
 // without allocating; fn returns false to stop, and EachElem then returns
 // false. It returns false when b is not one array.
@@ -151,9 +136,7 @@ func EachElem(b []byte, fn func(val []byte) bool) bool {
 // each key (the text between its quotes, escapes not undone) and the index
 // where its value starts; fn reads the value where it stands — parsing it,
 // or skipping it with ValueEnd — and returns the index after it, or -1 to stop.
-// WalkObject returns the index after the object, or -1. Readers that parse
-// nested values in place use it to read each byte once, where EachField
-// would skim a value that the caller then parses again.
+// WalkObject returns the index after the object, or -1.
 func WalkObject(b []byte, i int, fn func(key []byte, v int) int) int {
 	if i >= len(b) || b[i] != '{' {
 		return -1

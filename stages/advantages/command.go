@@ -164,11 +164,11 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 		"min_group_size": o.MinGroupSize, "drop_uniform": o.DropUniform, "drop_truncated": o.DropTruncated,
 	}}
 	return stagecmd.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
-		tv, err := openKind(ctx, st, inputs[0], records.TrajectoriesKind(), "--trajectories")
+		tv, err := dataset.OpenKind(ctx, st, inputs[0], records.TrajectoriesKind(), "--trajectories")
 		if err != nil {
 			return nil, err
 		}
-		gv, err := openKind(ctx, st, inputs[1], records.GradesKind(), "--grades")
+		gv, err := dataset.OpenKind(ctx, st, inputs[1], records.GradesKind(), "--grades")
 		if err != nil {
 			return nil, err
 		}
@@ -278,17 +278,6 @@ func groupColumns(gs []GroupStat) map[string]any {
 	}
 	return map[string]any{"group_index": gi, "task_id": task, "rollouts": rollouts, "segments": segments, "gradeable": gradeable,
 		"reward_mean": mean, "pass_rate": pass, "trained": trained, "dropped": dropped, "zero_advantage": zero}
-}
-
-func openKind(ctx context.Context, st store.Store, ref dataset.Ref, kind records.Kind, flag string) (*dataset.Version, error) {
-	v, err := dataset.Open(ctx, st, ref)
-	if err != nil {
-		return nil, err
-	}
-	if v.Kind().Name != kind.Name {
-		return nil, stagecmd.Usagef("%s %s holds %s records, not %s", flag, v.Ref(), v.Kind().Name, kind.Name)
-	}
-	return v, nil
 }
 
 // ReadGrades reads a grades version, checking every row as its writer did

@@ -81,11 +81,11 @@ func Select(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd
 	out.Kind = records.TasksKind()
 	out.Identity = dataset.Identity{Stage: "advantages-select", CodeVersion: codeVersion, Inputs: inputs, Args: map[string]any{"min_samples": minSamples}}
 	return stagecmd.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
-		gv, err := openKind(ctx, st, inputs[0], records.GradesKind(), "--grades")
+		gv, err := dataset.OpenKind(ctx, st, inputs[0], records.GradesKind(), "--grades")
 		if err != nil {
 			return nil, err
 		}
-		tv, err := openKind(ctx, st, inputs[1], records.TasksKind(), "--tasks")
+		tv, err := dataset.OpenKind(ctx, st, inputs[1], records.TasksKind(), "--tasks")
 		if err != nil {
 			return nil, err
 		}
@@ -206,7 +206,7 @@ func Stats(ctx context.Context, w io.Writer, st store.Store, ref string) error {
 	if err != nil {
 		return err
 	}
-	gv, err := openKind(ctx, st, refs[0], records.GradesKind(), "--grades")
+	gv, err := dataset.OpenKind(ctx, st, refs[0], records.GradesKind(), "--grades")
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 
@@ -229,45 +230,111 @@ type mimoInstance struct {
 // mimoRequired must be a string (null or absent is an error naming it:
 // stricter than the reference, which passes some nulls through and crashes
 // on others); instance_id, docker_image and cwd must not be empty.
+//
+// The object is read token by token with json.Decoder (a later duplicate
+// key wins, as in encoding/json): the required keys' strings are decoded
+// by Token, every other value is kept as its exact text, so a row's large
+// strings (test patches of tens of KB) are scanned once rather than
+// validated whole and then decoded again.
 func decodeInstance(v []byte) (*mimoInstance, error) {
-	members, err := scanObject(v)
+	obj, kinds, err := readInstance(v)
 	if err != nil {
 		return nil, fmt.Errorf("not a JSON object: %w", err)
 	}
-	obj := make(map[string]json.RawMessage, len(members))
-	for _, m := range members {
-		obj[m.key] = m.raw // a later duplicate wins, as in encoding/json
-	}
-	inst := &mimoInstance{fields: make(map[string]string, len(mimoRequired))}
-	var id string
-	if raw, ok := obj["instance_id"]; ok && len(raw) > 0 && raw[0] == '"' {
-		id, _ = unquoteJSON(raw)
-	}
+	id := obj.fields["instance_id"]
 	for _, k := range mimoRequired {
-		raw, ok := obj[k]
-		if !ok || bytes.Equal(raw, []byte("null")) {
-			state := "missing"
-			if ok {
-				state = "null"
-			}
-			return nil, fmt.Errorf("instance %q: required key %q is %s", id, k, state)
+		kind, ok := kinds[k]
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("instance %q: required key %q is missing", id, k)
+		case kind == "null":
+			return nil, fmt.Errorf("instance %q: required key %q is null", id, k)
+		case kind != "":
+			return nil, fmt.Errorf("instance %q: key %q is %s, want a string", id, k, kind)
 		}
-		if raw[0] != '"' {
-			return nil, fmt.Errorf("instance %q: key %q is %s, want a string", id, k, jsonType(raw))
-		}
-		s, err := unquoteJSON(raw)
-		if err != nil {
-			return nil, fmt.Errorf("instance %q: key %q: %w", id, k, err)
-		}
-		if s == "" && (k == "instance_id" || k == "docker_image" || k == "cwd") {
+		if obj.fields[k] == "" && (k == "instance_id" || k == "docker_image" || k == "cwd") {
 			return nil, fmt.Errorf("instance %q: key %q is empty", id, k)
 		}
-		inst.fields[k] = s
-		delete(obj, k)
 	}
-	inst.id = inst.fields["instance_id"]
-	inst.rest = obj
-	return inst, nil
+	obj.id = obj.fields["instance_id"]
+	return obj, nil
+}
+
+// readInstance reads the JSON object v: the strings of the mimoRequired
+// keys into fields, every other value raw into rest, and for each required
+// key met what its last value was ("" a string, else "null", "a list", ...).
+func readInstance(v []byte) (*mimoInstance, map[string]string, error) {
+	inst := &mimoInstance{fields: make(map[string]string, len(mimoRequired)), rest: map[string]json.RawMessage{}}
+	kinds := make(map[string]string, len(mimoRequired))
+	dec := json.NewDecoder(bytes.NewReader(v))
+	if tok, err := dec.Token(); err != nil {
+		return nil, nil, err
+	} else if tok != json.Delim('{') {
+		return nil, nil, fmt.Errorf("want an object, got %.40q", v)
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, nil, err
+		}
+		key := tok.(string)
+		if !slices.Contains(mimoRequired, key) {
+			var raw json.RawMessage
+			if err := dec.Decode(&raw); err != nil {
+				return nil, nil, err
+			}
+			inst.rest[key] = raw
+			continue
+		}
+		delete(inst.fields, key)
+		if tok, err = dec.Token(); err != nil {
+			return nil, nil, err
+		}
+		switch t := tok.(type) {
+		case string:
+			inst.fields[key], kinds[key] = t, ""
+		case nil:
+			kinds[key] = "null"
+		case bool:
+			kinds[key] = "a boolean"
+		case float64:
+			kinds[key] = "a number"
+		case json.Delim:
+			kinds[key] = "a list"
+			if t == '{' {
+				kinds[key] = "an object"
+			}
+			if err := skipContainer(dec); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	if _, err := dec.Token(); err != nil { // '}'
+		return nil, nil, err
+	}
+	// dec.More is false before a stray '}' or ']': look at the bytes.
+	if rest := bytes.TrimSpace(v[dec.InputOffset():]); len(rest) > 0 {
+		return nil, nil, fmt.Errorf("text after the object: %.40q", rest)
+	}
+	return inst, kinds, nil
+}
+
+// skipContainer reads the tokens of a container whose opening delimiter
+// dec has just returned, up to its closing one.
+func skipContainer(dec *json.Decoder) error {
+	for depth := 1; depth > 0; {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			depth++
+		case json.Delim('}'), json.Delim(']'):
+			depth--
+		}
+	}
+	return nil
 }
 
 func jsonType(raw json.RawMessage) string {

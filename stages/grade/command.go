@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -468,34 +467,10 @@ func (p *producer) run(ctx context.Context, all []*job, part dataset.Part) (map[
 	defer p.g.Wait() // sandboxes close in the background
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	work := make(chan *job)
-	results := make(chan result)
-	var wg sync.WaitGroup
-	for range min(p.jobs, max(len(todo), 1)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for j := range work {
-				row, err := p.gradeOne(ctx, j)
-				select {
-				case results <- result{j, row, err}:
-				case <-ctx.Done():
-					return
-				}
-			}
-		}()
-	}
-	go func() {
-		defer close(work)
-		for _, j := range todo {
-			select {
-			case work <- j:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	go func() { wg.Wait(); close(results) }()
+	results := stagecmd.Each(ctx, p.jobs, todo, func(j *job) result {
+		row, err := p.gradeOne(ctx, j)
+		return result{j, row, err}
+	})
 
 	var durations []time.Duration
 	var firstErr error

@@ -114,7 +114,7 @@ func assemble(c *cli.Context, env *stagecmd.Env, f *assembleFlags) error {
 		}
 		id.Inputs = inputs
 		read = func(add func(records.Turn) error) error {
-			v, err := dataset.Open(ctx, st, inputs[0])
+			v, err := dataset.OpenKind(ctx, st, inputs[0], records.TurnsKind(), "--turns")
 			if err != nil {
 				return err
 			}
@@ -150,7 +150,7 @@ func assemble(c *cli.Context, env *stagecmd.Env, f *assembleFlags) error {
 func writeTrajectories(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Output, threshold int,
 	arrow records.ArrowOptions, read func(add func(records.Turn) error) error) (dataset.Result, error) {
 	return stagecmd.Write(ctx, st, out, env.Stdout, env.Log, func(ctx context.Context, w *dataset.Writer) (map[string]any, error) {
-		a := &assembler{w: w, part: out.Part, opts: assembly.Options{ForkMergeMaxResponseTokens: threshold, Arena: &assembly.Arena{}},
+		a := &assembler{w: w, part: out.Part, opts: assembly.Options{ForkMergeMaxResponseTokens: threshold},
 			arrow: arrow, prog: stagecmd.NewProgress(env.Stderr, env.Log, "assemble", "sessions", -1)}
 		sessions := newSessionReader(func(s *session) error { return a.session(ctx, s) })
 		if err := read(sessions.add); err != nil {
@@ -242,7 +242,6 @@ func (a *assembler) flush(ctx context.Context) error {
 		return enc.Close()
 	})
 	a.pending, a.ids, a.tokens = nil, nil, 0
-	a.opts.Arena.Reset() // the shard is written: its segments' memory is free
 	return err
 }
 
@@ -271,7 +270,7 @@ func assembleSession(s *session, opts assembly.Options) ([]records.Trajectory, e
 	// A turn of an agent session typically adds its response and a tool
 	// result or two to the history: room for three a turn spares the
 	// splitter most regrowths of the session's message list.
-	split := assembly.NewSplitter(sess, 8+3*len(s.turns))
+	split := assembly.NewSplitter(8 + 3*len(s.turns))
 	for i := range s.turns {
 		t := &s.turns[i]
 		if t.RolloutID != base.RolloutID || t.Index != base.Index || t.GroupIndex != base.GroupIndex {
@@ -284,23 +283,18 @@ func assembleSession(s *session, opts assembly.Options) ([]records.Trajectory, e
 		if t.MaxContextTokens > 0 {
 			base.MaxSampleTokens = int(t.MaxContextTokens)
 		}
-		msgs, heads, err := split.Split(stringBytes(t.PromptMessages))
+		msgs, err := split.Split(stringBytes(t.PromptMessages))
 		if err != nil {
 			return nil, fmt.Errorf("session %q turn %d: %w", s.id, t.Turn, err)
 		}
 		var resp json.RawMessage
-		var respHead assembly.Head
 		if t.ResponseMessage != nil && !isNullText(*t.ResponseMessage) {
 			resp = stringBytes(*t.ResponseMessage) // read only, as the prompt messages
-			// Read once: for Record, and to recognize the client's echo
-			// of it in the next turn's prompt_messages.
-			respHead, _, _ = assembly.ScanMessage(resp, 0)
 		}
-		split.Expect(respHead)
 		err = sess.Record(assembly.Turn{
 			PromptIDs: t.PromptIDs, OutputIDs: t.OutputIDs, OutputLogProbs: t.OutputLogProbs,
 			FinishReason: t.FinishReason, IllFormed: t.IllFormed, PromptMessages: msgs, ResponseMessage: resp,
-			PromptHeads: heads, ResponseHead: respHead, Replay: t.Replay,
+			Replay: t.Replay,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("session %q turn %d: %w", s.id, t.Turn, err)

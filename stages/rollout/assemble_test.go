@@ -176,7 +176,7 @@ func TestAssembleTurnsDataset(t *testing.T) {
 	assert.Contains(t, sharded.Stderr, "not pinned")
 	wrongKind := kiln(t, "assemble", "--store", dir, "--turns", r.LastLine())
 	assert.Equal(t, stagecmd.ExitUsage, wrongKind.Code)
-	assert.Contains(t, wrongKind.Stderr, "is a trajectories dataset, want turns")
+	assert.Contains(t, wrongKind.Stderr, "holds trajectories records, not turns")
 }
 
 func TestAssembleBadInput(t *testing.T) {

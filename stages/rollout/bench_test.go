@@ -113,9 +113,6 @@ func BenchmarkAssemble(b *testing.B) {
 				runtime.GC()
 				sink := make([]int32, 0, 1<<16)
 				textSink := make([]byte, 0, 1<<20)
-				// As kiln-rollout assemble does per shard, segment memory is
-				// reused once the segments are written (here: at once).
-				arena := &assembly.Arena{}
 				for i := 0; i < n; i++ {
 					s := benchSession(r, i)
 					start := threadCPU()
@@ -148,12 +145,11 @@ func BenchmarkAssemble(b *testing.B) {
 					}
 					verifyTime += threadCPU() - start
 					start = threadCPU()
-					segs, err := assembleSession(s, assembly.Options{Arena: arena})
+					segs, err := assembleSession(s, assembly.Options{})
 					assembleTime += threadCPU() - start
 					if err != nil || len(segs) == 0 {
 						b.Fatalf("session %d: %d segments, %v", i, len(segs), err)
 					}
-					arena.Reset()
 					if i%50 == 0 {
 						runtime.ReadMemStats(&ms)
 						peak = max(peak, ms.HeapInuse)

@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -56,12 +57,12 @@ func loadReplayBook(ctx context.Context, st store.Store, ref string) (*replayBoo
 	if err != nil {
 		return nil, stagecmd.Usagef("--engine %s%s: %v: give a turns version, e.g. replay://NAME/turns@VERSION", replayScheme, ref, err)
 	}
-	v, err := dataset.Open(ctx, st, r)
-	if err != nil {
-		return nil, fmt.Errorf("--engine %s%s: %w", replayScheme, ref, err)
+	v, err := dataset.OpenKind(ctx, st, r, records.TurnsKind(), "--engine")
+	if errors.Is(err, dataset.ErrKindMismatch) {
+		return nil, fmt.Errorf("%w: replay the NAME/turns version of the run", err)
 	}
-	if v.Kind().Name != records.TurnsKind().Name {
-		return nil, stagecmd.Usagef("--engine %s%s holds %s records, not turns: replay the NAME/turns version of the run", replayScheme, ref, v.Kind().Name)
+	if err != nil {
+		return nil, err
 	}
 	var turns []records.Turn
 	if err := v.EachShard(ctx, func(_ int, data []byte) error {

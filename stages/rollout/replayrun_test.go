@@ -3,7 +3,6 @@ package rollout
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net/http/httptest"
 	"slices"
@@ -208,12 +207,11 @@ func TestReplayRun(t *testing.T) {
 		bad := replay
 		bad.Engines = []string{"replay://" + rec.Trajectories.Ref.String()}
 		_, err, _ := w.run(t, ctx, "rollout/replay-bad", bad, nil)
-		var ue stagecmd.UsageError
-		require.True(t, errors.As(err, &ue), "%v", err)
+		require.Equal(t, stagecmd.ExitUsage, stagecmd.ExitCode(err), "%v", err)
 		assert.ErrorContains(t, err, "holds trajectories records, not turns: replay the NAME/turns version of the run")
 		bad.Engines = []string{"replay://rollout/replay/turns@0000000000000000000a"}
 		_, err, _ = w.run(t, ctx, "rollout/replay-bad", bad, nil)
-		assert.ErrorContains(t, err, "--engine replay://rollout/replay/turns@0000000000000000000a")
+		assert.ErrorContains(t, err, "--engine: dataset rollout/replay/turns@0000000000000000000a: not found")
 		_, err = dataset.OpenString(ctx, w.st, "rollout/replay-bad/rollouts")
 		assert.Error(t, err, "nothing committed")
 	})

@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -221,6 +220,7 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out RunOutput, 
 	if err := o.check(); err != nil {
 		return res, err
 	}
+	// The names are checked before anything is resolved.
 	for _, suffix := range []string{"/rollouts", "/turns", "/trajectories"} {
 		if err := dataset.CheckName(out.Name + suffix); err != nil {
 			return res, stagecmd.UsageError{Err: err}
@@ -247,48 +247,18 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out RunOutput, 
 		}
 	}
 	id := dataset.Identity{Stage: "rollout-run", CodeVersion: runVersion, Inputs: inputs, Args: o.identityArgs()}
-	specs := [3]dataset.Spec{
+	outs := []stagecmd.Output{
 		{Name: out.Name + "/rollouts", Kind: records.RolloutsKind()},
 		{Name: out.Name + "/turns", Kind: records.TurnsKind()},
 		{Name: out.Name + "/trajectories", Kind: records.TrajectoriesKind()},
 	}
-	for i := range specs {
-		specs[i].Identity, specs[i].Part, specs[i].Build, specs[i].Hook = id, out.Part, stagecmd.Build(), out.Hook
-	}
-	if out.PrintVersion {
-		version, err := id.Version()
-		if err != nil {
-			return res, err
-		}
-		for _, s := range specs {
-			fmt.Fprintln(env.Stdout, dataset.Ref{Name: s.Name, Version: version})
-		}
-		// The refs are returned too (nothing is committed): check names
-		// its grades' version from the rollouts'.
-		res.Rollouts.Ref = dataset.Ref{Name: specs[0].Name, Version: version}
-		res.Turns.Ref = dataset.Ref{Name: specs[1].Name, Version: version}
-		res.Trajectories.Ref = dataset.Ref{Name: specs[2].Name, Version: version}
-		return res, nil
-	}
-	rw, err := dataset.NewWriter(ctx, st, specs[0])
-	if err != nil {
-		return res, err
-	}
-	finished := func(w *dataset.Writer) bool { return w.Existing() != nil || w.PartDone() }
 	// The turns and trajectories of a batch of runs are written before its
 	// rollouts rows, each receipt naming the batch: a resuming writer keeps
 	// only the batches whose rollouts rows were receipted too, so the three
 	// versions always hold the same runs (docs/rollout.md §2.5). When the
 	// rollouts part is already finished (a stage stopped between the
 	// commits), its batches are read from its receipts.
-	batchDone := rw.Done
-	if finished(rw) {
-		kept, err := dataset.ReceiptedRows(ctx, st, rw.Ref(), out.Part)
-		if err != nil {
-			return res, err
-		}
-		batchDone = func(k string) bool { return kept[k] }
-	}
+	var batchDone func(key string) bool
 	adopt := func(keys []string) bool {
 		for _, k := range keys {
 			if strings.HasPrefix(k, batchKeyPrefix) {
@@ -297,58 +267,39 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out RunOutput, 
 		}
 		return false
 	}
-	specs[1].Adopt, specs[2].Adopt = adopt, adopt
-	tw, err := dataset.NewWriter(ctx, st, specs[1])
-	if err != nil {
-		return res, err
+	for i := range outs {
+		outs[i].Identity, outs[i].Part, outs[i].PrintVersion, outs[i].Hook = id, out.Part, out.PrintVersion, out.Hook
 	}
-	jw, err := dataset.NewWriter(ctx, st, specs[2])
-	if err != nil {
-		return res, err
-	}
-	writers := [3]*dataset.Writer{rw, tw, jw}
-	var metrics map[string]any
-	switch {
-	case finished(rw) && finished(tw) && finished(jw):
-		env.Log.Info("already written; nothing to run", "ref", rw.Ref().String(), "part", out.Part.String())
-	case finished(rw):
-		for _, w := range []*dataset.Writer{tw, jw} {
-			if v := rw.Existing(); v != nil && v.Rows > 0 && !finished(w) && w.Resumed() == 0 {
-				return res, stagecmd.CorruptError{Err: fmt.Errorf("%s is committed but %s is not, and the row receipts that would complete it are gone (kiln gc?): "+
-					"remove the three versions (kiln forget) and rerun", rw.Ref(), w.Ref())}
+	outs[1].Adopt, outs[2].Adopt = adopt, adopt
+	tg := stagecmd.Together{
+		Opened: func(i int, w *dataset.Writer) error {
+			if i != 0 {
+				return nil
 			}
-		}
-		env.Log.Info("rollouts already written; completing turns and trajectories", "ref", rw.Ref().String(), "part", out.Part.String())
-	default:
-		if n := rw.Resumed(); n > 0 {
-			env.Log.Info("resuming", "ref", rw.Ref().String(), "part", out.Part.String(), "rows_done", n)
-		}
-		if metrics, err = produceRuns(ctx, env, st, writers, inputs, bundles, o, out.Part); err != nil {
-			return res, err
-		}
+			batchDone = w.Done
+			if w.Existing() != nil || w.PartDone() {
+				kept, err := dataset.ReceiptedRows(ctx, st, w.Ref(), out.Part)
+				if err != nil {
+					return err
+				}
+				batchDone = func(k string) bool { return kept[k] }
+			}
+			return nil
+		},
+		// Turns, then rollouts, then trajectories: the trajectories
+		// version appearing means the other two are committed.
+		CommitOrder: []int{1, 0, 2},
+		// Every part of all three versions names the weights (kiln-train
+		// reads them from the trajectories', docs/train-stage.md §6.2).
+		Metrics: o.weights.addMetrics(nil),
 	}
-	// Every part of all three versions names the weights (kiln-train reads
-	// them from the trajectories', docs/train-stage.md §6.2).
-	metrics = o.weights.addMetrics(metrics)
-	// Turns, then rollouts, then trajectories: the trajectories version
-	// appearing means the other two are committed.
-	results := [3]*dataset.Result{&res.Turns, &res.Rollouts, &res.Trajectories}
-	for i, w := range []*dataset.Writer{tw, rw, jw} {
-		r, err := w.Commit(ctx, metrics)
-		if err != nil {
-			return res, err
-		}
-		*results[i] = r
-		switch {
-		case r.Pending:
-			env.Log.Info("part written; the version commits when its last part lands", "ref", r.Ref.String(), "part", out.Part.String())
-		case r.Committed:
-			env.Log.Info("committed", "ref", r.Ref.String(), "rows", r.Version.Rows, "shards", len(r.Version.Shards))
-		}
+	results, err := stagecmd.WriteAll(ctx, st, outs, tg, env.Stdout, env.Log, func(ctx context.Context, ws []*dataset.Writer) (map[string]any, error) {
+		return produceRuns(ctx, env, st, [3]*dataset.Writer(ws), inputs, bundles, o, out.Part)
+	})
+	if err != nil {
+		return res, err
 	}
-	fmt.Fprintln(env.Stdout, res.Rollouts.Ref)
-	fmt.Fprintln(env.Stdout, res.Turns.Ref)
-	fmt.Fprintln(env.Stdout, res.Trajectories.Ref)
+	res.Rollouts, res.Turns, res.Trajectories = results[0], results[1], results[2]
 	return res, nil
 }
 
@@ -374,12 +325,9 @@ type runJob struct {
 // Problems of one task (no image, a bundle missing on this node) become
 // aborts of its runs; an unknown harness stops the stage before any run.
 func planRuns(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles string, o RunOptions, part dataset.Part) ([]*runJob, error) {
-	tv, err := dataset.Open(ctx, st, inputs[0])
+	tv, err := dataset.OpenKind(ctx, st, inputs[0], records.TasksKind(), "--tasks")
 	if err != nil {
 		return nil, err
-	}
-	if tv.Kind().Name != records.TasksKind().Name {
-		return nil, stagecmd.Usagef("--tasks %s holds %s records, not tasks", tv.Ref(), tv.Kind().Name)
 	}
 	var tasks []records.Task
 	if err := tv.EachShard(ctx, func(_ int, data []byte) error {
@@ -387,12 +335,9 @@ func planRuns(ctx context.Context, st store.Store, inputs []dataset.Ref, bundles
 	}); err != nil {
 		return nil, err
 	}
-	iv, err := dataset.Open(ctx, st, inputs[1])
+	iv, err := dataset.OpenKind(ctx, st, inputs[1], records.ImagesKind(), "--images")
 	if err != nil {
 		return nil, err
-	}
-	if iv.Kind().Name != records.ImagesKind().Name {
-		return nil, stagecmd.Usagef("--images %s holds %s records, not images", iv.Ref(), iv.Kind().Name)
 	}
 	images := map[string]records.Image{}
 	if err := iv.EachShard(ctx, func(_ int, data []byte) error {
@@ -836,32 +781,11 @@ func (p *runProducer) run(ctx context.Context, todo []*runJob) (map[string]any, 
 	cancel := func() { stop(context.Canceled) }
 	stopHealth := p.rt.watchHealth(ctx, p.env, p.o, stop)
 	defer stopHealth()
-	work := make(chan *runJob)
-	results := make(chan *runResult)
-	var wg sync.WaitGroup
-	for range min(p.o.Jobs, max(len(todo), 1)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for j := range work {
-				p.running.Add(1)
-				res := p.runOne(ctx, j)
-				p.running.Add(-1)
-				results <- res
-			}
-		}()
-	}
-	go func() {
-		defer close(work)
-		for _, j := range todo {
-			select {
-			case work <- j:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	go func() { wg.Wait(); close(results) }()
+	results := stagecmd.Each(ctx, p.o.Jobs, todo, func(j *runJob) *runResult {
+		p.running.Add(1)
+		defer p.running.Add(-1)
+		return p.runOne(ctx, j)
+	})
 
 	defer p.showStatus(prog, len(todo))()
 	var firstErr error

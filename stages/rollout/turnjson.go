@@ -41,14 +41,14 @@ import (
 //
 // Why a second reader beside encoding/json: the stage's wall time on a real
 // size needs it. kiln-rollout assemble --turns-jsonl on the 198 MB file of
-// BenchmarkAssembleJSONL (20 sessions of 100 turns), alternating runs,
-// 2026-12-03, load 15-21 on 2 shared cores: median 2.6 s (2.3, 2.6, 4.0)
-// with it, 48 s (35, 48, 49) with every line decoded by decodeTurnJSON
-// (readTurnsJSONL with dec.decode never accepting). Command:
+// BenchmarkAssembleJSONL (20 sessions of 100 turns), 7 alternating rounds
+// of the built binaries, 2026-12-03, load ~3.5 on 2 shared cores: median
+// 0.41 s wall (0.40-0.65), 0.38 s CPU with it; 4.75 s wall (4.43-6.23),
+// 4.46 s CPU with every line decoded by decodeTurnJSON (readTurnsJSONL
+// without dec.decode): 11x. Command (the binary timed with /usr/bin/time
+// on the benchmark's file):
 //
 //	KILN_BENCH_TURNS_SESSIONS=20 go test ./stages/rollout -run '^$' -bench AssembleJSONL -benchtime 1x -timeout 30m
-//
-// (the figure compared the built binary's wall time on the one file).
 type turnDecoder struct {
 	// The previous accepted line's prompt_ids text ('[' to ']') and its
 	// ids, with the storage they share with later turns (ids is the longest

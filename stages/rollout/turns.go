@@ -75,9 +75,6 @@ func ownsSession(part dataset.Part, id string) bool {
 
 // readTurnsDataset streams a turns version.
 func readTurnsDataset(ctx context.Context, v *dataset.Version, add func(records.Turn) error) error {
-	if v.Kind().Name != records.TurnsKind().Name {
-		return stagecmd.Usagef("--turns %s is a %s dataset, want turns", v.Ref(), v.Kind().Name)
-	}
 	return v.EachShard(ctx, func(_ int, data []byte) error {
 		return records.EachTurn(data, func(t *records.Turn) error { return add(*t) })
 	})

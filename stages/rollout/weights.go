@@ -3,6 +3,7 @@ package rollout
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -35,13 +36,12 @@ type pinnedWeights struct {
 // openWeights opens the --weights version ref (pinned) and reads its
 // weights number.
 func openWeights(ctx context.Context, st store.Store, ref dataset.Ref) (*pinnedWeights, error) {
-	v, err := dataset.Open(ctx, st, ref)
-	if err != nil {
-		return nil, fmt.Errorf("--weights %s: %w", ref, err)
+	v, err := dataset.OpenKind(ctx, st, ref, records.WeightsKind(), "--weights")
+	if errors.Is(err, dataset.ErrKindMismatch) {
+		return nil, fmt.Errorf("%w: pass a version kiln-sync published (kiln-sync publish --out NAME), or record what the engines serve with --weights-version", err)
 	}
-	if want := records.WeightsKind().Name; v.Kind().Name != want {
-		return nil, stagecmd.Usagef("--weights %s holds %s records, not %s: pass a version kiln-sync published (kiln-sync publish --out NAME), or record what the engines serve with --weights-version",
-			v.Ref(), v.Kind().Name, want)
+	if err != nil {
+		return nil, err
 	}
 	n, ok := weightsNumber(v.Metrics["weights_number"])
 	if !ok {

@@ -291,11 +291,11 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 	if err != nil {
 		return dataset.Result{}, err
 	}
-	tv, err := openKind(ctx, st, inputs[0], records.TrajectoriesKind(), "--trajectories")
+	tv, err := dataset.OpenKind(ctx, st, inputs[0], records.TrajectoriesKind(), "--trajectories")
 	if err != nil {
 		return dataset.Result{}, err
 	}
-	av, err := openKind(ctx, st, inputs[1], records.AdvantagesKind(), "--advantages")
+	av, err := dataset.OpenKind(ctx, st, inputs[1], records.AdvantagesKind(), "--advantages")
 	if err != nil {
 		return dataset.Result{}, err
 	}
@@ -603,15 +603,4 @@ func upload(ctx context.Context, st store.Store, ref dataset.Ref, dir string, lo
 	sort.Slice(files, func(i, j int) bool { return files[i].Name < files[j].Name })
 	log.Info("checkpoint stored", "files", len(files), "bytes", total, "seconds", time.Since(t0).Seconds())
 	return files, nil
-}
-
-func openKind(ctx context.Context, st store.Store, ref dataset.Ref, kind records.Kind, flag string) (*dataset.Version, error) {
-	v, err := dataset.Open(ctx, st, ref)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", flag, err)
-	}
-	if v.Kind().Name != kind.Name {
-		return nil, stagecmd.Usagef("%s %s holds %s records, not %s", flag, v.Ref(), v.Kind().Name, kind.Name)
-	}
-	return v, nil
 }

@@ -130,8 +130,8 @@ import (
 // adapter's own tail was its own wait for a core (its goroutines'
 // runnable p99 34–235 ms at load 6–11), which its CPU per turn drives:
 // 2.4–2.7 ms, 61% of it encoding/json reading the engine's /tokenize and
-// generate replies (CPU profile). Reading those by ojson skimming (engine:
-// readTokenizeSkim, readGenerate, decodeIDs, ojson.Valid) and replies into
+// generate replies (CPU profile). Reading those by ojson skimming (second readers,
+// deleted again in issue 37: a turn's share stays under 1%) and replies into
 // buffers of their Content-Length cut it to 1.2–1.6 ms (saturated: 2.4 →
 // 1.2–1.3 ms); at load 1 the own p50 to 0.47–0.60 ms and p99 to
 // 0.67–0.96 ms (goal ≤ 2 ms); at load 6–9, with the skimming alone, own

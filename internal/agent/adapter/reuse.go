@@ -11,7 +11,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"unsafe"
 
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/internal/agent/engine"
@@ -309,7 +308,7 @@ func (s *Server) reusePrompt(ctx context.Context, sess *session, msgs []json.Raw
 			}
 			return nil, false, err
 		}
-		if len(anchor) > len(full) || !equalIDs(full[:len(anchor)], anchor) {
+		if len(anchor) > len(full) || !slices.Equal(full[:len(anchor)], anchor) {
 			continue
 		}
 		// Step 6.
@@ -337,7 +336,7 @@ func (s *Server) reusePrompt(ctx context.Context, sess *session, msgs []json.Raw
 		// the turn had, the prompt is the render itself (ids from the
 		// engine client are read-only, so it can be shared, not copied).
 		if n := len(t.PromptIDs); n+len(t.OutputIDs) == end+1 &&
-			equalIDs(full[:n], t.PromptIDs) && equalIDs(full[n:end+1], t.OutputIDs) {
+			slices.Equal(full[:n], t.PromptIDs) && slices.Equal(full[n:end+1], t.OutputIDs) {
 			sess.rebasePrompts(t.PromptIDs, full)
 			return full, true, nil
 		}
@@ -406,21 +405,6 @@ func (s *Server) blankTail(ctx context.Context, ids []int32) (bool, error) {
 		s.blankTails.Store(key, blank)
 	}
 	return blank, nil
-}
-
-// equalIDs is slices.Equal for id lists, which are thousands long and,
-// read through the session's engine.Memo, often the very same memory (a
-// render and its prefix): that is seen at once, and other lists are
-// compared as bytes, vectorized.
-func equalIDs(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	if len(a) == 0 || &a[0] == &b[0] {
-		return true
-	}
-	return bytes.Equal(unsafe.Slice((*byte)(unsafe.Pointer(&a[0])), 4*len(a)),
-		unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), 4*len(b)))
 }
 
 // ambiguous is docs/adapter.md §3 step 4: another stored prefix with identical messages

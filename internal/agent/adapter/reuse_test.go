@@ -85,19 +85,6 @@ func TestHashMemo(t *testing.T) {
 	}
 }
 
-// equalIDs is slices.Equal, shared memory or not.
-func TestEqualIDs(t *testing.T) {
-	a := []int32{1, 2, 3, 1 << 30, -7}
-	for _, c := range [][2][]int32{
-		{a, a}, {a, a[:4]}, {a[:4], a[:4]}, {a, slices.Clone(a)}, {a[1:], a[:4]}, {nil, {}}, {nil, a[:0]},
-		{{1, 2, 3}, {1, 2, 4}}, {{1 << 8}, {1}}, {{-1}, {1<<31 - 1}},
-	} {
-		if got, want := equalIDs(c[0], c[1]), slices.Equal(c[0], c[1]); got != want {
-			t.Errorf("equalIDs(%v, %v) = %v, want %v", c[0], c[1], got, want)
-		}
-	}
-}
-
 // extendPrompt appends in place to the last prompt it built when that
 // prompt is extended again, never writes what a recorded prompt covers, and
 // moves the recorded prompts into a new array when it makes one.

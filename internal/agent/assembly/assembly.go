@@ -23,13 +23,6 @@ type Turn struct {
 	PromptMessages  []json.RawMessage // chat messages after protocol translation; each a JSON object with "role"
 	ResponseMessage json.RawMessage   // parsed assistant message; nil or "null" = none
 
-	// Optionally, what ScanMessage read of these messages: PromptHeads[i]
-	// of PromptMessages[i], ResponseHead of ResponseMessage. Record uses a
-	// head only for the very bytes it was read from and reads any other
-	// message itself, so these save a second scan and change nothing else.
-	PromptHeads  []Head
-	ResponseHead Head
-
 	// Replay is the optional replay data (nil columns when absent): top-p
 	// CSR over the outputs (offsets len(OutputIDs)+1), top-k heads
 	// [len(OutputIDs), TopK], routes [len(prompt)+len(output)-1, layers, topk].
@@ -44,9 +37,6 @@ type Options struct {
 	// that response is shorter than T tokens. kiln's default is 0: every drift
 	// forks a new segment and no sampled token is discarded.
 	ForkMergeMaxResponseTokens int
-	// Arena, if set, provides the memory of the segments' tokens, masks and
-	// logprobs (see Arena); otherwise they come from the heap.
-	Arena *Arena
 }
 
 // Base identifies the agent run the session belongs to.
@@ -101,26 +91,17 @@ type Session struct {
 }
 
 // scratch is a session's working memory: the chunk lists of its slabs and
-// the buffers of routing and linearization. With Options.Arena, Segments
-// hands it to the arena and NewSession takes it back, so a stream of
-// sessions reuses it instead of regrowing it in every session.
+// the buffers of routing and linearization.
 type scratch struct {
 	// Nodes and recorded turns come from session-owned slabs: a session
 	// makes a few nodes per turn, and one allocation each would be most of
 	// what routing costs.
-	// The chunks of each slab kind, the last one being filled; with
-	// Options.Arena they are recycled after Segments.
+	// The chunks of each slab kind, the last one being filled.
 	nodeSlab [][]node
 	kidSlab  [][]*node
 	turnSlab [][]turn
 	path     []*node // the storage of Session.lastPath
 	cand     message // a prompt message being routed (see record)
-
-	// The caller's prompt message lists (MessageLists): the first pair a
-	// session takes; taken reports that it was.
-	lists     []json.RawMessage
-	listHeads []Head
-	taken     bool
 
 	// Linearization's buffers (see linearizer).
 	gens     []*node
@@ -129,38 +110,18 @@ type scratch struct {
 	segs     []records.Trajectory
 }
 
-// reset empties the buffers, keeping their storage; it clears what they
-// held so no tree stays reachable through them (the fields it does not
-// keep, cand and taken, are zeroed).
-func (sc *scratch) reset() {
-	clear(sc.nodeSlab)
-	clear(sc.kidSlab)
-	clear(sc.turnSlab)
-	clear(sc.path[:cap(sc.path)])
-	clear(sc.gens[:cap(sc.gens)])
-	clear(sc.builders)
-	clear(sc.spans)
-	clear(sc.segs)
-	// The caller appended to the lists past any length recorded here.
-	clear(sc.lists[:cap(sc.lists)])
-	clear(sc.listHeads[:cap(sc.listHeads)])
-	*sc = scratch{nodeSlab: sc.nodeSlab[:0], kidSlab: sc.kidSlab[:0], turnSlab: sc.turnSlab[:0],
-		path: sc.path[:0], gens: sc.gens[:0], builders: sc.builders[:0], spans: sc.spans[:0],
-		segs: sc.segs[:0], lists: sc.lists[:0], listHeads: sc.listHeads[:0]}
-}
-
 // grow returns the slab's current chunk with room for one more element,
 // taking a new chunk of capacity n when the last is full.
-func grow[T any](chunks *[][]T, pool *slabs[T], n int) *[]T {
+func grow[T any](chunks *[][]T, n int) *[]T {
 	if k := len(*chunks); k == 0 || len((*chunks)[k-1]) == cap((*chunks)[k-1]) {
-		*chunks = append(*chunks, pool.get(n))
+		*chunks = append(*chunks, make([]T, 0, n))
 	}
 	return &(*chunks)[len(*chunks)-1]
 }
 
 // newNode returns a zeroed node from the session's slab.
 func (s *Session) newNode() *node {
-	c := grow(&s.nodeSlab, s.opts.Arena.nodeSlabs(), 64)
+	c := grow(&s.nodeSlab, 64)
 	*c = (*c)[:len(*c)+1]
 	return &(*c)[len(*c)-1]
 }
@@ -184,7 +145,7 @@ type turn struct {
 // keepTurn stores what linearization reads of t for the session's life
 // and returns its address.
 func (s *Session) keepTurn(t *Turn) *turn {
-	c := grow(&s.turnSlab, s.opts.Arena.turnSlabs(), 16)
+	c := grow(&s.turnSlab, 16)
 	*c = append(*c, turn{PromptIDs: t.PromptIDs, OutputIDs: t.OutputIDs, OutputLogProbs: t.OutputLogProbs,
 		truncated: t.FinishReason == "length", illFormed: t.IllFormed})
 	k := &(*c)[len(*c)-1]
@@ -203,38 +164,7 @@ type replayKind struct {
 }
 
 // NewSession starts an empty session.
-func NewSession(opts Options) *Session {
-	s := &Session{opts: opts}
-	if a := opts.Arena; a != nil {
-		s.scratch, a.spare = a.spare, nil
-	}
-	return s
-}
-
-// MessageLists returns empty lists with capacity at least n, for the caller
-// to split a turn's prompt messages and their heads into
-// (Turn.PromptMessages, Turn.PromptHeads; a caller that extends one list in
-// place from turn to turn needs one pair a session). They stay valid until
-// Segments. With Options.Arena, the first pair a session takes is then
-// recycled for a later session, as the session's own working memory is;
-// later pairs, and lists appended past their capacity, come from the heap.
-func (s *Session) MessageLists(n int) ([]json.RawMessage, []Head) {
-	if s.scratch == nil {
-		s.scratch = &scratch{}
-	}
-	sc := s.scratch
-	if sc.taken || s.opts.Arena == nil {
-		return make([]json.RawMessage, 0, n), make([]Head, 0, n)
-	}
-	sc.taken = true
-	if cap(sc.lists) < n {
-		sc.lists = make([]json.RawMessage, 0, n)
-	}
-	if cap(sc.listHeads) < n {
-		sc.listHeads = make([]Head, 0, n)
-	}
-	return sc.lists[:0], sc.listHeads[:0]
-}
+func NewSession(opts Options) *Session { return &Session{opts: opts} }
 
 // Turns is the number of recorded (non-ignored) turns.
 func (s *Session) Turns() int { return s.turns }
@@ -265,46 +195,9 @@ func (m *message) readRole() error {
 	return err
 }
 
-// useHead takes m's role from h if h was read from m's bytes, and reports
-// whether it did.
-func (m *message) useHead(h *Head) bool {
-	if m.hasRole || !h.For(m.raw) {
-		return false
-	}
-	m.role, m.hasRole = h.role, true
-	return true
-}
-
-// readHeadWith is readHead, taking what h read if h was read from m's
-// bytes.
-func (m *message) readHeadWith(h *Head) (head, error) {
-	if !m.useHead(h) {
-		return m.readHead()
-	}
-	var hd head
-	if h.hasRole {
-		hd.Role = &m.role
-	}
-	if h.tc > 0 {
-		hd.ToolCalls = m.raw[h.tc0:h.tc]
-	}
-	return hd, nil
-}
-
+// readHead reads the message's role and tool_calls with encoding/json,
+// which also validates it as a JSON object.
 func (m *message) readHead() (head, error) {
-	if role, hasRole, toolCalls, ok := scanHead(m.raw); ok {
-		m.role, m.hasRole = role, true
-		h := head{ToolCalls: toolCalls}
-		if hasRole {
-			h.Role = &m.role // m lives in a slab or node: no copy escapes
-		}
-		return h, nil
-	}
-	return m.decodeHead()
-}
-
-// decodeHead is readHead through encoding/json (which words the errors).
-func (m *message) decodeHead() (head, error) {
 	var h head
 	raw := bytes.TrimSpace(m.raw)
 	if len(raw) == 0 || raw[0] != '{' {
@@ -466,7 +359,7 @@ func (s *Session) record(t *Turn) error {
 	resp.raw = t.ResponseMessage
 	rnone, useTool := isNull(t.ResponseMessage), false
 	if !rnone {
-		h, err := resp.readHeadWith(&t.ResponseHead)
+		h, err := resp.readHead()
 		if err != nil {
 			return fmt.Errorf("turn %d: response_message: %w", s.turns+1, err)
 		}
@@ -503,9 +396,6 @@ func (s *Session) record(t *Turn) error {
 	candidate := func(d int) *message {
 		if held != d {
 			s.cand = message{raw: raws[d]}
-			if d < len(t.PromptHeads) {
-				s.cand.useHead(&t.PromptHeads[d])
-			}
 			held = d
 		}
 		return &s.cand
@@ -560,9 +450,6 @@ descend:
 			*m = s.cand
 		} else {
 			m.raw = raws[d]
-			if d < len(t.PromptHeads) {
-				m.useHead(&t.PromptHeads[d])
-			}
 		}
 		// A node that fails here stays out of the tree.
 		if err := n.msg.readRole(); err != nil {
@@ -591,7 +478,7 @@ func (s *Session) addChild(p, n *node) {
 		p.children = append(p.children, n)
 		return
 	}
-	c := grow(&s.kidSlab, s.opts.Arena.kidSlabs(), 128)
+	c := grow(&s.kidSlab, 128)
 	*c = append(*c, n)
 	i := len(*c) - 1
 	p.children = (*c)[i : i+1 : i+1]

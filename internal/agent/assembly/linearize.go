@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math"
+	"slices"
 	"unsafe"
 
 	"github.com/kilnrl/kiln/formats/records"
@@ -38,50 +39,34 @@ type leafMeta struct {
 // numbered 0..k-1. Every segment carries base's ids and reward. The session
 // is drained whether or not an error is returned: a second call returns nil.
 //
-// Segment slices are freshly allocated (the list, and the tokens, masks and
-// logprobs, from Options.Arena when set), except RoutedExperts, which shares
+// Segment slices are freshly allocated, except RoutedExperts, which shares
 // memory with the recorded turn's routes.
 func (s *Session) Segments(base Base) ([]records.Trajectory, error) {
-	root, kind, T, a := s.root, s.replay, s.opts.ForkMergeMaxResponseTokens, s.opts.Arena
+	root, kind, T := s.root, s.replay, s.opts.ForkMergeMaxResponseTokens
 	sc := s.scratch
 	*s = Session{opts: s.opts}
 	if sc == nil {
 		return nil, nil // nothing recorded
 	}
-	// The segments hold no reference into the tree: once linearized, its
-	// memory serves the next session.
-	defer func() {
-		a.nodeSlabs().put(sc.nodeSlab)
-		a.kidSlabs().put(sc.kidSlab)
-		a.turnSlabs().put(sc.turnSlab)
-		if a != nil {
-			sc.reset()
-			a.spare = sc
-		}
-	}()
 	if root == nil {
 		return nil, nil // nothing recorded
 	}
-	l := linearizer{kind: kind, T: T, base: base, arena: a, scratch: sc}
+	l := linearizer{kind: kind, T: T, base: base, scratch: sc}
 	if err := l.walk(root); err != nil {
 		return nil, err
 	}
 	if len(l.segs) == 0 {
 		return nil, nil
 	}
-	// The list is built in the recycled scratch and handed out at its
-	// final length.
-	out := a.trajectories(len(l.segs))
-	copy(out, l.segs)
-	return out, nil
+	// The list is built in the scratch and handed out at its final length.
+	return slices.Clone(l.segs), nil
 }
 
 type linearizer struct {
-	kind  replayKind
-	T     int
-	base  Base
-	arena *Arena
-	seen  map[int32]struct{} // scratch for top-p row validation
+	kind replayKind
+	T    int
+	base Base
+	seen map[int32]struct{} // scratch for top-p row validation
 
 	// The session's scratch: gens is the generated nodes on the path being
 	// walked; builders and spans those of the current leaf; segs the
@@ -146,7 +131,7 @@ func (l *linearizer) leaf(gens []*node) error {
 			}
 			// capHint bounds the segment (its leaf's last prompt and
 			// output), so appends stay inside this memory.
-			tokens := l.arena.int32s(max(hint, len(t.PromptIDs)))[:len(t.PromptIDs)]
+			tokens := make([]int32, max(hint, len(t.PromptIDs)))[:len(t.PromptIDs)]
 			copy(tokens, t.PromptIDs)
 			l.builders = append(l.builders, builder{tokens: tokens, lead: len(tokens), lo: len(l.spans), hi: len(l.spans)})
 			b = &l.builders[len(l.builders)-1]
@@ -202,8 +187,8 @@ func (l *linearizer) emit(b *builder, meta leafMeta) error {
 	rl := n - b.lead
 	// Mask and logprobs are written in one pass, row order: context rows
 	// 0, output rows their mask and logprobs.
-	mask := l.arena.uint8s(rl)
-	lps := l.arena.float32s(rl)
+	mask := make([]uint8, rl)
+	lps := make([]float32, rl)
 	trained, at := 0, 0 // at: the first row not yet written
 	for _, sp := range spans {
 		r0 := sp.start - b.lead
@@ -360,13 +345,13 @@ func (l *linearizer) topK(seg *records.Trajectory, lead int, spans []span) {
 // down (a drift is found in one pass, not a failed whole-prefix compare and
 // a second pass).
 //
-// Why not a plain loop (or slices.Equal, a loop too): kiln-rollout
-// assemble --turns-jsonl on the 198 MB file of BenchmarkAssembleJSONL took
-// 0.06 s more CPU with an element-by-element lcp (user+sys median 0.64 s
-// against 0.58 s, alternating runs of the built binaries, 2026-12-03, load
-// 29-44), about 5% of the stage's 1.0-1.4 s wall time at load 14; a
-// 50,000-id compare took 85 µs as a loop, 90 µs as blocked slices.Equal,
-// 3.2 µs as this. Command:
+// Why not a plain loop (or slices.Equal, a loop too): the stage's wall
+// time needs it. kiln-rollout assemble --turns-jsonl on the 198 MB file of
+// BenchmarkAssembleJSONL (20 sessions of 100 turns), 15 alternating rounds
+// of the built binaries, 2026-12-03, load ~0.7 on 2 cores: median 0.41 s
+// wall (0.38-0.49), 0.44 s CPU with this lcp; 0.44 s wall (0.39-0.47),
+// 0.47 s CPU with an element-by-element loop: 7% of the stage. Command
+// (the binary timed with /usr/bin/time on the benchmark's file):
 //
 //	KILN_BENCH_TURNS_SESSIONS=20 go test ./stages/rollout -run '^$' -bench AssembleJSONL -benchtime 1x -timeout 30m
 func lcp(a, b []int32) int {

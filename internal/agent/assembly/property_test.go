@@ -410,32 +410,3 @@ func TestSharedMessageMemory(t *testing.T) {
 	}
 	t.Logf("%d messages shared with the previous turn", shared)
 }
-
-// TestArenaMatchesHeap: segments built in a reused arena equal those built
-// on the heap, session after session.
-func TestArenaMatchesHeap(t *testing.T) {
-	arena := &Arena{}
-	for seed := int64(1); seed <= 200; seed++ {
-		turns, _ := genSession(seed)
-		var got [2][]records.Trajectory
-		for k, a := range []*Arena{nil, arena} {
-			s := NewSession(Options{ForkMergeMaxResponseTokens: int(seed % 3), Arena: a})
-			for _, tr := range turns {
-				if err := s.Record(tr); err != nil {
-					t.Fatal(err)
-				}
-			}
-			segs, err := s.Segments(Base{RolloutID: seed})
-			if err != nil {
-				t.Fatal(err)
-			}
-			got[k] = segs
-		}
-		if !reflect.DeepEqual(got[0], got[1]) {
-			t.Fatalf("seed %d: arena and heap segments differ", seed)
-		}
-		if seed%7 == 0 {
-			arena.Reset() // also across resets, with memory holding old data
-		}
-	}
-}

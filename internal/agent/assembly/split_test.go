@@ -8,10 +8,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// splitText is Split of a string, without the heads.
+// splitText is Split of a string.
 func splitText(s *Splitter, text string) ([]json.RawMessage, error) {
-	msgs, _, err := s.Split([]byte(text))
-	return msgs, err
+	return s.Split([]byte(text))
 }
 
 func TestSplitArray(t *testing.T) {
@@ -53,39 +52,11 @@ func TestMessageSplitterReusesPrefix(t *testing.T) {
 	assert.ErrorContains(t, err, "prompt_messages")
 }
 
-// TestMessageSplitterSpare: the spare storage serves one list split from
-// scratch, and only one.
-func TestMessageSplitterSpare(t *testing.T) {
-	spare, spareHeads := make([]json.RawMessage, 0, 4), make([]Head, 0, 4)
-	s := Splitter{spare: spare, spareHeads: spareHeads}
-	a, heads, err := s.Split([]byte(`[{"role":"user","content":"u"}]`))
-	require.NoError(t, err)
-	require.Len(t, a, 1)
-	assert.True(t, &a[0] == &spare[:1][0] && &heads[0] == &spareHeads[:1][0], "the spare holds the first list")
-	b, err := splitText(&s, `[{"role":"user","content":"summary"}]`)
-	require.NoError(t, err)
-	assert.False(t, &b[0] == &spare[:1][0], "a second list split from scratch has storage of its own")
-	assert.Equal(t, `{"role":"user","content":"u"}`, string(a[0]))
-}
-
-// TestNewSplitter: a splitter's first list is the session's recycled pair.
+// TestNewSplitter: a splitter's lists have the capacity asked for.
 func TestNewSplitter(t *testing.T) {
-	sess := NewSession(Options{Arena: &Arena{}})
-	s := NewSplitter(sess, 16)
-	msgs, heads, err := s.Split([]byte(`[{"role":"user","content":"u"},{"role":"tool","content":"t"}]`))
+	s := NewSplitter(16)
+	msgs, err := s.Split([]byte(`[{"role":"user","content":"u"},{"role":"tool","content":"t"}]`))
 	require.NoError(t, err)
 	require.Len(t, msgs, 2)
-	require.Len(t, heads, 2)
 	assert.GreaterOrEqual(t, cap(msgs), 16)
-	assert.True(t, heads[0].For(msgs[0]) && heads[1].For(msgs[1]), "the objects were read as they were cut")
-	// The expected message is cut by comparison, with the same head.
-	resp := []byte(`{"role":"assistant","content":"a"}`)
-	h, _, ok := ScanMessage(resp, 0)
-	require.True(t, ok)
-	s.Expect(h)
-	next, nextHeads, err := s.Split([]byte(`[{"role":"user","content":"u"},{"role":"tool","content":"t"},{"role":"assistant","content":"a"}]`))
-	require.NoError(t, err)
-	require.Len(t, next, 3)
-	assert.True(t, nextHeads[2].For(next[2]))
-	assert.Equal(t, string(resp), string(next[2]))
 }

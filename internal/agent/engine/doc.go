@@ -37,9 +37,7 @@
 //     mask and routed experts present and consistent. Failures are
 //     *ReplyError with a Reason; HTTP failures are *HTTPError (message from
 //     error.message, detail, or the raw body, §1). A generate reply is read
-//     by a typed decoding (typed.go) when it takes it, else step by step,
-//     which words the error; both give the same Generation for a reply both
-//     read.
+//     with encoding/json one level at a time, which words every error.
 //   - Weight versions (§10.4): choices[0].weight_versions, when it is a list
 //     of integers and strings (kiln's serve.py: one per output token), is
 //     Generation.WeightVersions; any other form is ignored, never an error

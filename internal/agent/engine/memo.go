@@ -6,8 +6,6 @@ import (
 	"math"
 	"slices"
 	"sync"
-
-	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 // Memo is what the client remembers of one conversation between its calls,
@@ -117,13 +115,10 @@ func (m *Memo) scan(raw []byte) (_ []int32, ok bool) {
 }
 
 // decodeIDs reads raw as a JSON list of non-negative int32 ids, as
-// json.Unmarshal into []int64 reads it (null elements read as 0), through
-// ojson.DecodeInts, the one reader of integer lists: json.Unmarshal's
-// reflection was a tenth of the adapter's CPU per turn once the /tokenize
-// replies were skimmed (BenchmarkDecodeIDs: ÷unmarshal).
+// json.Unmarshal into []int64 reads it (null elements read as 0).
 func decodeIDs(raw []byte) ([]int32, bool) {
-	vals, ok := ojson.DecodeInts(raw)
-	if !ok || vals == nil {
+	var vals []int64
+	if json.Unmarshal(raw, &vals) != nil || vals == nil {
 		return nil, false
 	}
 	ids := make([]int32, len(vals))

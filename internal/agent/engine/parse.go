@@ -361,21 +361,9 @@ func usageJSON(route string, raw json.RawMessage) (usageCounts, error) {
 }
 
 // parseGenerate reads and validates a POST /inference/v1/generate reply
-// (shapes A, B, C of docs/engine-wire.md §5.4): by readGenerate's typed decoding
-// when it takes the reply, else (an invalid reply, or an unusual one) by
-// parseGenerateSteps, which words every error. Both return the same
-// Generation for a reply both read (TestTypedGenerate, FuzzParseGenerate).
+// (shapes A, B, C of docs/engine-wire.md §5.4) with encoding/json one level
+// at a time, each field kept raw until it is read, and words every error.
 func parseGenerate(body []byte, req *GenerateRequest) (Generation, error) {
-	if g, ok := readGenerate(body, req); ok {
-		return g, nil
-	}
-	return parseGenerateSteps(body, req)
-}
-
-// parseGenerateSteps reads and validates a generate reply with encoding/json
-// one level at a time, each field kept raw until it is read, and words
-// every error.
-func parseGenerateSteps(body []byte, req *GenerateRequest) (Generation, error) {
 	const route = string(RouteGenerate)
 	resp, ch, err := decodeTop(route, body)
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -52,6 +51,18 @@ func TestReadTokenize(t *testing.T) {
 		`{"tokens":[1,22,-333]}`,
 		`{"tokens":[1,22,333,4x]}`,
 		`{"tokens":[1,22]}`,
+		`{"tokens":[1,22,333],"tokens":null}`,
+		`{"tok\u0065ns":[1,2]}`,
+		"{\"tokens\":[1],\"a\tb\":1}",
+		`{"tokens":[1],"count":1,"count":null}`,
+		`{"tokens":[1],"max_model_len":"5"}`,
+		`{"tokens":[1],"max_model_len":5.5}`,
+		`{"tokens":[1],"token_strs":[tru]}`,
+		`{"tokens":[1],"token_strs":["\x"]}`,
+		`{"tokens":[1],"x":01}`,
+		`{"tokens":[1]}{}`,
+		`{"tokens":[1],}`,
+		`{"tokens":[null,5]}`,
 	}
 	for _, body := range cases {
 		var want struct {
@@ -138,10 +149,10 @@ func FuzzParseGenerate(f *testing.F) {
 	// Per-token weight versions (TestWeightVersions): read, or ignored.
 	f.Add([]byte(weightsReply(`,"weight_versions":[7,"8"]`)))
 	f.Add([]byte(weightsReply(`,"weight_versions":[7,7.5],"Weight_Versions":[1,1]`)))
+	for _, body := range generateEdgeCases(f) {
+		f.Add([]byte(body))
+	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		// Wherever the typed reading takes a reply, the step-by-step
-		// reading gives the same Generation.
-		checkTyped(t, body)
 		g, err := parseGenerate(body, &GenerateRequest{PromptIDs: []int32{1, 2}})
 		if err != nil || !json.Valid(body) {
 			return
@@ -190,6 +201,94 @@ func FuzzParseGenerate(f *testing.F) {
 	})
 }
 
+// generateEdgeCases are replies at the edges of every field parseGenerate
+// reads: repeated and case-folded keys, nulls where numbers go, non-finite
+// values, trailing bytes (FuzzParseGenerate's seeds).
+func generateEdgeCases(f *testing.F) []string {
+	read := func(name string) string {
+		b, err := os.ReadFile(filepath.Join("testdata", name))
+		if err != nil {
+			f.Fatal(err)
+		}
+		return string(b)
+	}
+	a, b, c := read("generate_a.json"), read("generate_b.json"), read("generate_c.json")
+	e := func(body string) string {
+		return `{"choices":[{"token_ids":[5],"logprobs":{"content":[` + body + `]},"sampling_mask":[[5]]}],"output_mode":"tokens"}`
+	}
+	return []string{
+		e(`{"token_id":5,"logprob":-1}`),
+		e(`{"token_id":5,"logprob":-1,"top_logprobs":[{"token_id":5,"logprob":-1}]}`),
+		e(`{"token_id":5,"token_id":null,"logprob":-1}`),
+		e(`{"token_id":null,"token_id":5,"logprob":-1}`),
+		e(`{"token_id":6,"token_id":5,"logprob":-1}`),
+		e(`{"TOKEN_ID":5,"logprob":-1}`),
+		e(`{"token_id":5,"logprob":-1,"logprob":null}`),
+		e(`{"token_id":5,"logprob":null,"logprob":-2}`),
+		e(`{"token_id":5,"logprob":"-1"}`),
+		e(`{"token_id":5,"logprob":-1e300}`),
+		e(`{"token_id":5,"logprob":-1e400}`),
+		e(`{"token_id":5,"logprob":-0}`),
+		e(`{"token_id":5,"logprob":NaN}`),
+		e(`{"token_id":5,"logprob":-Infinity}`),
+		e(`{"token_id":5.0,"logprob":-1}`),
+		e(`{"token_id":-0,"logprob":-1}`),
+		e(`{"token_id":"5","logprob":-1}`),
+		e(`{"token":"token_id:5","logprob":-1}`),
+		e(`{"token":"token_id:6","logprob":-1}`),
+		e(`{"token":"token_id:x","logprob":-1}`),
+		e(`{"token":"token\u005fid:6","logprob":-1}`),
+		e(`{"token":"hello","logprob":-1}`),
+		e(`{"token":7,"logprob":-1}`),
+		e(`{"token":null,"token_id":5,"logprob":-1}`),
+		e(`{"token":"token_id:5","token_id":6,"logprob":-1}`),
+		e(`{"logprob":-1}`),
+		e(`null`),
+		e(`5`),
+		e(`{"token_id":5,"logprob":-1,"top_logprobs":[{"token_id":5,"logprob":-1}],"top_logprobs":[{"token":"x","logprob":-1}]}`),
+		e(`{"token_id":5,"logprob":-1,"top_logprobs":[{"token_id":6,"logprob":-1}],"top_logprobs":[{"token_id":5,"logprob":-1}]}`),
+		e(`{"token_id":5,"logprob":-1,"top_logprobs":[{"token_id":5,"logprob":-1},{"token_id":5,"logprob":-2}]}`),
+		e(`{"token_id":5,"logprob":-1,"top_logprobs":[{"token_id":5,"logprob":-1},{"token_id":7,"logprob":-2},{"token_id":8,"logprob":-2}]}`),
+		e(`{"token_id":5,"logprob":-1,"top_logprobs":null}`),
+		e(`{"token_id":5,"logprob":-1,"top_logprobs":[null]}`),
+		`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"token_id":5,"logprob":-1}]}}],"choices":[{"token_ids":[5],"logprobs":{"content":[{"logprob":-1}]}}]}`,
+		`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"token_id":5,"logprob":-1}]}}],"Choices":[{"token_ids":[5],"logprobs":{"content":[{"token":"a","logprob":-1}]}}]}`,
+		`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"token_id":5,"logprob":-1}]},"logprobs":{"content":[{"logprob":-1}]}}]}`,
+		`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"token_id":5,"logprob":-1}],"content":[{"logprob":-1}]}}]}`,
+		`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"token_id":5,"logprob":-1}]},"logprobs":null}]}`,
+		`{"choices":[{"token_ids":[6],"token_ids":[5],"logprobs":{"content":[{"token_id":5,"logprob":-1}]}}]}`,
+		`{"choices":[{"token_ids":[5],"token_ids":null,"logprobs":{"content":[{"token_id":5,"logprob":-1}]}}]}`,
+		`{"choices":[{"TOKEN_IDS":[5],"Logprobs":{"CONTENT":[{"token_id":5,"logprob":-1}]}}],"USAGE":{"completion_tokens":1}}`,
+		`{"choices":[{"token_ids":[null],"logprobs":{"content":[{"logprob":-1}]}}]}`,
+		`{"choices":[{"token_ids":[2147483648],"logprobs":{"content":[{"logprob":-1}]}}]}`,
+		`{"choices":[{"token_ids":[1e0],"logprobs":{"content":[{"logprob":-1}]}}]}`,
+		`{"choices":[{"token_ids":[],"logprobs":{"content":[]}}]}`,
+		`{"choices":[{"token_ids":[],"logprobs":{}}]}`,
+		`{"choices":[{"token_ids":[],"logprobs":{"content":null}}]}`,
+		`{"choices":[{"token_ids":[],"logprobs":{"content":[]},"sampling_mask":[]}]}`,
+		`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"logprob":-1}]},"sampling_mask":[[5,null]]}]}`,
+		`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"logprob":-1}]},"sampling_mask":[null]}]}`,
+		`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"logprob":-1}]},"sampling_mask":[[6]],"sampling_mask":[[5]]}]}`,
+		`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"logprob":-1}]},"sampling_mask":"x"}]}`,
+		`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"logprob":-1}]}}],"usage":{"completion_tokens":1},"usage":{}}`,
+		`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"logprob":-1}]}}],"usage":{"x":1}}`,
+		`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"logprob":-1}]}}],"usage":{"completion_tokens":1,"prompt_tokens":"7"}}`,
+		`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"logprob":-1}]},"finish_reason":"length","finish_reason":null,"stop_reason":"x"}],"model":null,"created":1}`,
+		`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"logprob":-1}]}}],"created":NaN}`,
+		`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"logprob":-1}]}}]} `,
+		`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"logprob":-1}]}}]} x`,
+		`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"logprob":-1}]}}]}{}`,
+		`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"logprob":-1}]},}]}`,
+		`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"logprob":-1}]}},]}`,
+		`{"choices":[null]}`,
+		`{"choices":[{"token_ids":[5],"logprobs":{"content":[{"logprob":-1}]}},{}]}`,
+		"\u00a0" + `{"choices":[{"token_ids":[5],"logprobs":{"content":[{"logprob":-1}]}}]}`,
+		` ` + a + "\n",
+		strings.Replace(b, `"completion_tokens":2`, `"completion_tokens":3`, 1),
+		strings.Replace(c, `"sampling_mask":[[9707,13,11],[151658]]`, `"sampling_mask":[[9707,13,11],[151658]],"sampling_mask":null`, 1),
+	}
+}
+
 // benchGenerateReply is a newest-shape generate reply of n sampled tokens,
 // each with its sampled-token top entry (logprobs: 0): the reply the
 // adapter reads every turn.
@@ -216,32 +315,16 @@ func benchGenerateReply(n int) []byte {
 	return []byte(sb.String())
 }
 
-// BenchmarkParseGenerate reads a 148-token reply (benchGenerateReply):
-// kiln's reading (parseGenerate, which takes it by readGenerate) and, in
-// the same run, the baseline, encoding/json's step-by-step reading
-// (parseGenerateSteps); ÷steps is the ratio of their times.
+// BenchmarkParseGenerate reads a 148-token reply (benchGenerateReply).
 func BenchmarkParseGenerate(b *testing.B) {
 	body := benchGenerateReply(148)
 	req := &GenerateRequest{PromptIDs: make([]int32, 4000)}
-	const rounds = 100
-	t0 := time.Now()
-	for range rounds {
-		if g, err := parseGenerateSteps(body, req); err != nil || len(g.OutputIDs) != 148 {
-			b.Fatal(err)
-		}
-	}
-	steps := time.Since(t0) / rounds
 	b.SetBytes(int64(len(body)))
-	t0 = time.Now()
 	for b.Loop() {
-		g, err := parseGenerate(body, req)
-		if err != nil || len(g.OutputIDs) != 148 {
+		if g, err := parseGenerate(body, req); err != nil || len(g.OutputIDs) != 148 {
 			b.Fatal(err)
 		}
 	}
-	kiln := time.Since(t0) / time.Duration(b.N)
-	b.ReportMetric(float64(steps.Nanoseconds())/1e3, "steps-µs")
-	b.ReportMetric(float64(steps)/float64(kiln), "÷steps")
 }
 
 // BenchmarkReadTokenize reads a /tokenize reply of 5,000 ids without a
@@ -256,6 +339,47 @@ func BenchmarkReadTokenize(b *testing.B) {
 	for b.Loop() {
 		if got, _, err := readTokenize(body, nil); err != nil || len(got) != len(ids) {
 			b.Fatal(err)
+		}
+	}
+}
+
+// completionsBody writes what encoding/json writes of the whole body, with
+// and without a model, request id and memo.
+func TestCompletionsBodyIsMarshal(t *testing.T) {
+	var memo Memo
+	prompt, _, err := readTokenize([]byte(`{"tokens":[151644,872,198,0,7]}`), &memo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, model := range []string{"", "qwen3<&>"} {
+		for _, req := range []GenerateRequest{
+			{PromptIDs: []int32{1, 22, 333}, Sampling: SamplingParams{MaxTokens: 5, Stop: []string{"</x>"}, Logprobs: 2}},
+			{PromptIDs: prompt, Memo: &memo, RequestID: "r1", CacheSalt: "s", Sampling: SamplingParams{MaxTokens: 1, TopK: ptr(-1)}},
+		} {
+			c := &Client{opts: Options{Model: model}}
+			got, err := c.completionsBody(&req, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := req.Sampling
+			one, zero, zeroF := 1.0, 0, 0.0
+			p.Temperature, p.TopP, p.MinP, p.RepetitionPenalty = &one, &one, &zeroF, &one
+			if p.TopK == nil {
+				p.TopK = &zero
+			}
+			want, err := marshal(struct {
+				Model  string  `json:"model,omitempty"`
+				Prompt []int32 `json:"prompt"`
+				wireSampling
+				ReturnTokensAsTokenIDs bool   `json:"return_tokens_as_token_ids"`
+				ReturnTokenIDs         bool   `json:"return_token_ids"`
+				RequestID              string `json:"request_id,omitempty"`
+				CacheSalt              string `json:"cache_salt,omitempty"`
+			}{model, req.PromptIDs, wireSamplingOf(&p, 3), true, true, req.RequestID, req.CacheSalt})
+			if err != nil {
+				t.Fatal(err)
+			}
+			assert.Equal(t, string(want), string(got))
 		}
 	}
 }

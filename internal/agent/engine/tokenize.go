@@ -9,9 +9,6 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"strings"
-
-	"github.com/kilnrl/kiln/internal/ojson"
 )
 
 // ChatRequest is the chat form of POST /tokenize (docs/engine-wire.md §2.2).
@@ -150,93 +147,10 @@ func (c *Client) tokenize(ctx context.Context, body []byte, memo *Memo) ([]int32
 }
 
 // readTokenize reads a /tokenize reply: its ids (through memo, see Memo)
-// and max_model_len (0 when absent).
+// and max_model_len (0 when absent). The reply is decoded with its tokens
+// list raw, the list read through memo (decoded whole without one), and a
+// reply the memo does not take is decoded again to word the error.
 func readTokenize(body []byte, memo *Memo) (ids []int32, maxLen int, err error) {
-	if memo == nil {
-		if ids, maxLen, ok := readTokenizeTyped(body); ok {
-			return ids, maxLen, nil
-		}
-	} else if ids, maxLen, ok := readTokenizeSkim(body, memo); ok {
-		return ids, maxLen, nil
-	}
-	return readTokenizeSteps(body, memo)
-}
-
-// readTokenizeSkim is readTokenizeSteps through a memo without decoding
-// the reply with encoding/json: the reply's object is skimmed with ojson
-// (structure checked), every value but the tokens list is checked or
-// decoded with encoding/json (small values: count, max_model_len,
-// token_strs), and the tokens list goes to the memo as its raw bytes, which
-// the memo checks as it reads them (shared bytes against the remembered
-// list's, the rest decoded). encoding/json's reading of a 30 kB reply
-// (validating it, then skipping and copying the list) was a third of the
-// adapter's CPU per turn (BenchmarkReadTokenizeMemo, beside
-// BenchmarkReadTokenize: about 10× less here). ok=false for anything the
-// two readings might read differently — a key with an escape or a control
-// byte, a key that matches a field only case-insensitively, a field met
-// twice, a value encoding/json refuses, a tokens list the memo does not
-// take, a count that disagrees — which readTokenizeSteps then reads (and
-// words the error of); TestSkimTokenize and FuzzSkimTokenize hold it to
-// that.
-//
-// It and readTokenizeTyped stay by measurement: see typed.go for the
-// figures and commands (issue 37).
-func readTokenizeSkim(body []byte, memo *Memo) (ids []int32, maxLen int, ok bool) {
-	var (
-		count                         *int
-		tokens                        []byte
-		seenCount, seenLen, seenToken bool
-	)
-	end := ojson.WalkObject(body, ojson.Space(body, 0), func(key []byte, v int) int {
-		e := ojson.ValueEnd(body, v)
-		if e < 0 {
-			return -1
-		}
-		val := body[v:e]
-		for _, c := range key {
-			if c < 0x20 || c == '\\' {
-				return -1
-			}
-		}
-		switch string(key) {
-		case "tokens":
-			if seenToken {
-				return -1
-			}
-			seenToken, tokens = true, val
-		case "count":
-			if seenCount || json.Unmarshal(val, &count) != nil {
-				return -1
-			}
-			seenCount = true
-		case "max_model_len":
-			if seenLen || json.Unmarshal(val, &maxLen) != nil {
-				return -1
-			}
-			seenLen = true
-		default:
-			k := string(key)
-			if strings.EqualFold(k, "tokens") || strings.EqualFold(k, "count") || strings.EqualFold(k, "max_model_len") ||
-				!json.Valid(val) {
-				return -1
-			}
-		}
-		return e
-	})
-	if end < 0 || ojson.Space(body, end) != len(body) || tokens == nil || isNull(tokens) {
-		return nil, 0, false
-	}
-	ids, ok = memo.scan(tokens)
-	if !ok || count != nil && *count != len(ids) {
-		return nil, 0, false
-	}
-	return ids, maxLen, true
-}
-
-// readTokenizeSteps is readTokenize the long way: the reply decoded with
-// its tokens list raw, the list read through memo (decoded whole without
-// one), and the reply decoded again to word an error.
-func readTokenizeSteps(body []byte, memo *Memo) (ids []int32, maxLen int, err error) {
 	var resp struct {
 		Count       *int            `json:"count"`
 		MaxModelLen int             `json:"max_model_len"`
@@ -251,45 +165,6 @@ func readTokenizeSteps(body []byte, memo *Memo) (ids []int32, maxLen int, err er
 		}
 	}
 	return readTokenizeIDs(body)
-}
-
-// readTokenizeTyped is what readTokenize reads without a memo (the last
-// "tokens" list decoded as ids, count and max_model_len decoded as struct
-// fields are), in one decoding of the reply rather than two; ok=false
-// for anything else, an error or not, which readTokenize then reads the
-// long way. The reply is walked key by key (see walker) so that each
-// "tokens" value is decoded on its own, as the memo's path decodes the
-// last one: decoded into one []int64, a repeated key would keep an earlier
-// list's ids where a later one has null.
-func readTokenizeTyped(body []byte) (ids []int32, maxLen int, ok bool) {
-	var (
-		count  *int
-		tokens []int64
-	)
-	w := walker{json.NewDecoder(bytes.NewReader(body))}
-	root := func(key string) bool {
-		switch {
-		case strings.EqualFold(key, "count"):
-			return w.value(&count)
-		case strings.EqualFold(key, "max_model_len"):
-			return w.value(&maxLen)
-		case strings.EqualFold(key, "tokens"):
-			tokens = nil
-			return w.value(&tokens)
-		}
-		return w.skip()
-	}
-	if !w.object(root) || !w.end() || tokens == nil || count != nil && *count != len(tokens) {
-		return nil, 0, false
-	}
-	ids = make([]int32, len(tokens))
-	for i, t := range tokens {
-		if t < 0 || t > math.MaxInt32 {
-			return nil, 0, false
-		}
-		ids[i] = int32(t)
-	}
-	return ids, maxLen, true
 }
 
 // readTokenizeIDs reads a /tokenize reply the memo did not take (tokens

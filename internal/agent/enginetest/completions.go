@@ -16,17 +16,13 @@ import (
 // return_token_ids are honoured. prompt + max_tokens beyond max_model_len
 // is a 400, as in vLLM's OpenAI frontend.
 func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request, body []byte, info *reqInfo) {
-	m, aerr := decodeBody(body)
-	if aerr == nil {
-		aerr = e.checkModel(m)
-	}
-	if aerr != nil {
-		writeError(w, aerr)
+	m, ok := e.readRequest(w, body)
+	if !ok {
 		return
 	}
 	var prompts [][]int
 	raw := m["prompt"]
-	one, oneOK := ojson.DecodeInts(raw)
+	one, oneOK := intList(raw)
 	var many [][]int
 	var str string
 	var strs []string

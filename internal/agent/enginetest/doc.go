@@ -60,17 +60,8 @@
 //
 // Cost: the load benchmarks run the engine on the cores kiln runs on, so
 // its CPU is taken from what they measure (docs/rollout.md §6.2). It reads
-// bodies by ojson skimming as strictly as encoding/json reads them
-// (objectFields, ojson.DecodeInts: a prompt's ids are read once), writes
-// shape (C)'s logprobs straight into pooled reply buffers, tokenizes into
-// pooled lists and parses chat messages through a cache by their bytes;
-// each shortcut has a test holding it to the plain code it stands for.
-// BenchmarkEngineTurn is one agent turn's handler CPU. Measured side by side
-// (issue 37, 2026-12-03, load 15-20): with these shortcuts replaced by
-// encoding/json, a pool-less writer and no cache, the engine's CPU a turn in
-// BenchmarkRun went from 0.72-0.81 ms to 2.11-2.16 ms and kiln-rollout run
-// against the same sandbox work alone from 1.15-1.38x to 1.51-1.82x (goal
-// <= 1.3x), so they stay. Command:
-//
-//	go test ./stages/rollout -run '^$' -bench '^BenchmarkRun$' -benchtime 1x
+// bodies with encoding/json, writes replies into pooled buffers, tokenizes
+// into pooled lists and parses chat messages through a cache by their
+// bytes (TestRenderCache holds the cache to the plain render).
+// BenchmarkEngineTurn is one agent turn's handler CPU.
 package enginetest

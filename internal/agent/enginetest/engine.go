@@ -1,6 +1,7 @@
 package enginetest
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/kilnrl/kiln/internal/ojson"
 )
@@ -422,8 +422,8 @@ func readBody(r *http.Request) ([]byte, error) {
 // duplicate keys wins). Like json.Decoder, it reads the first value only
 // and ignores what follows it.
 func decodeBody(body []byte) (map[string]json.RawMessage, *apiError) {
-	m, _, _, ok := objectFields(body, true, "")
-	if !ok {
+	var m map[string]json.RawMessage
+	if json.NewDecoder(bytes.NewReader(body)).Decode(&m) != nil || m == nil {
 		return nil, bodyError()
 	}
 	return m, nil
@@ -433,68 +433,37 @@ func bodyError() *apiError {
 	return schemaError("body", "1 validation error:\n  body: Input should be a valid JSON object")
 }
 
-// objectFields reads the JSON object b holds, white space around it aside,
-// into its raw fields, as encoding/json reads it into a
-// map[string]json.RawMessage (keys unescaped, the last of duplicate keys
-// winning, values as written): by json.Decoder's Decode when trailing is
-// true (what follows the first value is not read), by Unmarshal when false.
-// ok is false where that decoding fails or leaves the map nil (null). The
-// object is walked in place, its keys and values checked as ojson.Valid
-// checks them: json.Decoder's scanning of the whole body, a prompt's
-// thousands of ids included, was a sixth of the engine's CPU
-// (docs/rollout.md §6.2). The values alias b.
-//
-// When intsKey is set, the last value of that key is also read by
-// ojson.DecodeInts, into ints (intsOK: it is an id list, as DecodeInts
-// says of m[intsKey]); one that DecodeInts takes is valid JSON, so a
-// prompt's ids are read once, not checked and then read.
-func objectFields(b []byte, trailing bool, intsKey string) (m map[string]json.RawMessage, ints []int, intsOK, ok bool) {
-	s := ojson.Space(b, 0)
-	if s >= len(b) || b[s] != '{' {
-		return nil, nil, false, false
-	}
-	m = make(map[string]json.RawMessage, 8)
-	end := ojson.WalkObject(b, s, func(key []byte, v int) int {
-		k, ok := fieldKey(key)
-		if !ok {
-			return -1
-		}
-		if intsKey != "" && k == intsKey {
-			ints, intsOK = nil, false
-			if e := ojson.ValueEnd(b, v); e >= 0 {
-				if ints, intsOK = ojson.DecodeInts(b[v:e]); intsOK {
-					m[k] = b[v:e:e]
-					return e
-				}
-			}
-		}
-		e := ojson.ValidValue(b, v, 1)
-		if e < 0 {
-			return -1
-		}
-		m[k] = b[v:e:e]
-		return e
-	})
-	if end < 0 || !trailing && ojson.Space(b, end) != len(b) {
-		return nil, nil, false, false
-	}
-	return m, ints, intsOK, true
+// intList reads raw as a JSON list of integers (null elements read as 0);
+// ok is false for anything else, null included.
+func intList(raw json.RawMessage) (ids []int, ok bool) {
+	return ids, len(raw) > 0 && json.Unmarshal(raw, &ids) == nil && ids != nil
 }
 
-// fieldKey is the text of an object key given between its quotes, as
-// encoding/json decodes it (escapes undone, invalid UTF-8 replaced); ok is
-// false for a key that is no valid string literal.
-func fieldKey(key []byte) (string, bool) {
-	for _, c := range key {
-		if c < 0x20 {
-			return "", false
-		}
-		if c == '\\' || c >= utf8.RuneSelf {
-			q := make([]byte, 0, len(key)+2)
-			return ojson.Unquote(append(append(append(q, '"'), key...), '"'))
-		}
+// readRequest decodes a request body and checks its model, writing the
+// error reply when either fails (ok false).
+func (e *Engine) readRequest(w http.ResponseWriter, body []byte) (m map[string]json.RawMessage, ok bool) {
+	m, aerr := decodeBody(body)
+	if aerr == nil {
+		aerr = e.checkModel(m)
 	}
-	return string(key), true
+	if aerr != nil {
+		writeError(w, aerr)
+		return nil, false
+	}
+	return m, true
+}
+
+// idsError is the reply to a list of token ids given as field that holds a
+// negative id or one outside the vocabulary, or nil.
+func idsError(field string, ids []int) *apiError {
+	bad, ok := ValidIDs(ids)
+	switch {
+	case ok:
+		return nil
+	case bad < 0:
+		return schemaError(field, "%s: Input should be greater than or equal to 0", field)
+	}
+	return badRequest("Token id %d is out of vocabulary", bad)
 }
 
 // checkModel enforces the optional model field (docs/engine-wire.md §1: unknown model → 404).

@@ -6,7 +6,6 @@ import (
 	"math"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -380,15 +379,11 @@ func (e *Engine) handleGenerate(w http.ResponseWriter, r *http.Request, body []b
 		writeError(w, &apiError{status: 501, typ: "NotImplementedError", message: "The model does not support generate tokens API"})
 		return
 	}
-	m, prompt, ok, bodyOK := objectFields(body, true, "token_ids")
-	aerr := bodyError()
-	if bodyOK {
-		aerr = e.checkModel(m)
-	}
-	if aerr != nil {
-		writeError(w, aerr)
+	m, ok := e.readRequest(w, body)
+	if !ok {
 		return
 	}
+	prompt, ok := intList(m["token_ids"])
 	if !ok {
 		writeError(w, schemaError("token_ids", "1 validation error:\n  token_ids: Field required (a list of integers)"))
 		return
@@ -397,16 +392,12 @@ func (e *Engine) handleGenerate(w http.ResponseWriter, r *http.Request, body []b
 		writeError(w, schemaError("token_ids", "1 validation error:\n  token_ids: List should have at least 1 item after validation, not 0"))
 		return
 	}
-	if bad, ok := ValidIDs(prompt); !ok {
-		if bad < 0 {
-			writeError(w, schemaError("token_ids", "token_ids: Input should be greater than or equal to 0"))
-		} else {
-			writeError(w, badRequest("Token id %d is out of vocabulary", bad))
-		}
+	if aerr := idsError("token_ids", prompt); aerr != nil {
+		writeError(w, aerr)
 		return
 	}
-	spRaw, _, _, ok := objectFields(m["sampling_params"], false, "")
-	if !ok {
+	var spRaw map[string]json.RawMessage
+	if json.Unmarshal(m["sampling_params"], &spRaw) != nil || spRaw == nil {
 		writeError(w, schemaError("sampling_params", "1 validation error:\n  sampling_params: Field required (an object)"))
 		return
 	}
@@ -472,11 +463,7 @@ func (e *Engine) generateResponse(res *genResult, prompt []int, reqID string, re
 	shape := e.opts.Shape
 	var logprobs any
 	if res.k >= -1 && f != FaultMissingLogprobs {
-		if shape == ShapeTokenIDs {
-			logprobs = ojson.Obj("content", json.RawMessage(appendContentC(make([]byte, 0, 2+128*len(res.ids)), res, f)))
-		} else {
-			logprobs = ojson.Obj("content", logprobsContent(res, shape, f))
-		}
+		logprobs = ojson.Obj("content", logprobsContent(res, shape, f))
 	}
 	n := len(res.ids)
 	usageN := n
@@ -538,8 +525,7 @@ func (e *Engine) generateResponse(res *genResult, prompt []int, reqID string, re
 }
 
 // logprobsContent builds logprobs.content of a generate reply as values
-// for ojson.Append: the shapes (A) and (B), and for (C) the reference
-// appendContentC is held to (TestAppendContentC).
+// for ojson.Append, in each shape.
 func logprobsContent(res *genResult, shape ResponseShape, f Fault) []any {
 	label := func(id int) any {
 		if shape == ShapeTokenIDs {
@@ -599,52 +585,6 @@ func entryCandidates(res *genResult, i, id int, lp float64) []candidate {
 	}
 	cands := topCandidates(id, lp, res.ranks[i], res.k)
 	return cands[:min(len(cands), max(res.k, 1))]
-}
-
-// appendContentC appends shape (C)'s logprobs.content list, the bytes
-// ojson.Append writes for logprobsContent's values, without an object per
-// entry and candidate: with a hundred output tokens a reply, building and
-// walking those was most of the engine's reply writing (docs/rollout.md §6.2).
-func appendContentC(b []byte, res *genResult, f Fault) []byte {
-	b = append(b, '[')
-	n := len(res.ids)
-	if f == FaultFewerLogprobs && n > 0 {
-		n--
-	}
-	last := len(b)
-	for i := 0; i < n; i++ {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		last = len(b)
-		lp, id := entryFault(res, i, res.ids[i], f)
-		b = append(b, `{"token_id":`...)
-		b = strconv.AppendInt(b, int64(id), 10)
-		b = append(b, `,"logprob":`...)
-		b = ojson.AppendFloat(b, lp)
-		b = append(b, `,"rank":`...)
-		b = strconv.AppendInt(b, int64(res.ranks[i]), 10)
-		b = append(b, `,"top_logprobs":[`...)
-		for j, c := range entryCandidates(res, i, id, lp) {
-			if j > 0 {
-				b = append(b, ',')
-			}
-			b = append(b, `{"token_id":`...)
-			b = strconv.AppendInt(b, int64(c.id), 10)
-			b = append(b, `,"logprob":`...)
-			b = ojson.AppendFloat(b, c.lp)
-			b = append(b, `,"rank":`...)
-			b = strconv.AppendInt(b, int64(c.rank), 10)
-			b = append(b, '}')
-		}
-		b = append(b, "]}"...)
-	}
-	if f == FaultExtraLogprob && n > 0 {
-		end := len(b)
-		b = append(b, ',')
-		b = append(b, b[last:end]...) // the last entry once more
-	}
-	return append(b, ']')
 }
 
 func engineRequestID(reqID string, e *Engine) string {

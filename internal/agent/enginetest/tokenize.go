@@ -14,12 +14,8 @@ const untrustedTemplateMsg = "Chat template is passed with request, but --trust-
 // accepted and has no effect (the tokenizer adds no BOS, like Qwen3's).
 // There is no length check, as in vLLM.
 func (e *Engine) handleTokenize(w http.ResponseWriter, body []byte) {
-	m, aerr := decodeBody(body)
-	if aerr == nil {
-		aerr = e.checkModel(m)
-	}
-	if aerr != nil {
-		writeError(w, aerr)
+	m, ok := e.readRequest(w, body)
+	if !ok {
 		return
 	}
 	var retStrs bool
@@ -139,25 +135,17 @@ func (e *Engine) encode(text string) []int {
 // a negative or out-of-vocabulary id is a 400 (the latter is this engine's
 // choice, upstream behaviour depends on the tokenizer).
 func (e *Engine) handleDetokenize(w http.ResponseWriter, body []byte) {
-	m, aerr := decodeBody(body)
-	if aerr == nil {
-		aerr = e.checkModel(m)
-	}
-	if aerr != nil {
-		writeError(w, aerr)
+	m, ok := e.readRequest(w, body)
+	if !ok {
 		return
 	}
-	ids, ok := ojson.DecodeInts(m["tokens"])
+	ids, ok := intList(m["tokens"])
 	if !ok || ids == nil {
 		writeError(w, schemaError("tokens", "1 validation error:\n  tokens: Field required (a list of integers)"))
 		return
 	}
-	if bad, ok := ValidIDs(ids); !ok {
-		if bad < 0 {
-			writeError(w, schemaError("tokens", "tokens: Input should be greater than or equal to 0"))
-		} else {
-			writeError(w, badRequest("Token id %d is out of vocabulary", bad))
-		}
+	if aerr := idsError("tokens", ids); aerr != nil {
+		writeError(w, aerr)
 		return
 	}
 	e.writeJSON(w, 200, ojson.Obj("prompt", Decode(ids)))
