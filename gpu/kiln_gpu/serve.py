@@ -275,6 +275,75 @@ def choose_rows(logp: torch.Tensor, steppers: list[Stepper], banned: list[list[i
     return out
 
 
+# ---------------------------------------------------------- demonstrations
+
+
+class Demonstrations:
+    """Forced decoding (docs/serve.md §11): a JSONL file of demonstrations,
+    one object a line, {"match": TEXT, "turns": [TEXT, ...]} (other keys, such
+    as a task id, are kept for the reader and ignored). A generation request
+    gets the tokens of one demonstration turn instead of sampled ones: the
+    demonstration whose match occurs in the decoded prompt (exactly one must),
+    turn n when the prompt already holds n assistant turns, counted as the
+    occurrences of marker (the chat template's assistant header; the
+    generation prompt's own is not counted). A prompt no demonstration
+    matches is sampled as usual (a client's probe, such as kiln-rollout's
+    before a run; a line on stderr says so), one that several match is a
+    400. A turn is tokenized as the
+    tokenizer encodes its text, special tokens such as <|im_end|> included,
+    so it ends where the policy would stop; each token is reported with the
+    model's own processed logprob (§4), so a demonstration trains like any
+    sampled turn."""
+
+    def __init__(self, path: str, tokenizer, marker: str = "<|im_start|>assistant"):
+        self.path = str(path)
+        self.tokenizer = tokenizer
+        self.marker = marker
+        self.demos: list[tuple[str, list[list[int]]]] = []
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"--demonstrations {self.path!r} line {n}"
+                try:
+                    d = json.loads(line)
+                except ValueError as ex:
+                    raise ValueError(f"{where}: not JSON: {ex}") from None
+                if not isinstance(d, dict):
+                    raise ValueError(f"{where}: want an object with match and turns")
+                m, turns = d.get("match"), d.get("turns")
+                if not isinstance(m, str) or not m:
+                    raise ValueError(f"{where}: match must be a non-empty string (text of the prompt)")
+                if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
+                    raise ValueError(f"{where}: turns must be a non-empty list of non-empty strings")
+                if any(m == old for old, _ in self.demos):
+                    raise ValueError(f"{where}: match {m!r} repeats an earlier line's")
+                self.demos.append((m, [tokenizer.encode(t, add_special_tokens=False) for t in turns]))
+        if not self.demos:
+            raise ValueError(f"--demonstrations {self.path!r}: no demonstrations in the file")
+
+    def tokens(self, prompt: list[int]) -> Optional[list[int]]:
+        """The forced tokens of the demonstration turn prompt asks for, None
+        when no demonstration matches; a 400 naming the prompt's problem
+        when several do or the turn is past the demonstration's."""
+        text = self.tokenizer.decode(prompt)
+        hits = [(m, turns) for m, turns in self.demos if m in text]
+        if not hits:
+            print(f"kiln_gpu.serve: forced decoding: no demonstration matches a prompt of {len(prompt)} tokens; "
+                  "sampled as usual", file=sys.stderr, flush=True)
+            return None
+        if len(hits) > 1:
+            raise bad(f"forced decoding (--demonstrations {self.path!r}): {len(hits)} demonstrations match "
+                      f"({', '.join(repr(m) for m, _ in hits)}) in the prompt; "
+                      "give each demonstration a match found in its task's prompt only")
+        m, turns = hits[0]
+        n = text.count(self.marker) - 1
+        if not 0 <= n < len(turns):
+            raise bad(f"forced decoding: demonstration {m!r} has {len(turns)} turn(s); the prompt holds "
+                      f"{max(n, 0)} assistant turn(s) ({self.marker!r}) and asks for turn {n + 1}")
+        return turns[n]
+
+
 # ------------------------------------------------------------------ engine
 
 
@@ -355,6 +424,8 @@ class Seq:
         self.versions: list[int] = []  # the weights version of each token's forward
         self.finish: Optional[str] = None
         self.stop_reason: Any = None
+        # a demonstration turn's tokens (forced decoding, §11), or None
+        self.forced: Optional[list[int]] = None
 
     @property
     def temperature(self) -> float:
@@ -399,6 +470,8 @@ class Seq:
                 hit = next((st for st in s.stop if st in text), None)
                 if hit is not None:
                     self.finish, self.stop_reason = "stop", hit
+        if self.finish is None and self.forced is not None and len(self.out) >= len(self.forced):
+            self.finish = "stop"  # the demonstration turn ended (§11)
         if self.finish is None and len(self.out) >= s.max_tokens:
             self.finish = "length"
         return self.finish is not None
@@ -507,8 +580,10 @@ class Engine(Renderer):
     generates = True
 
     def __init__(self, model_dir: str, served_name: Optional[str] = None, seed: int = 0, max_batch: int = 32,
-                 device: str = "cpu", max_model_len: Optional[int] = None):
+                 device: str = "cpu", max_model_len: Optional[int] = None,
+                 demonstrations: Optional[str] = None, demonstration_marker: str = "<|im_start|>assistant"):
         super().__init__(model_dir, served_name, max_model_len)
+        self.demos = Demonstrations(demonstrations, self.tokenizer, demonstration_marker) if demonstrations else None
         self.device = torch.device(device)
         if self.device.type == "cuda":  # float32 logits, no TF32 rounding (docs/serve.md §4)
             torch.backends.cuda.matmul.allow_tf32 = False
@@ -684,6 +759,8 @@ class Engine(Renderer):
             for job in jobs:
                 seq = Seq(job, self.eos_ids)
                 try:
+                    if self.demos is not None:
+                        seq.forced = self.demos.tokens(job.prompt)
                     cache = self._prefill(seq)
                     if seq.finish is None:
                         if not batchable(cache):
@@ -734,6 +811,8 @@ class Engine(Renderer):
         logp = processed_logprobs(logits, torch.tensor([q.temperature for q in seqs]))
         chosen = choose_rows(logp, [q.step for q in seqs], [q.banned() for q in seqs])
         for i, (q, (tok, nuc)) in enumerate(zip(seqs, chosen)):
+            if q.forced is not None:  # the demonstration's token, the model's logprobs (§11)
+                tok, nuc = q.forced[len(q.out)], None
             q.emit(logp[i], tok, nuc, version, self.tokenizer)
 
 
@@ -1315,7 +1394,18 @@ def main(argv=None) -> int:
     p.add_argument("--allow-request-chat-template", "--trust-request-chat-template", action="store_true",
                    help="let /tokenize requests bring their own chat_template (code the server runs); without it "
                         "they are 400, as vLLM without --trust-request-chat-template")
+    p.add_argument("--demonstrations", metavar="FILE",
+                   help="forced decoding (docs/serve.md §11): a JSONL file of {match, turns}; every generation "
+                        "returns the tokens of the turn of the one demonstration whose match occurs in the prompt "
+                        "(turn n after n assistant turns), each with the model's own logprob, instead of sampling "
+                        "(a supervised warm start's demonstrations, recorded through the usual rollout path)")
+    p.add_argument("--demonstration-marker", default="<|im_start|>assistant",
+                   help="the text that starts an assistant turn in the rendered prompt (default: Qwen3's)")
     a = p.parse_args(argv)
+    if a.demonstrations and a.tokenizer_only:
+        print("kiln_gpu.serve: --demonstrations needs the model (it reports the model's logprobs); "
+              "drop --tokenizer-only", file=sys.stderr)
+        return 2
     if a.max_model_len is not None and a.max_model_len < 1:
         print(f"kiln_gpu.serve: --max-model-len {a.max_model_len}: want a positive number of tokens", file=sys.stderr)
         return 2
@@ -1334,8 +1424,9 @@ def main(argv=None) -> int:
         if a.tokenizer_only:
             eng = Renderer(a.model, a.served_model_name, a.max_model_len)
         else:
-            eng = Engine(a.model, a.served_model_name, a.seed, a.max_batch, a.device, a.max_model_len)
-    except FileNotFoundError as ex:
+            eng = Engine(a.model, a.served_model_name, a.seed, a.max_batch, a.device, a.max_model_len,
+                         a.demonstrations, a.demonstration_marker)
+    except (FileNotFoundError, ValueError) as ex:
         print(f"kiln_gpu.serve: {ex}", file=sys.stderr)
         return 2
     httpd = serve(eng, a.host, a.port, limits)
@@ -1346,6 +1437,8 @@ def main(argv=None) -> int:
             f.write(f"{port}\n")
         os.replace(tmp, a.port_file)
     mode = " (--tokenizer-only: renders and decodes, never generates)" if a.tokenizer_only else ""
+    if getattr(eng, "demos", None) is not None:
+        mode += f" (--demonstrations: forced decoding of {len(eng.demos.demos)} demonstration(s))"
     if limits.api_key is not None:
         mode += " (--api-key: every route but /health needs the key)"
     print(f"kiln_gpu.serve: serving {eng.served_name} on http://{a.host}:{port}{mode}", flush=True)

@@ -194,7 +194,7 @@ def old_logprobs(model, plan: Plan, obj: Objective, dist: "Dist", device, autoca
     is the rollout logprobs) and for a one-step plan. Under FSDP every rank
     runs the same number of passes, as in training."""
     out: dict[tuple[int, int], torch.Tensor] = {}
-    if obj.old_logprobs != "recompute":
+    if obj.old_logprobs != "recompute" or not obj.uses_old:  # REINFORCE has no old policy
         return out
     with torch.no_grad():
         for si, step in enumerate(plan.steps):

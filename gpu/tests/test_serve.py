@@ -976,3 +976,90 @@ def test_cli_refuses_bad_limits(tmp_path):
     for flag, val in (("--max-connections", "0"), ("--max-body-bytes", "-1"), ("--request-timeout", "0"),
                       ("--max-logprobs", "-1")):
         assert main(["--model", str(tmp_path), flag, val]) == 2
+
+
+# -- forced decoding (docs/serve.md §11)
+
+
+def _chat_prompt(eng, user, turns=()):
+    """The prompt ids of a chat whose user message is user, after the given
+    (assistant text, tool result) turns, ending in the generation prompt."""
+    msgs = [{"role": "user", "content": user}]
+    for text, result in turns:
+        msgs += [{"role": "assistant", "content": text}, {"role": "tool", "content": result}]
+    return eng.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+
+
+@pytest.fixture(scope="module")
+def forced(tiny_checkpoint, tmp_path_factory):
+    path = tmp_path_factory.mktemp("demos") / "demonstrations.jsonl"
+    demos = [
+        {"task_id": "a", "match": "fix the adder", "turns": ["<think>\n\n</think>\n\nfirst A<|im_end|>", "Done A.<|im_end|>"]},
+        {"match": "fix the divider", "turns": ["only B"]},  # no <|im_end|>: ends when its tokens do
+    ]
+    path.write_text("".join(json.dumps(d) + "\n" for d in demos))
+    eng = Engine(str(tiny_checkpoint), served_name="tiny", seed=0, demonstrations=str(path))
+    httpd = serve(eng, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", eng
+    httpd.shutdown()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_forced_decoding_returns_the_turn_with_the_models_logprobs(forced, temperature):
+    base, eng = forced
+    for turns, want in (((), "<think>\n\n</think>\n\nfirst A<|im_end|>"), ((("first A", "ok"),), "Done A.<|im_end|>")):
+        prompt = _chat_prompt(eng, "please fix the adder", turns)
+        out = gen(base, prompt, max_tokens=64, temperature=temperature)
+        ids = out["choices"][0]["token_ids"]
+        assert ids == eng.tokenizer.encode(want, add_special_tokens=False)
+        assert out["choices"][0]["finish_reason"] == "stop"
+        got = [e["logprob"] for e in out["choices"][0]["logprobs"]["content"]]
+        assert got == pytest.approx(full_forward_logprobs(eng, prompt, ids, temperature), abs=1e-5)
+
+
+def test_forced_decoding_ends_with_the_demonstration_or_max_tokens(forced):
+    base, eng = forced
+    prompt = _chat_prompt(eng, "fix the divider")
+    out = gen(base, prompt, max_tokens=64)["choices"][0]
+    assert out["token_ids"] == eng.tokenizer.encode("only B", add_special_tokens=False)
+    assert out["finish_reason"] == "stop"
+    cut = gen(base, _chat_prompt(eng, "please fix the adder"), max_tokens=3)["choices"][0]
+    assert len(cut["token_ids"]) == 3 and cut["finish_reason"] == "length"
+
+
+def test_forced_decoding_unmatched_sampled_ambiguous_and_past_the_end_refused(server, tiny_checkpoint, tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"match": "fix the adder", "turns": ["A"]}) + "\n"
+                    + json.dumps({"match": "adder", "turns": ["B"]}) + "\n"
+                    + json.dumps({"match": "subtractor", "turns": ["C<|im_end|>"]}) + "\n")
+    eng = Engine(str(tiny_checkpoint), served_name="tiny", seed=0, demonstrations=str(path))
+    httpd = serve(eng, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        # no match: sampled as the server without demonstrations samples (same seed, same draw)
+        sampled = gen(base, PROMPT, max_tokens=6, seed=3)["choices"][0]["token_ids"]
+        assert sampled == gen(server[0], PROMPT, max_tokens=6, seed=3)["choices"][0]["token_ids"]
+        st, body, _ = call(base, "/inference/v1/generate",
+                           {"token_ids": _chat_prompt(eng, "fix the adder"), "sampling_params": {"max_tokens": 4}})
+        assert st == 400 and "2 demonstrations match" in body["error"]["message"], body
+        st, body, _ = call(base, "/inference/v1/generate", {
+            "token_ids": _chat_prompt(eng, "the subtractor", [("C", "ok")]), "sampling_params": {"max_tokens": 4}})
+        assert st == 400 and "has 1 turn(s)" in body["error"]["message"] and "turn 2" in body["error"]["message"], body
+    finally:
+        httpd.shutdown()
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("", "no demonstrations"),
+    ("{not json\n", "line 1: not JSON"),
+    ('{"turns": ["x"]}\n', "line 1: match must be"),
+    ('{"match": "a", "turns": []}\n', "line 1: turns must be"),
+    ('{"match": "a", "turns": ["x"]}\n{"match": "a", "turns": ["y"]}\n', "line 2: match 'a' repeats"),
+])
+def test_forced_decoding_bad_files_name_the_line(tiny_checkpoint, tmp_path, content, needle):
+    path = tmp_path / "d.jsonl"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=__import__("re").escape(needle)):
+        Engine(str(tiny_checkpoint), served_name="tiny", seed=0, demonstrations=str(path))

@@ -79,6 +79,9 @@ type Batching struct {
 	MaxTokens       int // per micro-batch; <= 0: one micro-batch per step
 	Packing         Packing
 	Reduction       Reduction
+	// Epochs is how many times the steps run, in the same order (PPO
+	// epochs); <= 1: once.
+	Epochs int
 	// MaxContext is the model's context (max_position_embeddings); a
 	// segment longer is an error. 0: unchecked.
 	MaxContext int
@@ -143,6 +146,19 @@ func (p *Plan) FillSteps(segs []Segment, l *Layout, r Reduction) {
 			ps.MicroBatches = append(ps.MicroBatches, mbPath(s, m))
 		}
 		p.Steps[s] = ps
+	}
+}
+
+// RepeatEpochs makes the plan run its steps n times in the same order
+// (PPO epochs, docs/train-stage.md §4): the copies name the same
+// micro-batch files, with indices continuing after the last step's.
+func (p *Plan) RepeatEpochs(n int) {
+	one := len(p.Steps)
+	for e := 1; e < n; e++ {
+		for _, st := range p.Steps[:one] {
+			st.Index += e * one
+			p.Steps = append(p.Steps, st)
+		}
 	}
 }
 

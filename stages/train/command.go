@@ -34,7 +34,7 @@ const codeVersion = "2"
 // Flags is what kiln-train's flags set.
 type Flags struct {
 	Trajectories, Advantages, Model, Out, ResumeFrom string
-	GlobalBatchSize, MaxTokens, NProc                int
+	GlobalBatchSize, MaxTokens, NProc, Epochs        int
 	Launcher, Python, GPUDir, CacheDir, WorkDir      string
 	Packing                                          string
 	SCPath                                           string
@@ -58,6 +58,7 @@ func (f *Flags) Flags() []cli.Flag {
 		&cli.StringFlag{Name: "out", Value: "checkpoints", Destination: &f.Out, Usage: "checkpoints dataset name to write"},
 		&cli.StringFlag{Name: "resume-from", Destination: &f.ResumeFrom, Usage: "a checkpoints version (or directory) with optimizer.pt: the trainer loads its weights and optimizer state"},
 		&cli.IntFlag{Name: "global-batch-size", Value: 8, Destination: &f.GlobalBatchSize, Usage: "rollouts per optimizer step (G); trailing rollouts that fill no step are dropped and counted"},
+		&cli.IntFlag{Name: "epochs", Value: 1, Destination: &f.Epochs, Usage: "passes over the batch: the steps run N times in the same order (PPO epochs, verl's ppo_epochs); the old policy stays the one fixed before the first step"},
 		&cli.IntFlag{Name: "max-tokens-per-microbatch", Value: 16384, Destination: &f.MaxTokens, Usage: "token cap of a micro-batch (first-fit packing; a longer segment gets its own); 0: one micro-batch per step"},
 		&cli.StringFlag{Name: "packing", Value: string(FirstFit), Destination: &f.Packing, Usage: "first-fit (segments in input order) or first-fit-decreasing (longest first: fewer micro-batches; the order within a step does not change the loss)"},
 		&cli.StringFlag{Name: "launcher", Value: string(LaunchPython), Destination: &f.Launcher, Usage: "python (one process), torchrun (--nproc processes, FSDP) or srun (Slurm tasks)"},
@@ -244,6 +245,8 @@ func (f *Flags) options(c *cli.Context) (Options, error) {
 	switch {
 	case f.GlobalBatchSize < 1:
 		return Options{}, stagecmd.Usagef("--global-batch-size %d: want at least 1 rollout per step", f.GlobalBatchSize)
+	case f.Epochs < 1:
+		return Options{}, stagecmd.Usagef("--epochs %d: want at least 1 pass over the batch", f.Epochs)
 	case f.MaxTokens < 0:
 		return Options{}, stagecmd.Usagef("--max-tokens-per-microbatch %d: want a positive cap (or 0 for one micro-batch per step)", f.MaxTokens)
 	case f.NProc < 1:
@@ -271,7 +274,7 @@ func (f *Flags) options(c *cli.Context) (Options, error) {
 	}
 	return Options{
 		Trajectories: f.Trajectories, Advantages: f.Advantages, Model: f.Model, ResumeFrom: f.ResumeFrom,
-		Batching: Batching{GlobalBatchSize: f.GlobalBatchSize, MaxTokens: f.MaxTokens, Packing: packing, Reduction: red},
+		Batching: Batching{GlobalBatchSize: f.GlobalBatchSize, MaxTokens: f.MaxTokens, Packing: packing, Reduction: red, Epochs: f.Epochs},
 		Loss: LossConfig{Objective: f.Objective, EpsClip: f.EpsClip, EpsClipHigh: opt("eps-clip-high", f.EpsClipHigh), EpsClipC: opt("eps-clip-c", f.EpsClipC),
 			Correction: corr, CorrectionLow: f.CorrectionLow, CorrectionHigh: f.CorrectionHigh, Reduction: string(red),
 			KLCoef: f.KLCoef, EntropyCoef: f.EntropyCoef, ScoreCentering: f.ScoreCentering, ScoreCenteringPath: scPath,
@@ -324,6 +327,9 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 		"global_batch_size": o.GlobalBatchSize, "max_tokens_per_microbatch": o.MaxTokens, "packing": string(o.Packing),
 		"loss": o.Loss, "optimizer": o.Optimizer, "seed": o.Seed, "temperature": o.Temp,
 	}}
+	if o.Epochs > 1 { // absent at 1, so one-epoch runs keep the ids they had before --epochs
+		id.Args["epochs"] = o.Epochs
+	}
 	for _, m := range []struct {
 		m    *Model
 		role string
@@ -365,6 +371,7 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 		plan.ResumeFrom = &resume.Dir
 	}
 	plan.FillSteps(segs, layout, o.Reduction)
+	plan.RepeatEpochs(o.Epochs)
 	env.Log.Info("plan", "segments", len(segs), "segments_without_advantages", stats.WithoutAdvantages,
 		"steps", len(layout.Steps), "dropped_rollouts", layout.Dropped, "read_s", time.Since(t0).Seconds())
 	zeroAdv := allAdvantagesZero(segs)
@@ -454,16 +461,19 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 		m := map[string]any{
 			"steps": len(plan.Steps), "dropped_rollouts": layout.Dropped, "segments": len(segs),
 			"segments_without_advantages": stats.WithoutAdvantages,
-			"rollouts_trained":            len(plan.Steps) * o.GlobalBatchSize,
+			"rollouts_trained":            len(layout.Steps) * o.GlobalBatchSize,
 			"base_model":                  modelName(model), "step_metrics": stepColumns(tr.Steps),
 		}
 		var tokens, trained, mbs int64
-		for _, s := range plan.Steps {
+		for _, s := range plan.Steps[:len(layout.Steps)] { // one epoch: the batch's own counts
 			tokens += s.Tokens
 			trained += s.TrainedTokens
 			mbs += int64(len(s.MicroBatches))
 		}
 		m["tokens"], m["trained_tokens"], m["micro_batches"] = tokens, trained, mbs
+		if o.Epochs > 1 {
+			m["epochs"] = o.Epochs
+		}
 		if resume != nil {
 			m["resume_from"] = modelName(resume)
 		}

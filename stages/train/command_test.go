@@ -319,6 +319,39 @@ func TestOldLogprobsInPlanAndIdentity(t *testing.T) {
 	assert.Equal(t, version["recompute"], lastLine(out))
 }
 
+// --epochs N runs the steps N times in the same order over the same
+// micro-batch files (plan.json), enters the version id only when N > 1
+// (one-epoch runs keep their ids), and must be at least 1.
+func TestEpochs(t *testing.T) {
+	w := newWorld(t)
+	plan := func(args ...string) (Plan, string) {
+		t.Helper()
+		out, errs, code := w.run(t, append([]string{"--trajectories", w.trajectories.String(), "--advantages", w.advantages.String(),
+			"--model", w.model, "--out", "ckpt", "--dry-run"}, args...)...)
+		require.Equal(t, 0, code, errs)
+		var p Plan
+		require.NoError(t, json.NewDecoder(strings.NewReader(out[strings.Index(out, "{"):])).Decode(&p))
+		return p, lastLine(out)
+	}
+	one, v1 := plan()
+	three, v3 := plan("--epochs", "3")
+	_, v1again := plan("--epochs", "1")
+	require.NotEmpty(t, one.Steps)
+	require.Len(t, three.Steps, 3*len(one.Steps))
+	for i, st := range three.Steps {
+		first := one.Steps[i%len(one.Steps)]
+		assert.Equal(t, i, st.Index, "step %d", i)
+		assert.Equal(t, first.MicroBatches, st.MicroBatches, "step %d", i)
+		assert.Equal(t, first.Divisor, st.Divisor, "step %d", i)
+	}
+	assert.NotEqual(t, v1, v3)
+	assert.Equal(t, v1, v1again)
+	_, errs, code := w.run(t, "--trajectories", w.trajectories.String(), "--advantages", w.advantages.String(),
+		"--model", w.model, "--out", "ckpt", "--dry-run", "--epochs", "0")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errs, "--epochs 0: want at least 1")
+}
+
 var _ = cli.App{}
 
 // Cancelling kiln-train (a signal) stops the trainer's whole process
