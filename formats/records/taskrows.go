@@ -14,7 +14,9 @@ import (
 //     has the column's type (a string; pre_commands any non-null JSON):
 //     image, workdir, problem_statement, eval_user, dataset, repo, split,
 //     agent, pre_commands;
-//   - the grading payload moves into grading, by the reference's priority:
+//   - the grading payload moves into grading: metadata.kiln_grading (an
+//     object with a "kind": the whole payload of a kind the reference has no
+//     key for, such as harbor), else by the reference's priority:
 //     metadata.swepro (an object) > metadata.eval_cmd (a string) >
 //     metadata.remote_env_info.f2p_script (a string);
 //   - task_id is metadata.instance_id (moved), else
@@ -110,10 +112,28 @@ func TaskFromReferenceRow(line []byte, index int64) (Task, error) {
 	return t, t.Validate()
 }
 
+// kilnGradingKey is the metadata key a reference row carries a grading
+// payload under when the reference has no key of its own for its kind
+// (harbor): the whole grading column, so kiln import gives it back.
+const kilnGradingKey = "kiln_grading"
+
 func takeGrading(t *Task, md *object) error {
 	grading := func(kind, key string, val json.RawMessage) {
 		g, _ := object{{"kind", jsonString(kind)}, {key, val}}.MarshalJSON()
 		t.Grading = ptr(string(g))
+	}
+	if v, ok := md.get(kilnGradingKey); ok && len(v) > 0 && v[0] == '{' {
+		o, err := parseObject(v)
+		if err != nil {
+			return fmt.Errorf("metadata.%s: %w", kilnGradingKey, err)
+		}
+		if k, ok := o.get("kind"); ok {
+			if _, isStr := asString(k); isStr {
+				md.take(kilnGradingKey)
+				t.Grading = ptr(string(v))
+				return nil
+			}
+		}
 	}
 	if v, ok := md.get("swepro"); ok && len(v) > 0 && v[0] == '{' {
 		md.take("swepro")
@@ -217,6 +237,10 @@ func (t *Task) ReferenceRow() (json.RawMessage, error) {
 				b, _ := rei.MarshalJSON()
 				md.set("remote_env_info", b)
 			}
+		default:
+			// A kind the reference has no key for (harbor): the whole
+			// payload, so that it is not lost (TaskFromReferenceRow).
+			md.set(kilnGradingKey, json.RawMessage(*t.Grading))
 		}
 	}
 	label := jsonString(t.TaskID)

@@ -39,3 +39,21 @@ func TestReferenceRowSWEBench(t *testing.T) {
 		"workdir": "/testbed", "base_commit": "c", "test_patch": "diff", "FAIL_TO_PASS": []any{"a"}, "PASS_TO_PASS": []any{},
 		"test_cmd": "pytest", "log_parser": "pytest"}, got.Metadata.REI)
 }
+
+// TestReferenceRowHarbor: a Harbor task's grading payload, which the
+// reference has no key for, travels as metadata.kiln_grading and comes
+// back into the grading column byte for byte.
+func TestReferenceRowHarbor(t *testing.T) {
+	grading := `{"kind":"harbor","tests":"harbor/sha256/ab.tar","verifier_timeout_sec":120,"verifier_env":{"A":"1"}}`
+	task := Task{TaskID: "org/t", Prompt: `[{"role":"user","content":"P"}]`, Metadata: `{"harbor":{"schema":"1.1"}}`,
+		Image: ptr("img"), Workdir: ptr("/app"), ProblemStatement: ptr("P"), EvalUser: ptr("root"), Grading: ptr(grading)}
+	row, err := task.ReferenceRow()
+	require.NoError(t, err)
+	assert.Contains(t, string(row), `"kiln_grading":`+grading)
+	back, err := TaskFromReferenceRow(row, 0)
+	require.NoError(t, err)
+	require.NotNil(t, back.Grading)
+	assert.Equal(t, grading, *back.Grading)
+	assert.Equal(t, task.Metadata, back.Metadata, "kiln_grading leaves metadata")
+	assert.Equal(t, "org/t", back.TaskID)
+}

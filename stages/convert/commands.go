@@ -128,6 +128,8 @@ optionally, solution/solve.sh. The task:
    workdir            --workdir, else [metadata].workdir, else the Dockerfile's
                       last WORKDIR, else /app
    eval_user          [verifier].user, else root
+   pre_commands       [metadata].pre_commands (kiln's own key, a string or a
+                      list of strings; kiln export --format harbor writes it)
    grading            {"kind": "harbor", "tests", "solution", verifier timeout,
                       user and env, the solution's env, "reward_metric",
                       "memory_mb"}

@@ -170,6 +170,27 @@ func (s *harborSource) convert(_ context.Context, id string, c *harbor.Config, f
 	case c.Environment.GPUs != nil && *c.Environment.GPUs > 0:
 		cv.Ungradeable = "[environment].gpus asks for GPUs: kiln's sandboxes have none"
 	}
+	if pre, ok := c.Metadata["pre_commands"]; ok {
+		// kiln's own key (kiln export --format harbor writes it): setup
+		// commands run before the agent and before grading, a string or a
+		// list of strings (docs/data-and-grading.md §4.1, §7.5).
+		okList := true
+		if list, isList := pre.([]any); isList {
+			for _, item := range list {
+				if _, isStr := item.(string); !isStr {
+					okList = false
+				}
+			}
+		} else if _, isStr := pre.(string); !isStr {
+			okList = false
+		}
+		if !okList {
+			return cv, stagecmd.BadInputf("task %q: [metadata].pre_commands: want a string or a list of strings", f.Dir)
+		}
+		b, _ := json.Marshal(pre)
+		p := string(b)
+		t.PreCommands = &p
+	}
 	if m, ok := c.Metadata["workdir"].(string); ok && filepath.IsAbs(m) {
 		workdir = filepath.Clean(m)
 	}

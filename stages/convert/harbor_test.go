@@ -238,3 +238,33 @@ func TestHarborBadTaskDirs(t *testing.T) {
 	require.Equal(t, 0, res.Code, res.Stderr)
 	require.Contains(t, res.Stderr, "docker-compose")
 }
+
+// TestHarborPreCommands: [metadata].pre_commands (kiln's own key, which
+// kiln export --format harbor writes) becomes the task's pre_commands;
+// anything but a string or a list of strings is exit 5.
+func TestHarborPreCommands(t *testing.T) {
+	for _, c := range []struct{ value, want string }{
+		{`["pip install x", "echo ok"]`, `["pip install x","echo ok"]`},
+		{`"echo one"`, `"echo one"`},
+		{`42`, ""},
+	} {
+		dir := copyTree(t, filepath.Join(harborFixtures(t), "slugify-prebuilt"))
+		f := filepath.Join(dir, "task.toml")
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		s := strings.Replace(string(b), "[metadata]\n", "[metadata]\npre_commands = "+c.value+"\n", 1)
+		require.NotEqual(t, string(b), s, "the fixture has a [metadata] table")
+		require.NoError(t, os.WriteFile(f, []byte(s), 0o644))
+		storeDir := t.TempDir()
+		res := run(t, "harbor", "--store", storeDir, dir)
+		if c.want == "" {
+			require.Equal(t, 5, res.Code, res.Stderr)
+			require.Contains(t, res.Stderr, "[metadata].pre_commands: want a string or a list of strings")
+			continue
+		}
+		require.Equal(t, 0, res.Code, res.Stderr)
+		tk := readTasks(t, storeDir, res.LastLine())[0]
+		require.NotNil(t, tk.PreCommands)
+		require.Equal(t, c.want, *tk.PreCommands)
+	}
+}

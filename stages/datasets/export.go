@@ -18,13 +18,13 @@ import (
 )
 
 // exportFlags are export's flags, bound.
-type exportFlags struct{ format, out, bundles string }
+type exportFlags struct{ format, out, bundles, solutions string }
 
 func exportCommand(env *Env) *cli.Command {
 	var o exportFlags
 	return &cli.Command{
 		Name:      "export",
-		Usage:     "write a version's rows as JSON lines",
+		Usage:     "write a version's rows as JSON lines (or tasks as Harbor task directories)",
 		ArgsUsage: "REF",
 		Description: `Writes every row of REF as one JSON object per line, to stdout or --out.
 An --out name ending in .zst is zstd-compressed. The file appears only once it
@@ -35,25 +35,37 @@ reference Python stack reads with --input-key prompt --label-key label
 --metadata-key metadata; kiln import tasks reads them back losslessly. Other
 kinds are written with their column names as keys.
 
+tasks from kiln-convert harbor carry their grading payload in
+metadata.kiln_grading; kiln import tasks moves it back (their tests/ and
+solution/ are attachments of the version, not in the JSON lines: export them
+with --format harbor).
+
 --format images-json (images datasets) writes the SUNABAKO_IMAGES map of the
 reference stack instead: {IMAGE: {"rootfs", "workdir", "env"}}, with rootfs
 under --bundles, and prints {"output": PATH, "images": N} when --out is given.
 
+` + harborFormatHelp + `
+
 Example:
    kiln export tasks --format jsonl --out tasks.jsonl.zst
+   kiln export tasks --format harbor --solutions gold.jsonl --out harbor-tasks
    kiln export images --format images-json --bundles /var/lib/kiln/images --out images.json`,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
-			&cli.StringFlag{Name: "format", Value: "jsonl", Destination: &o.format, Usage: "output format: jsonl, or images-json for an images dataset"},
-			&cli.StringFlag{Name: "out", Destination: &o.out, Usage: "output file (default stdout); .zst compresses"},
+			&cli.StringFlag{Name: "format", Value: "jsonl", Destination: &o.format, Usage: "output format: jsonl; harbor for a tasks dataset; images-json for an images dataset"},
+			&cli.StringFlag{Name: "out", Destination: &o.out, Usage: "output file (default stdout); .zst compresses; the directory to create for --format harbor"},
+			&cli.StringFlag{Name: "solutions", Destination: &o.solutions, Usage: "gold patches for --format harbor's solution/: {task_id, patch} or {instance_id, model_patch} JSON lines"},
 			imagesRootFlag(&o.bundles),
 		},
 		Action: func(c *cli.Context) error {
 			if err := stagecmd.RequireArgs(c, 1, "REF"); err != nil {
 				return err
 			}
-			if f := o.format; f != "jsonl" && f != formatImagesJSON {
-				return stagecmd.Usagef("export: unknown --format %q (want jsonl or %s)", f, formatImagesJSON)
+			if f := o.format; f != "jsonl" && f != formatImagesJSON && f != formatHarbor {
+				return stagecmd.Usagef("export: unknown --format %q (want jsonl, %s or %s)", f, formatHarbor, formatImagesJSON)
+			}
+			if o.solutions != "" && o.format != formatHarbor {
+				return stagecmd.Usagef("export: --solutions is for --format %s", formatHarbor)
 			}
 			st, err := stagecmd.OpenExistingStore(c)
 			if err != nil {
@@ -63,8 +75,11 @@ Example:
 			if err != nil {
 				return err
 			}
-			if o.format == formatImagesJSON {
+			switch o.format {
+			case formatImagesJSON:
 				return exportImages(c, env, v, o)
+			case formatHarbor:
+				return exportHarbor(c, env, v, o)
 			}
 			return writeOutput(o.out, env.Stdout, func(w io.Writer) error {
 				bw := bufio.NewWriterSize(w, 1<<20)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/formats/store"
+	"github.com/kilnrl/kiln/internal/testenv"
 )
 
 // harborFixture is a task of the project's Harbor fixtures (fixtures/harbor).
@@ -140,4 +142,37 @@ func TestHarborNoReward(t *testing.T) {
 	assert.Equal(t, records.FailureTimeout, g.Failure, deref(g.Error))
 	assert.EqualValues(t, 124, g.ExitCode)
 	assert.Less(t, g.DurationMS, int64(50_000), "the task's timeout_sec, not --timeout, bounds the verifier")
+}
+
+// TestHarborBuiltEndToEnd chains kiln-images build of the Dockerfile
+// fixture (FROM the fixture image, offline, with a RUN step) into
+// kiln-grade in real bwrap sandboxes: the oracle (--solution) gets reward
+// 1 and the empty patch 0, and the verifier sees what the RUN step wrote
+// (the fixture's test.sh checks it). The whole test takes about 40 s (37 s
+// on 2 shared cores at load 5 to 10), under the minute past which -short
+// would skip it, so it runs under -short too.
+func TestHarborBuiltEndToEnd(t *testing.T) {
+	if _, err := exec.LookPath("buildah"); err != nil {
+		testenv.SkipOrFail(t, "buildah is not installed: run scripts/install-test-deps.sh")
+	}
+	w := newWorld(t)
+	r := kiln(t, "harbor", "--store", w.store, "--out", "tasks/built", harborFixture(t, "duration-dockerfile"))
+	require.Equal(t, 0, r.Code, r.Stderr)
+	tasks := r.LastLine()
+	r = kiln(t, "build", "--store", w.store, "--tasks", tasks, "--bundles", w.bundles,
+		"--build-cache", t.TempDir(), "--source", w.set.Repository+"=oci:"+w.set.Layout, "--out", "images/built")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	assert.Contains(t, r.Stderr, "build: 1 image(s) built")
+	imgs := r.LastLine()
+
+	_, rows := w.gradeWith(t, tasks, imgs, "--solution", "--out", "grades/built-solution")
+	require.Len(t, rows, 1)
+	assert.Equal(t, 1.0, rows[0].Reward, "%s %s\n%s", rows[0].Failure, deref(rows[0].Error), w.gradingLog(t, rows[0]))
+	assert.Equal(t, records.FailureNone, rows[0].Failure)
+
+	_, rows = w.gradeWith(t, tasks, imgs, "--patches",
+		writePatches(t, []patchLine{{TaskID: "duration-dockerfile", Patch: ""}}, true), "--out", "grades/built-empty")
+	require.Len(t, rows, 1)
+	assert.Equal(t, 0.0, rows[0].Reward, "%s %s", rows[0].Failure, deref(rows[0].Error))
+	assert.Equal(t, records.FailureTestsFailed, rows[0].Failure, deref(rows[0].Error))
 }

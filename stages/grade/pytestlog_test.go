@@ -4,12 +4,15 @@ import (
 	"encoding/json"
 	"flag"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kilnrl/kiln/internal/harbor"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files in testdata/")
@@ -41,12 +44,16 @@ func TestParsePytestLogGolden(t *testing.T) {
 	}
 }
 
-func TestParsePytestLogLines(t *testing.T) {
-	cases := []struct {
-		name string
-		log  string
-		want map[string]string
-	}{
+type pytestLineCase struct {
+	name string
+	log  string
+	want map[string]string
+}
+
+// pytestLineCases are the parser's line-level cases (shared with
+// TestVerdictScriptAgrees).
+func pytestLineCases() []pytestLineCase {
+	return []pytestLineCase{
 		{"summary with message", "FAILED t.py::test_a - assert 1 == 2", map[string]string{"t.py::test_a": StatusFailed}},
 		{"summary spaces in params", "FAILED t.py::test_p[x - y] - boom", map[string]string{"t.py::test_p[x - y]": StatusFailed}},
 		{"xpass reason without dash", "XPASS t.py::test_x fixed already", map[string]string{"t.py::test_x": StatusXPass}},
@@ -63,7 +70,10 @@ func TestParsePytestLogLines(t *testing.T) {
 		{"verbose line without status", "t.py::test_a \nsome output", map[string]string{}},
 		{"crlf", "PASSED t.py::test_a\r\n", map[string]string{"t.py::test_a": StatusPassed}},
 	}
-	for _, c := range cases {
+}
+
+func TestParsePytestLogLines(t *testing.T) {
+	for _, c := range pytestLineCases() {
 		t.Run(c.name, func(t *testing.T) {
 			assert.Equal(t, c.want, ParsePytestLog(c.log))
 		})
@@ -78,4 +88,40 @@ func TestLookupParser(t *testing.T) {
 	}
 	_, err := lookupParser("parse_log_django")
 	assert.ErrorContains(t, err, `log parser "parse_log_django" is not implemented by kiln (implemented: parse_log_pytest, `)
+}
+
+// TestVerdictScriptAgrees runs the Python pytest parser that kiln export
+// --format harbor puts in an exported verifier (internal/harbor
+// verdict.py) on every log of the Go parser's tests: both must give the
+// same statuses, so a task graded by Harbor's harness and by kiln-grade
+// gets the same reward (docs/data-and-grading.md §7.5).
+func TestVerdictScriptAgrees(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3 on PATH")
+	}
+	dir := t.TempDir()
+	script := filepath.Join(dir, "kiln_verdict.py")
+	require.NoError(t, os.WriteFile(script, []byte(harbor.VerdictScript()), 0o644))
+	logs := map[string]string{}
+	for _, c := range pytestLineCases() {
+		logs[c.name] = c.log
+	}
+	golden, err := filepath.Glob("testdata/pytest/*.log")
+	require.NoError(t, err)
+	require.NotEmpty(t, golden)
+	for _, p := range golden {
+		data, err := os.ReadFile(p)
+		require.NoError(t, err)
+		logs[filepath.Base(p)] = string(data)
+	}
+	for name, log := range logs {
+		f := filepath.Join(dir, "log")
+		require.NoError(t, os.WriteFile(f, []byte(log), 0o644))
+		out, err := exec.Command(py, script, "parse", f).Output()
+		require.NoError(t, err, name)
+		var got map[string]string
+		require.NoError(t, json.Unmarshal(out, &got), name)
+		assert.Equal(t, ParsePytestLog(log), got, name)
+	}
 }

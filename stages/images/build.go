@@ -44,10 +44,15 @@ Per distinct build context, with buildah (Debian's package; no daemon):
       another manifest, builds again);
    3. otherwise each FROM image is handed to buildah as an OCI layout (buildah
       pull, tagged with the name the Dockerfile uses), then
-      buildah bud --isolation chroot --pull-never, as root, with its own
-      storage under BUILD-CACHE/buildah, bounded by the task's
-      [environment].build_timeout_sec (else --build-timeout); the result is
-      pushed to BUILD-CACHE/<key>/layout and imported from there.
+      buildah bud --isolation chroot --pull-never, as root, with buildah
+      storage of its own under BUILD-CACHE/buildah (removed after), bounded
+      by the task's [environment].build_timeout_sec (else --build-timeout);
+      the result is pushed to BUILD-CACHE/<key>/layout and imported from
+      there.
+Builds sharing one BUILD-CACHE may run at once (several tasks versions, or
+nodes on a shared disk): a lock per cache key builds each context once (a
+second build waits, then reuses it), and separate storage keeps the builds of
+other contexts apart.
 
 A step that fails (a RUN exiting non-zero) is exit 5 naming the task and the
 step, with the end of buildah's log; the whole log is kept at
@@ -271,9 +276,27 @@ func (b *builder) build(ctx context.Context, v *dataset.Version, res *resolver, 
 	}
 	key := hex.EncodeToString(h.Sum(nil))
 	final := filepath.Join(b.cache, key, "layout")
-	if _, err := os.Stat(filepath.Join(b.cache, key, "done")); err == nil {
+	done := filepath.Join(b.cache, key, "done")
+	if _, err := os.Stat(done); err == nil {
 		return final, false, nil
 	}
+	// One build of a key at a time, across processes sharing the cache:
+	// the second waits and then finds the first's result.
+	unlock, err := lockFile(ctx, filepath.Join(b.cache, key+".lock"), b.env.Log, s.image)
+	if err != nil {
+		return "", false, err
+	}
+	defer unlock()
+	if _, err := os.Stat(done); err == nil {
+		return final, false, nil
+	}
+	// Each build has buildah storage of its own (and removes it), so
+	// concurrent builds of other keys never see each other's images.
+	bs, err := b.newStorage()
+	if err != nil {
+		return "", false, err
+	}
+	defer bs.remove(b)
 	bctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	logPath := filepath.Join(b.cache, key+".log")
@@ -290,16 +313,16 @@ func (b *builder) build(ctx context.Context, v *dataset.Version, res *resolver, 
 		if err := p.AppendImage(r.img, layout.WithAnnotations(map[string]string{refNameAnnotation: "base"})); err != nil {
 			return "", false, fmt.Errorf("task %q: FROM %s: writing it for buildah: %w", s.task, r.image, err)
 		}
-		out, err := b.buildahCmd(bctx, &log, "pull", "--quiet", "oci:"+dir+":base")
+		out, err := b.buildahCmd(bctx, bs.dir, &log, "pull", "--quiet", "oci:"+dir+":base")
 		if err != nil {
 			return "", false, fmt.Errorf("task %q: buildah pull of FROM %s (%s): %w", s.task, r.image, logTail(log.String(), 20), err)
 		}
 		id := lastOutputLine(out)
-		if _, err := b.buildahCmd(bctx, &log, "tag", id, r.image); err != nil {
+		if _, err := b.buildahCmd(bctx, bs.dir, &log, "tag", id, r.image); err != nil {
 			return "", false, fmt.Errorf("task %q: buildah tag %s: %w", s.task, r.image, err)
 		}
 	}
-	_, err = b.buildahCmd(bctx, &log, "bud", "--isolation", "chroot", "--pull-never", "--layers=false",
+	_, err = b.buildahCmd(bctx, bs.dir, &log, "bud", "--isolation", "chroot", "--pull-never", "--layers=false",
 		"-f", filepath.Join(ctxDir, "Dockerfile"), "-t", tag, ctxDir)
 	_ = os.WriteFile(logPath, log.Bytes(), 0o644)
 	if err != nil {
@@ -310,14 +333,13 @@ func (b *builder) build(ctx context.Context, v *dataset.Version, res *resolver, 
 			s.task, failedStep(log.String()), err, logTail(log.String(), 30), logPath)
 	}
 	tmp := filepath.Join(b.cache, key, ".layout.tmp")
-	os.RemoveAll(tmp)
+	os.RemoveAll(tmp) // a killed build's; the lock is ours
 	if err := os.MkdirAll(filepath.Dir(tmp), 0o755); err != nil {
 		return "", false, err
 	}
-	if _, err := b.buildahCmd(bctx, &log, "push", "--quiet", "--disable-compression", tag, "oci:"+tmp+":"+tagOf(s.image)); err != nil {
+	if _, err := b.buildahCmd(bctx, bs.dir, &log, "push", "--quiet", "--disable-compression", tag, "oci:"+tmp+":"+tagOf(s.image)); err != nil {
 		return "", false, fmt.Errorf("task %q: buildah push: %w: %s", s.task, err, logTail(log.String(), 20))
 	}
-	_, _ = b.buildahCmd(ctx, io.Discard, "rmi", "--all", "--force") // storage holds nothing between builds
 	_ = os.WriteFile(logPath, log.Bytes(), 0o644)
 	os.RemoveAll(final)
 	if err := os.Rename(tmp, final); err != nil {
@@ -329,10 +351,66 @@ func (b *builder) build(ctx context.Context, v *dataset.Version, res *resolver, 
 	return final, true, nil
 }
 
-// buildahCmd runs buildah with kiln's own storage under the cache; its
-// output goes to log, and stdout is returned too.
-func (b *builder) buildahCmd(ctx context.Context, log io.Writer, args ...string) (string, error) {
-	store := filepath.Join(b.cache, "buildah")
+// buildStorage is one build's buildah storage, BUILD-CACHE/buildah/<random>,
+// held by a flock on its .lock file while the build runs.
+type buildStorage struct {
+	dir    string
+	unlock func()
+}
+
+// newStorage makes a build's own buildah storage; on the way it removes
+// the storage of builds that died without removing theirs (a free lock).
+func (b *builder) newStorage() (*buildStorage, error) {
+	parent := filepath.Join(b.cache, "buildah")
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return nil, err
+	}
+	if ents, err := os.ReadDir(parent); err == nil {
+		for _, e := range ents {
+			if !e.IsDir() {
+				continue
+			}
+			stale := &buildStorage{dir: filepath.Join(parent, e.Name())}
+			if unlock, ok := tryLock(stale.dir + ".lock"); ok {
+				stale.unlock = unlock
+				stale.remove(b)
+			}
+		}
+	}
+	// The lock first, the directory once it is held: a sweep by another
+	// build only considers directories, so it never takes a new one.
+	f, err := os.CreateTemp(parent, "s*.lock")
+	if err != nil {
+		return nil, err
+	}
+	f.Close()
+	dir := strings.TrimSuffix(f.Name(), ".lock")
+	unlock, ok := tryLock(f.Name())
+	if !ok {
+		return nil, fmt.Errorf("locking buildah storage %q: %w", dir, os.ErrExist)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		unlock()
+		os.Remove(f.Name())
+		return nil, err
+	}
+	return &buildStorage{dir: dir, unlock: unlock}, nil
+}
+
+// remove deletes the storage's images (which unmounts their layers), the
+// storage and its lock.
+func (s *buildStorage) remove(b *builder) {
+	_, _ = b.buildahCmd(context.Background(), s.dir, io.Discard, "rmi", "--all", "--force")
+	if err := removeTree(s.dir); err != nil {
+		b.env.Log.Warn("removing a build's buildah storage failed", "dir", s.dir, "err", err)
+	}
+	os.Remove(s.dir + ".lock")
+	s.unlock()
+}
+
+// buildahCmd runs buildah with the storage under store (buildStorage);
+// its output goes to log, and stdout is returned too.
+func (b *builder) buildahCmd(ctx context.Context, store string, log io.Writer, args ...string) (string, error) {
 	full := append([]string{"--root", filepath.Join(store, "root"), "--runroot", filepath.Join(store, "runroot"),
 		"--storage-driver", b.driver}, args...)
 	cmd := exec.CommandContext(ctx, b.buildah, full...)

@@ -2,15 +2,18 @@ package images_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnrl/kiln/fixtures"
+	"github.com/kilnrl/kiln/internal/stagecmd/stagetest"
 	"github.com/kilnrl/kiln/internal/testenv"
 )
 
@@ -108,4 +111,65 @@ func TestBuildRefusesCompose(t *testing.T) {
 	require.Equal(t, 5, r.Code, r.Stderr)
 	assert.Contains(t, r.Stderr, "docker-compose.yaml")
 	assert.Contains(t, r.Stderr, "compose environments (several services, networks, volumes) are not supported")
+}
+
+// TestBuildConcurrent runs three kiln-images builds at once on one build
+// cache: two of one context, one of another. Each build has buildah
+// storage of its own and a lock per context, so all three succeed, the
+// shared context is built once (its second build waits, then reuses it),
+// each image holds its own context, and no build storage is left behind.
+func TestBuildConcurrent(t *testing.T) {
+	needTool(t, "buildah")
+	if os.Geteuid() != 0 {
+		testenv.SkipOrFail(t, "kiln-images build runs buildah as root (chroot isolation)")
+	}
+	if testing.Short() {
+		t.Skip("builds two images at once (about a minute)")
+	}
+	set, err := fixtures.Load(context.Background())
+	require.NoError(t, err)
+	store, root := t.TempDir(), t.TempDir()
+	src := set.Repository + "=oci:" + set.Layout
+	a, b := harborDockerfileTask(t), harborDockerfileTask(t)
+	require.NoError(t, os.WriteFile(filepath.Join(b, "environment", "built-by.txt"), []byte("the other context\n"), 0o644))
+	var tasks []string
+	for i, dir := range []string{a, b} {
+		r := kiln(t, "convert", "harbor", "--store", store, "--out", fmt.Sprintf("tasks/%d", i), dir)
+		require.Equal(t, 0, r.Code, r.Stderr)
+		tasks = append(tasks, r.LastLine())
+	}
+	runs := []string{tasks[0], tasks[1], tasks[0]}
+	results := make([]stagetest.Result, len(runs))
+	var wg sync.WaitGroup
+	for i, tk := range runs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = kiln(t, "images", "build", "--store", store, "--tasks", tk, "--bundles", root, "--source", src,
+				"--out", fmt.Sprintf("images/%d", i))
+		}()
+	}
+	wg.Wait()
+	built, reused := 0, 0
+	for i, r := range results {
+		require.Equal(t, 0, r.Code, "build %d: %s", i, r.Stderr)
+		switch {
+		case strings.Contains(r.Stderr, "build: 1 image(s) built, 0 reused"):
+			built++
+		case strings.Contains(r.Stderr, "build: 0 image(s) built, 1 reused"):
+			reused++
+		}
+	}
+	assert.Equal(t, 2, built, "one build per context")
+	assert.Equal(t, 1, reused, "the context's second build reuses the first's")
+	for i, want := range []string{"kiln-images build\n", "the other context\n", "kiln-images build\n"} {
+		rows := exportRows(t, store, results[i].LastLine())
+		require.Len(t, rows, 1)
+		copied, err := os.ReadFile(filepath.Join(rootfsOf(t, filepath.Join(root, rows[0]["bundle"].(string))), "etc", "kiln-fixture-built-by"))
+		require.NoError(t, err)
+		assert.Equal(t, want, string(copied), "build %d", i)
+	}
+	left, err := os.ReadDir(filepath.Join(root, "harbor-build", "buildah"))
+	require.NoError(t, err)
+	assert.Empty(t, left, "every build removed its buildah storage")
 }
