@@ -108,6 +108,10 @@ type RunOptions struct {
 	ToolParser         string
 	// MaxTurns bounds each agent's model calls (0: the agent's default).
 	MaxTurns int
+	// Seed, when set, seeds every model call: the session of rollout r
+	// gets adapter.TurnSeed(*Seed, r) and its turns derive theirs from it
+	// (docs/rollout.md §2.1).
+	Seed *int64
 	// Harness settings (the shell agent's binary, ...).
 	Harness harness.Options
 	// BootConcurrency bounds concurrent sandbox boots (default Jobs).
@@ -149,6 +153,9 @@ func (o *RunOptions) identityArgs() map[string]any {
 		"max_tokens": o.MaxTokens, "max_context_tokens": o.MaxContextTokens, "stop_token_ids": o.StopTokenIDs,
 		"chat_template_kwargs": o.ChatTemplateKwargs, "reasoning_parser": o.ReasoningParser, "tool_parser": o.ToolParser,
 		"max_turns": o.MaxTurns,
+	}
+	if o.Seed != nil { // absent unset, so runs without --seed keep their ids
+		args["seed"] = *o.Seed
 	}
 	// A replay's runs are the recording's, not the engines' (docs/rollout.md
 	// §7): the replayed version is an input of what they produce.

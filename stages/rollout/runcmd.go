@@ -130,6 +130,7 @@ type runFlagValues struct {
 	budget, setupTimeout, margin                                     time.Duration
 	temperature, topP                                                float64
 	printVersion                                                     bool
+	seed                                                             *int64
 }
 
 // runFlags are the run command's flags, bound to f.
@@ -165,6 +166,7 @@ func runFlags(f *runFlagValues) []cli.Flag {
 		&cli.Float64Flag{Name: "temperature", Value: 1.0, Destination: &f.temperature, Usage: "sampling temperature, [0, 2]"},
 		&cli.Float64Flag{Name: "top-p", Value: 1.0, Destination: &f.topP, Usage: "nucleus top_p, (0, 1]"},
 		&cli.IntFlag{Name: "top-k", Value: -1, Destination: &f.topK, Usage: "top_k, -1 for off"},
+		&cli.Int64Flag{Name: "seed", Usage: "make the runs reproducible: each model call samples with a seed that is a function of N, the rollout's index and the turn (docs/rollout.md §2.1), so the same inputs give the same tokens whatever the engine batches; the k-th sample of a task gets the same noise in every run with this seed (default: the engine's own, arrival order)", Action: func(_ *cli.Context, v int64) error { f.seed = &v; return nil }},
 		&cli.IntFlag{Name: "max-tokens", Destination: &f.maxTokens, Usage: "max response tokens per turn (a client's own limit can only lower it)", DefaultText: "4096"},
 		&cli.IntFlag{Name: "max-context-tokens", Destination: &f.maxContextTokens, Usage: "prompt + response limit per turn (0: the engine's context length)"},
 		&cli.StringFlag{Name: "stop-token-ids", Destination: &f.stopTokenIDs, Usage: "extra stop token ids, comma separated"},
@@ -237,6 +239,7 @@ func (f *runFlagValues) options() (RunOptions, error) {
 		MaxTurns: f.maxTurns, Temperature: f.temperature, TopP: f.topP, TopK: f.topK,
 		MaxTokens: f.maxTokens, MaxContextTokens: f.maxContextTokens, StopTokenIDs: stops,
 		ChatTemplateKwargs: f.chatTemplateKwargs, ReasoningParser: f.reasoningParser, ToolParser: f.toolParser,
+		Seed:    f.seed,
 		Harness: harness.Options{ShellAgent: f.agentBinary, ClaudeCode: f.claudeCode, Codex: f.codex, Extra: extra},
 	}
 	return o, nil

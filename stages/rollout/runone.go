@@ -91,8 +91,13 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 	// A replay answers the session from the recording of its rollout.
 	p.rt.replay.open(sid, row.RolloutID)
 	defer p.rt.replay.drop(sid)
-	eng, err := p.rt.front.open(sid, adapter.SessionOptions{RolloutID: row.RolloutID, Index: row.Index, GroupIndex: row.GroupIndex,
-		Sampling: &sampling, MaxContextTokens: p.o.MaxContextTokens}, engineFailed)
+	so := adapter.SessionOptions{RolloutID: row.RolloutID, Index: row.Index, GroupIndex: row.GroupIndex,
+		Sampling: &sampling, MaxContextTokens: p.o.MaxContextTokens}
+	if p.o.Seed != nil {
+		s := adapter.TurnSeed(*p.o.Seed, int(row.RolloutID))
+		so.Seed = &s
+	}
+	eng, err := p.rt.front.open(sid, so, engineFailed)
 	if errors.Is(err, errNoEngine) {
 		res.err = err // the stage stops; the rerun runs it
 		return abort(AbortPreempted, err.Error())

@@ -185,3 +185,45 @@ func TestSamplingParams(t *testing.T) {
 	assert.Equal(t, []any{"X"}, sp["stop"])
 	assert.Equal(t, true, sp["include_stop_str_in_output"])
 }
+
+// docs/adapter.md §1.4 step 8: a session opened with a seed sends
+// TurnSeed(seed, n) on its n-th turn; a session without one sends none;
+// a session's own sampling seed wins.
+func TestSessionSeed(t *testing.T) {
+	f := qwenFixture(t, constant("x"), adapter.Options{})
+	seed, own := int64(7), int64(99)
+	require.NoError(t, f.ad.Open("seeded", adapter.SessionOptions{Seed: &seed}))
+	require.NoError(t, f.ad.Open("plain", adapter.SessionOptions{}))
+	require.NoError(t, f.ad.Open("own", adapter.SessionOptions{Seed: &seed, Sampling: &engine.SamplingParams{MaxTokens: 8, Seed: &own}}))
+	sent := func(sid string) []any {
+		var seeds []any
+		for _, r := range f.eng.RequestsTo("/inference/v1/generate") {
+			if r.SessionID != sid {
+				continue
+			}
+			var body struct {
+				SamplingParams map[string]any `json:"sampling_params"`
+			}
+			require.NoError(t, json.Unmarshal(r.Body, &body))
+			seeds = append(seeds, body.SamplingParams["seed"])
+		}
+		return seeds
+	}
+	msgs := []any{map[string]any{"role": "user", "content": "hi"}}
+	for _, sid := range []string{"seeded", "plain", "own"} {
+		for turn := 0; turn < 2; turn++ {
+			m := msgs
+			if turn == 1 {
+				m = append(append([]any{}, msgs...), map[string]any{"role": "assistant", "content": "x"}, map[string]any{"role": "user", "content": "again"})
+			}
+			r := f.post(t, "/v1/messages", sid, map[string]any{"max_tokens": 4, "messages": m})
+			require.Equal(t, http.StatusOK, r.status, string(r.body))
+		}
+	}
+	s0, s1 := adapter.TurnSeed(seed, 0), adapter.TurnSeed(seed, 1)
+	assert.NotEqual(t, s0, s1)
+	assert.True(t, s0 >= 0 && s0 < 1<<31 && s1 >= 0 && s1 < 1<<31, "31-bit seeds: %d %d", s0, s1)
+	assert.Equal(t, []any{float64(s0), float64(s1)}, sent("seeded"))
+	assert.Equal(t, []any{nil, nil}, sent("plain"))
+	assert.Equal(t, []any{float64(own), float64(own)}, sent("own"))
+}

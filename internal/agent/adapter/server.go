@@ -89,6 +89,12 @@ type SessionOptions struct {
 	MaxContextTokens int
 	// ChatTemplateKwargs overrides Options.ChatTemplateKwargs when non-nil.
 	ChatTemplateKwargs json.RawMessage
+	// Seed, when non-nil, makes the session reproducible: a model call
+	// whose sampling has no seed of its own samples with TurnSeed(*Seed,
+	// n) for the session's n-th recorded turn (docs/adapter.md §1.4), so
+	// an engine that draws as a function of the seed (vLLM, serve.py)
+	// gives the same tokens whatever else it batches.
+	Seed *int64
 }
 
 // Server is the adapter: an http.Handler serving the client protocols,

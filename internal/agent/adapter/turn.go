@@ -103,6 +103,16 @@ func (s *Server) serveTurn(w http.ResponseWriter, r *http.Request, req *protocol
 		key: prefixKey(hashes, tools), turn: len(sess.turns) - 1})
 }
 
+// TurnSeed is the sampling seed of a session's n-th turn (from 0) under
+// SessionOptions.Seed: SplitMix64 of the pair, kept to 31 bits so every
+// engine takes it as a plain int.
+func TurnSeed(session int64, n int) int64 {
+	z := uint64(session) + uint64(n+1)*0x9e3779b97f4a7c15
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return int64((z ^ z>>31) >> 33)
+}
+
 // runTurn is steps 4–8: prompt ids, engine call, decode, parse, reply.
 // Nothing is recorded here; any error fails the request.
 func (s *Server) runTurn(ctx context.Context, sess *session, req *protocol.Request, hashes []digest, tools digest) (*records.Turn, *protocol.Reply, error) {
@@ -129,6 +139,10 @@ func (s *Server) runTurn(ctx context.Context, sess *session, req *protocol.Reque
 
 	// docs/adapter.md §1.4 and §1.5.
 	sp := s.sampling(sess, req.Sampling)
+	if sp.Seed == nil && sess.opts.Seed != nil {
+		seed := TurnSeed(*sess.opts.Seed, len(sess.turns))
+		sp.Seed = &seed
+	}
 	limit := contextLimit(sess.opts.MaxContextTokens, eng.ContextLength())
 	if limit > 0 {
 		n, err := engine.ClampMaxTokens(len(prompt), sp.MaxTokens, limit)
