@@ -113,33 +113,7 @@ func TestBrowser(t *testing.T) {
 		Chart: c.dataset.chart, Series: c.dataset.series, Step: +c.dataset.step, Value: c.dataset.value}))`, &points)); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]func(*report.Step) *float64{
-		"pass/pass rate":                func(s *report.Step) *float64 { return s.Figures.PassRate },
-		"pass/mean reward":              func(s *report.Step) *float64 { return s.Figures.MeanReward },
-		"pass/pass@1":                   func(s *report.Step) *float64 { return s.Figures.PassAt1 },
-		"pass/pass@k":                   func(s *report.Step) *float64 { v := s.Figures.PassAtK["4"]; return &v },
-		"groups/groups":                 func(s *report.Step) *float64 { return s.Figures.Groups },
-		"groups/mixed groups":           func(s *report.Step) *float64 { return s.Figures.MixedGroups },
-		"groups/group size":             func(s *report.Step) *float64 { return s.Figures.GroupSize },
-		"advantage/min":                 func(s *report.Step) *float64 { return &s.Rows.Advantage.Min },
-		"advantage/mean":                func(s *report.Step) *float64 { return &s.Rows.Advantage.Mean },
-		"advantage/max":                 func(s *report.Step) *float64 { return &s.Rows.Advantage.Max },
-		"advantage/std":                 func(s *report.Step) *float64 { return &s.Rows.Advantage.Std },
-		"tokens/prompt":                 func(s *report.Step) *float64 { return s.Rows.PromptTokens },
-		"tokens/response":               func(s *report.Step) *float64 { return s.Rows.ResponseTokens },
-		"tokens/trained":                func(s *report.Step) *float64 { return s.Figures.TrainedTokens },
-		"segments/segments per rollout": func(s *report.Step) *float64 { return s.Rows.SegmentsPerRollout },
-		"aborts/rollouts":               func(s *report.Step) *float64 { return s.Figures.Rollouts },
-		"aborts/aborted":                func(s *report.Step) *float64 { return s.Figures.Aborted },
-		"loss/loss":                     func(s *report.Step) *float64 { return s.Figures.Loss },
-		"clipfrac/pg_clipfrac":          func(s *report.Step) *float64 { return s.Figures.ClipFrac },
-		"logprob/logprob diff":          func(s *report.Step) *float64 { return s.Figures.LogprobDiff },
-		"gradnorm/grad_norm":            func(s *report.Step) *float64 { return s.Figures.GradNorm },
-		"kl/ppo_kl":                     func(s *report.Step) *float64 { return s.Figures.PPOKL },
-		"kl/kl_loss":                    func(s *report.Step) *float64 { return s.Figures.KLLoss },
-		"weights/weights number":        func(s *report.Step) *float64 { return s.Figures.WeightsNumber },
-		"weights/staleness":             func(s *report.Step) *float64 { return s.Staleness },
-	}
+	want := chartFigures()
 	seen := map[string]int{}
 	for _, p := range points {
 		key := p.Chart + "/" + p.Series
@@ -276,4 +250,38 @@ func TestBrowser(t *testing.T) {
 	}
 	b, _ := json.Marshal(requests)
 	t.Logf("requests: %s", b)
+}
+
+// chartFigures maps each chart series the page draws (CHART/SERIES, the
+// tracker tags before spaces become underscores) to the JSON figure it
+// must equal, written here and not by the chart code; the wall-time chart
+// is each stage's Wall.
+func chartFigures() map[string]func(*report.Step) *float64 {
+	return map[string]func(*report.Step) *float64{
+		"pass/pass rate":                func(s *report.Step) *float64 { return s.Figures.PassRate },
+		"pass/mean reward":              func(s *report.Step) *float64 { return s.Figures.MeanReward },
+		"pass/pass@1":                   func(s *report.Step) *float64 { return s.Figures.PassAt1 },
+		"pass/pass@k":                   func(s *report.Step) *float64 { v := s.Figures.PassAtK["4"]; return &v },
+		"groups/groups":                 func(s *report.Step) *float64 { return s.Figures.Groups },
+		"groups/mixed groups":           func(s *report.Step) *float64 { return s.Figures.MixedGroups },
+		"groups/group size":             func(s *report.Step) *float64 { return s.Figures.GroupSize },
+		"advantage/min":                 func(s *report.Step) *float64 { return &s.Rows.Advantage.Min },
+		"advantage/mean":                func(s *report.Step) *float64 { return &s.Rows.Advantage.Mean },
+		"advantage/max":                 func(s *report.Step) *float64 { return &s.Rows.Advantage.Max },
+		"advantage/std":                 func(s *report.Step) *float64 { return &s.Rows.Advantage.Std },
+		"tokens/prompt":                 func(s *report.Step) *float64 { return s.Rows.PromptTokens },
+		"tokens/response":               func(s *report.Step) *float64 { return s.Rows.ResponseTokens },
+		"tokens/trained":                func(s *report.Step) *float64 { return s.Figures.TrainedTokens },
+		"segments/segments per rollout": func(s *report.Step) *float64 { return s.Rows.SegmentsPerRollout },
+		"aborts/rollouts":               func(s *report.Step) *float64 { return s.Figures.Rollouts },
+		"aborts/aborted":                func(s *report.Step) *float64 { return s.Figures.Aborted },
+		"loss/loss":                     func(s *report.Step) *float64 { return s.Figures.Loss },
+		"clipfrac/pg_clipfrac":          func(s *report.Step) *float64 { return s.Figures.ClipFrac },
+		"logprob/logprob diff":          func(s *report.Step) *float64 { return s.Figures.LogprobDiff },
+		"gradnorm/grad_norm":            func(s *report.Step) *float64 { return s.Figures.GradNorm },
+		"kl/ppo_kl":                     func(s *report.Step) *float64 { return s.Figures.PPOKL },
+		"kl/kl_loss":                    func(s *report.Step) *float64 { return s.Figures.KLLoss },
+		"weights/weights number":        func(s *report.Step) *float64 { return s.Figures.WeightsNumber },
+		"weights/staleness":             func(s *report.Step) *float64 { return s.Staleness },
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -45,6 +46,17 @@ The figures are the ones "kiln status --table" prints, computed by the
 same code. --json prints the data behind the page instead (one JSON
 object, docs/report.md §4) and writes no page.
 
+The trackers users already watch get the same per-step figures (every
+point the page's charts draw, tagged CHART/SERIES: pass/pass_rate,
+loss/loss, wall/rollout, ...): --tensorboard DIR writes them as a
+TensorBoard event file in DIR (events.out.tfevents.*.kiln-report, step =
+the pipeline step; a rerun replaces it), and --wandb DIR as a wandb run in
+offline mode, DIR/wandb/offline-run-*, which "wandb sync" uploads later;
+nothing is sent. --wandb runs the trackers' Python (--python, default
+$KILN_TRACKERS_PYTHON, else the venv scripts/install-tracker-deps.sh
+made, else python3), which must have wandb. Their paths are logged on
+stderr; both work with --json too.
+
 What cannot be read is said in the page, not hidden: a step output that
 is no longer in the store, a grading log whose attachment was removed, a
 step without turns. The last stdout line is the page's path.
@@ -53,6 +65,7 @@ Examples:
    kiln report pipelines/demo.kiln DEMO=/var/tmp/kiln-demo --out demo.html
    kiln report demo/checkpoints/step-1 demo/checkpoints/step-2
    kiln report pipelines/demo.kiln --json | jq '.steps[].figures.pass_rate'
+   kiln report pipelines/demo.kiln --tensorboard runs/demo --wandb .
 
 EXIT STATUS:
    0    the page (or the JSON) was written; its path is the last stdout line
@@ -68,6 +81,10 @@ func Command(env *stagecmd.Env) *cli.Command {
 		out         string
 		json        bool
 		embed, logs int
+		tensorboard string
+		wandb       string
+		project     string
+		python      string
 	}
 	return &cli.Command{
 		Name:        "report",
@@ -81,6 +98,10 @@ func Command(env *stagecmd.Env) *cli.Command {
 			&cli.BoolFlag{Name: "json", Usage: "print the data behind the page as one JSON object instead of writing it", Destination: &o.json},
 			&cli.IntFlag{Name: "embed-bytes", Value: DefaultEmbedBytes, Usage: "at most `N` bytes of rollout views in the page; the rest are files beside it", Destination: &o.embed},
 			&cli.IntFlag{Name: "log-bytes", Value: DefaultLogBytes, Usage: "show at most `N` bytes of a grading log (its head and tail)", Destination: &o.logs},
+			&cli.StringFlag{Name: "tensorboard", Usage: "also write the per-step figures as a TensorBoard event file in `DIR`", Destination: &o.tensorboard},
+			&cli.StringFlag{Name: "wandb", Usage: "also write the per-step figures as an offline wandb run in `DIR`/wandb/ (upload it with wandb sync)", Destination: &o.wandb},
+			&cli.StringFlag{Name: "wandb-project", Usage: "the wandb run's `PROJECT` (default: the pipeline's name, else kiln)", Destination: &o.project},
+			&cli.StringFlag{Name: "python", Usage: "the `PYTHON` with wandb that --wandb runs (default $KILN_TRACKERS_PYTHON, else the venv of scripts/install-tracker-deps.sh, else python3)", Destination: &o.python},
 		},
 		Action: func(c *cli.Context) error {
 			args := c.Args().Slice()
@@ -116,6 +137,29 @@ func Command(env *stagecmd.Env) *cli.Command {
 			if err != nil {
 				return err
 			}
+			// The trackers first: a failure there leaves no page or JSON
+			// that looks like the whole job was done.
+			if o.tensorboard != "" {
+				p, err := WriteTensorBoard(r, o.tensorboard, time.Now())
+				if err != nil {
+					return fmt.Errorf("report: --tensorboard %q: %w", o.tensorboard, err)
+				}
+				env.Log.Info("tensorboard event file written", "path", p, "view", "tensorboard --logdir "+filepath.Dir(p))
+			}
+			if o.wandb != "" {
+				project := o.project
+				if project == "" {
+					project = r.PipelineName
+				}
+				if project == "" {
+					project = "kiln"
+				}
+				run, err := WriteWandb(c.Context, r, WandbOptions{Dir: o.wandb, Project: project, Name: runName(r), Python: o.python, Environ: os.Environ()})
+				if err != nil {
+					return fmt.Errorf("report: %w", err)
+				}
+				env.Log.Info("wandb offline run written", "path", run, "upload", "wandb sync "+run)
+			}
 			if o.json {
 				b, err := json.Marshal(r)
 				if err != nil {
@@ -138,4 +182,18 @@ func Command(env *stagecmd.Env) *cli.Command {
 			return nil
 		},
 	}
+}
+
+// runName is a wandb run's display name: the pipeline's name, else the
+// report's first and last ref.
+func runName(r *Report) string {
+	switch {
+	case r.PipelineName != "":
+		return r.PipelineName
+	case len(r.Refs) == 1:
+		return r.Refs[0]
+	case len(r.Refs) > 1:
+		return r.Refs[0] + " .. " + r.Refs[len(r.Refs)-1]
+	}
+	return "kiln report"
 }
