@@ -218,21 +218,32 @@ func TestBrowser(t *testing.T) {
 	if fileLink == "" {
 		t.Fatal("no rollout is a file beside the page: the cap did not apply")
 	}
+	// It names its view in the step's file: that view shows, the others
+	// in the file do not.
+	_, fileAnchor, _ := strings.Cut(fileLink, "#")
+	if !strings.HasPrefix(fileAnchor, "r-") {
+		t.Fatalf("rollout link %q names no view in its file", fileLink)
+	}
 	var color, ftext string
+	var shownViews int
 	if err := chromedp.Run(ctx, chromedp.Navigate("file://"+page), chromedp.WaitReady("footer"),
 		chromedp.Evaluate(`document.querySelector('a.rl[href="`+fileLink+`"]').closest("details").open = true`, nil),
 		chromedp.Click(`a.rl[href="`+fileLink+`"]`, chromedp.ByQuery),
-		chromedp.WaitVisible("article.rollout", chromedp.ByQuery),
-		chromedp.Text("article.rollout", &ftext, chromedp.ByQuery),
-		chromedp.Evaluate(`getComputedStyle(document.querySelector("pre.patch")).backgroundColor`, &color),
+		chromedp.WaitVisible("#"+fileAnchor, chromedp.ByQuery),
+		chromedp.Text("#"+fileAnchor, &ftext, chromedp.ByQuery),
+		chromedp.Evaluate(`getComputedStyle(document.querySelector("#`+fileAnchor+` pre.patch")).backgroundColor`, &color),
+		chromedp.Evaluate(`Array.from(document.querySelectorAll("article.rollout")).filter(a => getComputedStyle(a).display != "none").length`, &shownViews),
 	); err != nil {
 		t.Fatalf("following %s: %v", fileLink, err)
 	}
 	if !strings.Contains(ftext, "turn 0") || !strings.Contains(ftext, "diff --git") {
-		t.Errorf("the rollout file %s lacks its turns or patch:\n%s", fileLink, ftext)
+		t.Errorf("the rollout view %s lacks its turns or patch:\n%s", fileLink, ftext)
 	}
 	if color != "rgb(15, 23, 42)" {
 		t.Errorf("the rollout file %s is not styled (patch background %q): its stylesheet did not load", fileLink, color)
+	}
+	if shownViews != 1 {
+		t.Errorf("following %s shows %d rollout views, want just its own", fileLink, shownViews)
 	}
 
 	mu.Lock()

@@ -40,8 +40,8 @@ advantage, each step's best and worst one click away.
 
 The page embeds at most --embed-bytes of rollout views (default 4 MiB:
 half for each step's best and worst, half for the others in step order);
-every other rollout is a small HTML file in OUT_files/ beside the page
-(OUT without .html), linked from it. Copy the page with that directory.
+every other rollout is in its step's file, OUT_files/step-K.html beside
+the page (OUT without .html), linked from it. Copy the page with that directory.
 The figures are the ones "kiln status --table" prints, computed by the
 same code. --json prints the data behind the page instead (one JSON
 object, docs/report.md §4) and writes no page.
