@@ -44,7 +44,10 @@ every other rollout is in its step's file, OUT_files/step-K.html beside
 the page (OUT without .html), linked from it. Copy the page with that directory.
 The figures are the ones "kiln status --table" prints, computed by the
 same code. --json prints the data behind the page instead (one JSON
-object, docs/report.md §4) and writes no page.
+object, docs/report.md §4) and writes no page; with --out given too it
+writes the page and prints the JSON with the page's path and each
+rollout's "page": where its view is (#r-STEP-ID in the page, or
+OUT_files/step-K.html#r-STEP-ID, relative to the page's directory).
 
 The trackers users already watch get the same per-step figures (every
 point the page's charts draw, tagged CHART/SERIES: pass/pass_rate,
@@ -95,7 +98,7 @@ func Command(env *stagecmd.Env) *cli.Command {
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
 			&cli.StringFlag{Name: "out", Value: "report.html", Usage: "the page's `PATH` (its rollout files go to PATH without .html plus _files/)", Destination: &o.out},
-			&cli.BoolFlag{Name: "json", Usage: "print the data behind the page as one JSON object instead of writing it", Destination: &o.json},
+			&cli.BoolFlag{Name: "json", Usage: "print the data behind the page as one JSON object instead of writing it (with --out: as well, each rollout's page filled)", Destination: &o.json},
 			&cli.IntFlag{Name: "embed-bytes", Value: DefaultEmbedBytes, Usage: "at most `N` bytes of rollout views in the page; the rest are files beside it", Destination: &o.embed},
 			&cli.IntFlag{Name: "log-bytes", Value: DefaultLogBytes, Usage: "show at most `N` bytes of a grading log (its head and tail)", Destination: &o.logs},
 			&cli.StringFlag{Name: "tensorboard", Usage: "also write the per-step figures as a TensorBoard event file in `DIR`", Destination: &o.tensorboard},
@@ -160,13 +163,8 @@ func Command(env *stagecmd.Env) *cli.Command {
 				}
 				env.Log.Info("wandb offline run written", "path", run, "upload", "wandb sync "+run)
 			}
-			if o.json {
-				b, err := json.Marshal(r)
-				if err != nil {
-					return err
-				}
-				_, err = fmt.Fprintf(env.Stdout, "%s\n", b)
-				return err
+			if o.json && !c.IsSet("out") {
+				return printJSON(env, r)
 			}
 			out, err := filepath.Abs(o.out)
 			if err != nil {
@@ -177,6 +175,12 @@ func Command(env *stagecmd.Env) *cli.Command {
 			}
 			for _, n := range r.Notes {
 				env.Log.Warn(n)
+			}
+			if o.json {
+				// With --out the JSON says where the page and each
+				// rollout's view are; it holds the page's path.
+				r.Page = out
+				return printJSON(env, r)
 			}
 			fmt.Fprintln(env.Stdout, out)
 			return nil
@@ -196,4 +200,14 @@ func runName(r *Report) string {
 		return r.Refs[0] + " .. " + r.Refs[len(r.Refs)-1]
 	}
 	return "kiln report"
+}
+
+// printJSON prints the report as one line of JSON (docs/report.md §4).
+func printJSON(env *stagecmd.Env, r *Report) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(env.Stdout, "%s\n", b)
+	return err
 }
