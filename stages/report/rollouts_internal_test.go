@@ -1,9 +1,12 @@
 package report
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"testing"
+	"time"
 )
 
 // TestExtension: the fast path of a turn's new prompt messages agrees
@@ -62,5 +65,58 @@ func TestExtension(t *testing.T) {
 				t.Fatalf("fast path: %d messages, fresh %s; the whole prompt: %d, %s", n, fresh, len(all), all[prevN:])
 			}
 		})
+	}
+}
+
+// TestRenderSteps: the steps are placed in step order whatever order the
+// workers finish in, and the first error (a render's or a place's) stops
+// the rest and is returned, without a hang.
+func TestRenderSteps(t *testing.T) {
+	steps := make([]*Step, 40)
+	for i := range steps {
+		steps[i] = &Step{Step: i + 1}
+	}
+	render := func(failAt int) func(context.Context, *Step) (*stepViews, error) {
+		return func(ctx context.Context, s *Step) (*stepViews, error) {
+			time.Sleep(time.Duration((s.Step*7919)%5) * time.Millisecond) // out of order
+			if s.Step == failAt {
+				return nil, fmt.Errorf("step %d broke", s.Step)
+			}
+			return &stepViews{order: []*Rollout{{ID: int64(s.Step)}}}, ctx.Err()
+		}
+	}
+	var placed []int
+	place := func(s *Step, sv *stepViews) error {
+		if sv.order[0].ID != int64(s.Step) {
+			t.Errorf("step %d placed with step %d's views", s.Step, sv.order[0].ID)
+		}
+		placed = append(placed, s.Step)
+		return nil
+	}
+	if err := renderSteps(context.Background(), steps, render(0), place); err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range placed {
+		if s != i+1 {
+			t.Fatalf("placed %v, want steps 1..40 in order", placed)
+		}
+	}
+	placed = nil
+	err := renderSteps(context.Background(), steps, render(9), place)
+	if err == nil || err.Error() != "step 9 broke" {
+		t.Fatalf("err %v, want step 9's", err)
+	}
+	if len(placed) != 8 {
+		t.Errorf("placed %v, want steps 1..8 and none after the failure", placed)
+	}
+	placed = nil
+	err = renderSteps(context.Background(), steps, render(0), func(s *Step, sv *stepViews) error {
+		if s.Step == 3 {
+			return fmt.Errorf("disk full")
+		}
+		return place(s, sv)
+	})
+	if err == nil || err.Error() != "disk full" || len(placed) != 2 {
+		t.Fatalf("err %v, placed %v; want disk full after steps 1, 2", err, placed)
 	}
 }
