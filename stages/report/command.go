@@ -62,7 +62,8 @@ stderr; both work with --json too.
 
 What cannot be read is said in the page, not hidden: a step output that
 is no longer in the store, a grading log whose attachment was removed, a
-step without turns. The last stdout line is the page's path.
+step without turns. The last stdout line is the page's path (with --json,
+the JSON).
 
 Examples:
    kiln report pipelines/demo.kiln DEMO=/var/tmp/kiln-demo --out demo.html
@@ -97,7 +98,7 @@ func Command(env *stagecmd.Env) *cli.Command {
 		Description: Help,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
-			&cli.StringFlag{Name: "out", Value: "report.html", Usage: "the page's `PATH` (its rollout files go to PATH without .html plus _files/)", Destination: &o.out},
+			&cli.StringFlag{Name: "out", Value: "report.html", Usage: "the page's `PATH` (the rollouts not in it go to PATH without .html plus _files/, one file a step)", Destination: &o.out},
 			&cli.BoolFlag{Name: "json", Usage: "print the data behind the page as one JSON object instead of writing it (with --out: as well, each rollout's page filled)", Destination: &o.json},
 			&cli.IntFlag{Name: "embed-bytes", Value: DefaultEmbedBytes, Usage: "at most `N` bytes of rollout views in the page; the rest are files beside it", Destination: &o.embed},
 			&cli.IntFlag{Name: "log-bytes", Value: DefaultLogBytes, Usage: "show at most `N` bytes of a grading log (its head and tail)", Destination: &o.logs},
