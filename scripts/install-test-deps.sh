@@ -49,6 +49,8 @@ APT_PACKAGES=(
 	# Pro parser (python3) on the host.
 	patch
 	python3
+	# stages/report: the trackers' venv (scripts/install-tracker-deps.sh).
+	python3-venv
 	# stages/report: the report's headless-browser test drives Debian's
 	# chromium over the DevTools protocol (chromedp); fonts so that its
 	# screenshot (docs/report.png) has text in it.
@@ -265,6 +267,8 @@ main() {
 	step "npm packages" install_npm
 	step "npm CLIs" install_npm_clis
 	step "fixtures" install_fixtures
+	# stages/report's trackers (wandb, tensorboard): their own venv.
+	"$(dirname "${BASH_SOURCE[0]}")/install-tracker-deps.sh"
 	printf '%s\n' "$NPM_DIR" >"$CACHE/npm-current.tmp"
 	mv "$CACHE/npm-current.tmp" "$CACHE/npm-current"
 	printf '%s\n' "$NPM_CLIS_DIR" >"$CACHE/npm-clis-current.tmp"

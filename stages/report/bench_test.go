@@ -8,7 +8,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,13 +27,16 @@ import (
 // JSON lines to a discarding buffer: the unavoidable work of looking at
 // them), alternating in rounds on the same cores. Figures: the median
 // per-round ratio report/read with its spread (goal <= 2), the page's
-// size (goal <= 10 MB) and the files beside it. A synthetic run of 100
-// steps × 64 rollouts × 20 turns (reporttest); -short: 4 × 16 × 4.
+// size (goal <= 10 MB) and the files beside it (one per step). The load
+// average before and after is logged: the figure depends on it (report
+// renders on every core, the read uses one). A synthetic run of 100
+// steps × 64 rollouts × 20 turns (reporttest), 5 rounds; -short: 4 × 16
+// × 4, one round.
 //
 //	go test ./stages/report -run '^$' -bench BenchmarkReport -benchtime 1x
 func BenchmarkReport(b *testing.B) {
 	o := reporttest.Options{Steps: 100, Tasks: 16, Samples: 4, Turns: 20}
-	rounds := 3
+	rounds := 5
 	if testing.Short() {
 		o = reporttest.Options{Steps: 4, Tasks: 4, Samples: 4, Turns: 4}
 		rounds = 1
@@ -76,6 +81,11 @@ func BenchmarkReport(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	loadavg := func() string {
+		l, _ := os.ReadFile("/proc/loadavg")
+		return strings.TrimSpace(string(l))
+	}
+	b.Logf("load average before: %s (%d cores)", loadavg(), runtime.NumCPU())
 	b.ResetTimer()
 	var ratios []float64
 	for range b.N {
@@ -91,6 +101,7 @@ func BenchmarkReport(b *testing.B) {
 		}
 	}
 	b.StopTimer()
+	b.Logf("load average after: %s", loadavg())
 	slices.Sort(ratios)
 	fi, err := os.Stat(out)
 	if err != nil {

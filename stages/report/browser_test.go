@@ -113,33 +113,7 @@ func TestBrowser(t *testing.T) {
 		Chart: c.dataset.chart, Series: c.dataset.series, Step: +c.dataset.step, Value: c.dataset.value}))`, &points)); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]func(*report.Step) *float64{
-		"pass/pass rate":                func(s *report.Step) *float64 { return s.Figures.PassRate },
-		"pass/mean reward":              func(s *report.Step) *float64 { return s.Figures.MeanReward },
-		"pass/pass@1":                   func(s *report.Step) *float64 { return s.Figures.PassAt1 },
-		"pass/pass@k":                   func(s *report.Step) *float64 { v := s.Figures.PassAtK["4"]; return &v },
-		"groups/groups":                 func(s *report.Step) *float64 { return s.Figures.Groups },
-		"groups/mixed groups":           func(s *report.Step) *float64 { return s.Figures.MixedGroups },
-		"groups/group size":             func(s *report.Step) *float64 { return s.Figures.GroupSize },
-		"advantage/min":                 func(s *report.Step) *float64 { return &s.Rows.Advantage.Min },
-		"advantage/mean":                func(s *report.Step) *float64 { return &s.Rows.Advantage.Mean },
-		"advantage/max":                 func(s *report.Step) *float64 { return &s.Rows.Advantage.Max },
-		"advantage/std":                 func(s *report.Step) *float64 { return &s.Rows.Advantage.Std },
-		"tokens/prompt":                 func(s *report.Step) *float64 { return s.Rows.PromptTokens },
-		"tokens/response":               func(s *report.Step) *float64 { return s.Rows.ResponseTokens },
-		"tokens/trained":                func(s *report.Step) *float64 { return s.Figures.TrainedTokens },
-		"segments/segments per rollout": func(s *report.Step) *float64 { return s.Rows.SegmentsPerRollout },
-		"aborts/rollouts":               func(s *report.Step) *float64 { return s.Figures.Rollouts },
-		"aborts/aborted":                func(s *report.Step) *float64 { return s.Figures.Aborted },
-		"loss/loss":                     func(s *report.Step) *float64 { return s.Figures.Loss },
-		"clipfrac/pg_clipfrac":          func(s *report.Step) *float64 { return s.Figures.ClipFrac },
-		"logprob/logprob diff":          func(s *report.Step) *float64 { return s.Figures.LogprobDiff },
-		"gradnorm/grad_norm":            func(s *report.Step) *float64 { return s.Figures.GradNorm },
-		"kl/ppo_kl":                     func(s *report.Step) *float64 { return s.Figures.PPOKL },
-		"kl/kl_loss":                    func(s *report.Step) *float64 { return s.Figures.KLLoss },
-		"weights/weights number":        func(s *report.Step) *float64 { return s.Figures.WeightsNumber },
-		"weights/staleness":             func(s *report.Step) *float64 { return s.Staleness },
-	}
+	want := chartFigures()
 	seen := map[string]int{}
 	for _, p := range points {
 		key := p.Chart + "/" + p.Series
@@ -244,21 +218,32 @@ func TestBrowser(t *testing.T) {
 	if fileLink == "" {
 		t.Fatal("no rollout is a file beside the page: the cap did not apply")
 	}
+	// It names its view in the step's file: that view shows, the others
+	// in the file do not.
+	_, fileAnchor, _ := strings.Cut(fileLink, "#")
+	if !strings.HasPrefix(fileAnchor, "r-") {
+		t.Fatalf("rollout link %q names no view in its file", fileLink)
+	}
 	var color, ftext string
+	var shownViews int
 	if err := chromedp.Run(ctx, chromedp.Navigate("file://"+page), chromedp.WaitReady("footer"),
 		chromedp.Evaluate(`document.querySelector('a.rl[href="`+fileLink+`"]').closest("details").open = true`, nil),
 		chromedp.Click(`a.rl[href="`+fileLink+`"]`, chromedp.ByQuery),
-		chromedp.WaitVisible("article.rollout", chromedp.ByQuery),
-		chromedp.Text("article.rollout", &ftext, chromedp.ByQuery),
-		chromedp.Evaluate(`getComputedStyle(document.querySelector("pre.patch")).backgroundColor`, &color),
+		chromedp.WaitVisible("#"+fileAnchor, chromedp.ByQuery),
+		chromedp.Text("#"+fileAnchor, &ftext, chromedp.ByQuery),
+		chromedp.Evaluate(`getComputedStyle(document.querySelector("#`+fileAnchor+` pre.patch")).backgroundColor`, &color),
+		chromedp.Evaluate(`Array.from(document.querySelectorAll("article.rollout")).filter(a => getComputedStyle(a).display != "none").length`, &shownViews),
 	); err != nil {
 		t.Fatalf("following %s: %v", fileLink, err)
 	}
 	if !strings.Contains(ftext, "turn 0") || !strings.Contains(ftext, "diff --git") {
-		t.Errorf("the rollout file %s lacks its turns or patch:\n%s", fileLink, ftext)
+		t.Errorf("the rollout view %s lacks its turns or patch:\n%s", fileLink, ftext)
 	}
 	if color != "rgb(15, 23, 42)" {
 		t.Errorf("the rollout file %s is not styled (patch background %q): its stylesheet did not load", fileLink, color)
+	}
+	if shownViews != 1 {
+		t.Errorf("following %s shows %d rollout views, want just its own", fileLink, shownViews)
 	}
 
 	mu.Lock()
@@ -276,4 +261,38 @@ func TestBrowser(t *testing.T) {
 	}
 	b, _ := json.Marshal(requests)
 	t.Logf("requests: %s", b)
+}
+
+// chartFigures maps each chart series the page draws (CHART/SERIES, the
+// tracker tags before spaces become underscores) to the JSON figure it
+// must equal, written here and not by the chart code; the wall-time chart
+// is each stage's Wall.
+func chartFigures() map[string]func(*report.Step) *float64 {
+	return map[string]func(*report.Step) *float64{
+		"pass/pass rate":                func(s *report.Step) *float64 { return s.Figures.PassRate },
+		"pass/mean reward":              func(s *report.Step) *float64 { return s.Figures.MeanReward },
+		"pass/pass@1":                   func(s *report.Step) *float64 { return s.Figures.PassAt1 },
+		"pass/pass@k":                   func(s *report.Step) *float64 { v := s.Figures.PassAtK["4"]; return &v },
+		"groups/groups":                 func(s *report.Step) *float64 { return s.Figures.Groups },
+		"groups/mixed groups":           func(s *report.Step) *float64 { return s.Figures.MixedGroups },
+		"groups/group size":             func(s *report.Step) *float64 { return s.Figures.GroupSize },
+		"advantage/min":                 func(s *report.Step) *float64 { return &s.Rows.Advantage.Min },
+		"advantage/mean":                func(s *report.Step) *float64 { return &s.Rows.Advantage.Mean },
+		"advantage/max":                 func(s *report.Step) *float64 { return &s.Rows.Advantage.Max },
+		"advantage/std":                 func(s *report.Step) *float64 { return &s.Rows.Advantage.Std },
+		"tokens/prompt":                 func(s *report.Step) *float64 { return s.Rows.PromptTokens },
+		"tokens/response":               func(s *report.Step) *float64 { return s.Rows.ResponseTokens },
+		"tokens/trained":                func(s *report.Step) *float64 { return s.Figures.TrainedTokens },
+		"segments/segments per rollout": func(s *report.Step) *float64 { return s.Rows.SegmentsPerRollout },
+		"aborts/rollouts":               func(s *report.Step) *float64 { return s.Figures.Rollouts },
+		"aborts/aborted":                func(s *report.Step) *float64 { return s.Figures.Aborted },
+		"loss/loss":                     func(s *report.Step) *float64 { return s.Figures.Loss },
+		"clipfrac/pg_clipfrac":          func(s *report.Step) *float64 { return s.Figures.ClipFrac },
+		"logprob/logprob diff":          func(s *report.Step) *float64 { return s.Figures.LogprobDiff },
+		"gradnorm/grad_norm":            func(s *report.Step) *float64 { return s.Figures.GradNorm },
+		"kl/ppo_kl":                     func(s *report.Step) *float64 { return s.Figures.PPOKL },
+		"kl/kl_loss":                    func(s *report.Step) *float64 { return s.Figures.KLLoss },
+		"weights/weights number":        func(s *report.Step) *float64 { return s.Figures.WeightsNumber },
+		"weights/staleness":             func(s *report.Step) *float64 { return s.Staleness },
+	}
 }

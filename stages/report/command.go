@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -39,20 +40,36 @@ advantage, each step's best and worst one click away.
 
 The page embeds at most --embed-bytes of rollout views (default 4 MiB:
 half for each step's best and worst, half for the others in step order);
-every other rollout is a small HTML file in OUT_files/ beside the page
-(OUT without .html), linked from it. Copy the page with that directory.
+every other rollout is in its step's file, OUT_files/step-K.html beside
+the page (OUT without .html), linked from it. Copy the page with that directory.
 The figures are the ones "kiln status --table" prints, computed by the
 same code. --json prints the data behind the page instead (one JSON
-object, docs/report.md §4) and writes no page.
+object, docs/report.md §4) and writes no page; with --out given too it
+writes the page and prints the JSON with the page's path and each
+rollout's "page": where its view is (#r-STEP-ID in the page, or
+OUT_files/step-K.html#r-STEP-ID, relative to the page's directory).
+
+The trackers users already watch get the same per-step figures (every
+point the page's charts draw, tagged CHART/SERIES: pass/pass_rate,
+loss/loss, wall/rollout, ...): --tensorboard DIR writes them as a
+TensorBoard event file in DIR (events.out.tfevents.*.kiln-report, step =
+the pipeline step; a rerun replaces it), and --wandb DIR as a wandb run in
+offline mode, DIR/wandb/offline-run-*, which "wandb sync" uploads later;
+nothing is sent. --wandb runs the trackers' Python (--python, default
+$KILN_TRACKERS_PYTHON, else the venv scripts/install-tracker-deps.sh
+made, else python3), which must have wandb. Their paths are logged on
+stderr; both work with --json too.
 
 What cannot be read is said in the page, not hidden: a step output that
 is no longer in the store, a grading log whose attachment was removed, a
-step without turns. The last stdout line is the page's path.
+step without turns. The last stdout line is the page's path (with --json,
+the JSON).
 
 Examples:
    kiln report pipelines/demo.kiln DEMO=/var/tmp/kiln-demo --out demo.html
    kiln report demo/checkpoints/step-1 demo/checkpoints/step-2
    kiln report pipelines/demo.kiln --json | jq '.steps[].figures.pass_rate'
+   kiln report pipelines/demo.kiln --tensorboard runs/demo --wandb .
 
 EXIT STATUS:
    0    the page (or the JSON) was written; its path is the last stdout line
@@ -68,6 +85,10 @@ func Command(env *stagecmd.Env) *cli.Command {
 		out         string
 		json        bool
 		embed, logs int
+		tensorboard string
+		wandb       string
+		project     string
+		python      string
 	}
 	return &cli.Command{
 		Name:        "report",
@@ -77,10 +98,14 @@ func Command(env *stagecmd.Env) *cli.Command {
 		Description: Help,
 		Flags: []cli.Flag{
 			stagecmd.StoreFlag(),
-			&cli.StringFlag{Name: "out", Value: "report.html", Usage: "the page's `PATH` (its rollout files go to PATH without .html plus _files/)", Destination: &o.out},
-			&cli.BoolFlag{Name: "json", Usage: "print the data behind the page as one JSON object instead of writing it", Destination: &o.json},
+			&cli.StringFlag{Name: "out", Value: "report.html", Usage: "the page's `PATH` (the rollouts not in it go to PATH without .html plus _files/, one file a step)", Destination: &o.out},
+			&cli.BoolFlag{Name: "json", Usage: "print the data behind the page as one JSON object instead of writing it (with --out: as well, each rollout's page filled)", Destination: &o.json},
 			&cli.IntFlag{Name: "embed-bytes", Value: DefaultEmbedBytes, Usage: "at most `N` bytes of rollout views in the page; the rest are files beside it", Destination: &o.embed},
 			&cli.IntFlag{Name: "log-bytes", Value: DefaultLogBytes, Usage: "show at most `N` bytes of a grading log (its head and tail)", Destination: &o.logs},
+			&cli.StringFlag{Name: "tensorboard", Usage: "also write the per-step figures as a TensorBoard event file in `DIR`", Destination: &o.tensorboard},
+			&cli.StringFlag{Name: "wandb", Usage: "also write the per-step figures as an offline wandb run in `DIR`/wandb/ (upload it with wandb sync)", Destination: &o.wandb},
+			&cli.StringFlag{Name: "wandb-project", Usage: "the wandb run's `PROJECT` (default: the pipeline's name, else kiln)", Destination: &o.project},
+			&cli.StringFlag{Name: "python", Usage: "the `PYTHON` with wandb that --wandb runs (default $KILN_TRACKERS_PYTHON, else the venv of scripts/install-tracker-deps.sh, else python3)", Destination: &o.python},
 		},
 		Action: func(c *cli.Context) error {
 			args := c.Args().Slice()
@@ -116,13 +141,31 @@ func Command(env *stagecmd.Env) *cli.Command {
 			if err != nil {
 				return err
 			}
-			if o.json {
-				b, err := json.Marshal(r)
+			// The trackers first: a failure there leaves no page or JSON
+			// that looks like the whole job was done.
+			if o.tensorboard != "" {
+				p, err := WriteTensorBoard(r, o.tensorboard, time.Now())
 				if err != nil {
-					return err
+					return fmt.Errorf("report: --tensorboard %q: %w", o.tensorboard, err)
 				}
-				_, err = fmt.Fprintf(env.Stdout, "%s\n", b)
-				return err
+				env.Log.Info("tensorboard event file written", "path", p, "view", "tensorboard --logdir "+filepath.Dir(p))
+			}
+			if o.wandb != "" {
+				project := o.project
+				if project == "" {
+					project = r.PipelineName
+				}
+				if project == "" {
+					project = "kiln"
+				}
+				run, err := WriteWandb(c.Context, r, WandbOptions{Dir: o.wandb, Project: project, Name: runName(r), Python: o.python, Environ: os.Environ()})
+				if err != nil {
+					return fmt.Errorf("report: %w", err)
+				}
+				env.Log.Info("wandb offline run written", "path", run, "upload", "wandb sync "+run)
+			}
+			if o.json && !c.IsSet("out") {
+				return printJSON(env, r)
 			}
 			out, err := filepath.Abs(o.out)
 			if err != nil {
@@ -134,8 +177,38 @@ func Command(env *stagecmd.Env) *cli.Command {
 			for _, n := range r.Notes {
 				env.Log.Warn(n)
 			}
+			if o.json {
+				// With --out the JSON says where the page and each
+				// rollout's view are; it holds the page's path.
+				r.Page = out
+				return printJSON(env, r)
+			}
 			fmt.Fprintln(env.Stdout, out)
 			return nil
 		},
 	}
+}
+
+// runName is a wandb run's display name: the pipeline's name, else the
+// report's first and last ref.
+func runName(r *Report) string {
+	switch {
+	case r.PipelineName != "":
+		return r.PipelineName
+	case len(r.Refs) == 1:
+		return r.Refs[0]
+	case len(r.Refs) > 1:
+		return r.Refs[0] + " .. " + r.Refs[len(r.Refs)-1]
+	}
+	return "kiln report"
+}
+
+// printJSON prints the report as one line of JSON (docs/report.md §4).
+func printJSON(env *stagecmd.Env, r *Report) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(env.Stdout, "%s\n", b)
+	return err
 }

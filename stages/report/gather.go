@@ -31,7 +31,10 @@ type Report struct {
 	Pipeline     string   `json:"pipeline,omitempty"`
 	PipelineName string   `json:"pipeline_name,omitempty"`
 	Refs         []string `json:"refs,omitempty"`
-	Steps        []*Step  `json:"steps"`
+	// Page is the page's absolute path: set by kiln report --json --out,
+	// which writes it (docs/report.md §4).
+	Page  string  `json:"page,omitempty"`
+	Steps []*Step `json:"steps"`
 	// LatestWeights is the highest weights number any step sampled from.
 	LatestWeights *float64 `json:"latest_weights_number"`
 	// Tasks is the per-task × step matrix: each task's pass rate per step
@@ -119,8 +122,10 @@ type Rollout struct {
 	Reward    *float64 `json:"reward"`
 	Failure   string   `json:"failure,omitempty"`
 	Advantage *float64 `json:"advantage"`
-	// Page is where its view is: "#r-STEP-ID" in the page, or a file
-	// beside it (docs/report.md §2).
+	// Page is where its view is, once the page is written (WriteHTML):
+	// "#r-STEP-ID" in the page, or "OUT_files/step-K.html#r-STEP-ID",
+	// relative to the page's directory (docs/report.md §2, §4); empty
+	// (absent from the JSON) when no page is written.
 	Page string `json:"page,omitempty"`
 
 	row   records.Rollout

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -334,4 +335,76 @@ func deref(p *float64) any {
 		return nil
 	}
 	return *p
+}
+
+// TestJSONPages: kiln report --json alone writes no page and its
+// rollouts have no "page"; with --out it writes the page and its step
+// files, the JSON's "page" is the page's path, and every rollout's "page"
+// is where its view is: "#r-STEP-ID" an article of the page, else
+// OUT_files/step-K.html#r-STEP-ID, an article of that file; the page
+// links each rollout by that same address. The cap leaves some of each.
+func TestJSONPages(t *testing.T) {
+	st, dir := newStore(t)
+	run := reporttest.Write(t, st, reporttest.Options{Steps: 2, Tasks: 3, Samples: 4, Turns: 2})
+	refs := []string{run.Steps[0].Checkpoints.String(), run.Steps[1].Checkpoints.String()}
+	cwd := t.TempDir()
+	t.Chdir(cwd)
+
+	r := reportJSON(t, append([]string{"--store", dir}, refs...)...)
+	if r.Page != "" {
+		t.Errorf("--json without --out: page %q, want none", r.Page)
+	}
+	for _, s := range r.Steps {
+		for _, x := range s.Rollouts {
+			if x.Page != "" {
+				t.Errorf("--json without --out: rollout %d has page %q", x.ID, x.Page)
+			}
+		}
+	}
+	if _, err := os.Stat(filepath.Join(cwd, "report.html")); err == nil {
+		t.Error("--json without --out wrote report.html")
+	}
+
+	out := filepath.Join(t.TempDir(), "run.html")
+	r = reportJSON(t, append([]string{"--store", dir, "--out", out, "--embed-bytes", "60000"}, refs...)...)
+	if r.Page != out {
+		t.Errorf("page %q, want %q", r.Page, out)
+	}
+	page, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inPage, inFiles int
+	for _, s := range r.Steps {
+		for _, x := range s.Rollouts {
+			id := fmt.Sprintf("r-%d-%d", s.Step, x.ID)
+			file, frag, _ := strings.Cut(x.Page, "#")
+			if frag != id {
+				t.Errorf("rollout %d of step %d: page %q does not name its view %s", x.ID, s.Step, x.Page, id)
+				continue
+			}
+			holder := page
+			if file == "" {
+				inPage++
+			} else {
+				inFiles++
+				if want := "run_files/step-" + fmt.Sprint(s.Step) + ".html"; file != want {
+					t.Errorf("rollout %d: file %q, want %q", x.ID, file, want)
+				}
+				if holder, err = os.ReadFile(filepath.Join(filepath.Dir(out), file)); err != nil {
+					t.Errorf("rollout %d: %v", x.ID, err)
+					continue
+				}
+			}
+			if !bytes.Contains(holder, []byte(`<article class="rollout" id="`+id+`"`)) {
+				t.Errorf("rollout %d: %s has no view %s", x.ID, x.Page, id)
+			}
+			if !bytes.Contains(page, []byte(`href="`+x.Page+`"`)) {
+				t.Errorf("rollout %d: the page does not link %s", x.ID, x.Page)
+			}
+		}
+	}
+	if inPage == 0 || inFiles == 0 {
+		t.Errorf("%d views in the page, %d in files: the cap should leave some of each", inPage, inFiles)
+	}
 }

@@ -9,8 +9,11 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/kilnrl/kiln/formats/store"
 )
@@ -39,8 +42,129 @@ type HTMLOptions struct {
 }
 
 // FilesDir is the directory beside out that holds the rollouts not
-// embedded in the page.
+// embedded in the page: one file per step (stepFileName) and the
+// stylesheet they share.
 func FilesDir(out string) string { return strings.TrimSuffix(out, filepath.Ext(out)) + "_files" }
+
+// stepFileName is the file in FilesDir of a step's rollouts that are not
+// in the page.
+func stepFileName(step int) string { return fmt.Sprintf("step-%d.html", step) }
+
+// stepFile is what the "stepfile" template renders: a step's rollouts
+// that are not in the page, each view shown by :target, an index of them
+// on top.
+type stepFile struct {
+	Step      int
+	Back, CSS string
+	Rollouts  []fileEntry
+	Views     []template.HTML
+}
+
+type fileEntry struct {
+	R      *Rollout
+	Anchor string
+}
+
+// stepViews are a step's rendered rollout views, in placing order.
+type stepViews struct {
+	order []*Rollout
+	html  [][]byte
+	prio  map[int64]bool
+	byID  map[int64]*Rollout
+}
+
+// renderStep reads a step's turns and grading logs and renders each of
+// its rollouts' views: its best and worst first, then the rest in id
+// order.
+func renderStep(ctx context.Context, st store.Store, tmpl *template.Template, s *Step, logBytes int) (*stepViews, error) {
+	turns, err := readTurns(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	sv := &stepViews{prio: map[int64]bool{}, byID: map[int64]*Rollout{}}
+	for _, x := range s.Rollouts {
+		sv.byID[x.ID] = x
+	}
+	for _, id := range append(append([]int64{}, s.Best...), s.Worst...) {
+		sv.prio[id] = true
+	}
+	for _, x := range s.Rollouts {
+		if sv.prio[x.ID] {
+			sv.order = append(sv.order, x)
+		}
+	}
+	for _, x := range s.Rollouts {
+		if !sv.prio[x.ID] {
+			sv.order = append(sv.order, x)
+		}
+	}
+	var b bytes.Buffer
+	for _, x := range sv.order {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		b.Reset()
+		if err := tmpl.ExecuteTemplate(&b, "rollout", view(ctx, st, s, x, turns[x.ID], turns != nil, logBytes)); err != nil {
+			return nil, err
+		}
+		sv.html = append(sv.html, bytes.Clone(b.Bytes()))
+	}
+	return sv, nil
+}
+
+// renderSteps renders the steps with up to GOMAXPROCS workers and hands
+// each result to place in step order, as soon as it and those before it
+// are done. At most 2×GOMAXPROCS rendered steps wait to be placed, so
+// memory stays a few steps' views whatever the run's length. The first
+// error stops the rendering and is returned.
+func renderSteps(ctx context.Context, steps []*Step, render func(context.Context, *Step) (*stepViews, error), place func(*Step, *stepViews) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	n := runtime.GOMAXPROCS(0)
+	type result struct {
+		sv   *stepViews
+		err  error
+		held bool // it holds a slot of ahead
+	}
+	results := make([]chan result, len(steps))
+	for i := range results {
+		results[i] = make(chan result, 1)
+	}
+	ahead := make(chan struct{}, 2*n) // steps rendered or rendering, not yet placed
+	var g errgroup.Group
+	g.SetLimit(n)
+	go func() {
+		for i, s := range steps {
+			select {
+			case ahead <- struct{}{}:
+			case <-ctx.Done():
+				results[i] <- result{err: ctx.Err()}
+				continue
+			}
+			g.Go(func() error {
+				sv, err := render(ctx, s)
+				results[i] <- result{sv, err, true}
+				return nil
+			})
+		}
+	}()
+	var first error
+	for i, s := range steps {
+		res := <-results[i]
+		if res.held {
+			<-ahead
+		}
+		if first == nil && res.err == nil {
+			res.err = place(s, res.sv)
+		}
+		if first == nil && res.err != nil {
+			first = res.err
+			cancel()
+		}
+	}
+	g.Wait()
+	return first
+}
 
 type pageData struct {
 	R          *Report
@@ -131,77 +255,56 @@ func WriteHTML(ctx context.Context, st store.Store, r *Report, o HTMLOptions) er
 		d.TaskSteps = append(d.TaskSteps, s.Step)
 	}
 
-	// The rollout views: best and worst of each step first, then the
-	// rest, each half of the cap; what does not fit is a file.
+	// The rollout views, rendered a step at a time by up to GOMAXPROCS
+	// workers, placed in step order: best and worst of each step first,
+	// then the rest, each half of the cap; what does not fit goes to the
+	// step's file.
 	priorityLeft, restLeft := o.EmbedBytes/2, o.EmbedBytes-o.EmbedBytes/2
-	writeFile := func(v rolloutView) (string, error) {
-		rel := filepath.ToSlash(filepath.Join("rollouts", fmt.Sprintf("step-%d", v.Step), fmt.Sprintf("%d.html", v.R.ID)))
-		v.Back = "../../../" + filepath.Base(o.Out) + "#" + v.Anchor
-		v.CSS = "../../report.css"
-		var b bytes.Buffer
-		if err := tmpl.ExecuteTemplate(&b, "rolloutpage", v); err != nil {
-			return "", err
+	place := func(s *Step, sv *stepViews) error {
+		for _, x := range s.Best {
+			d.Best[s.Step] = append(d.Best[s.Step], sv.byID[x])
 		}
-		p := filepath.Join(tmpFiles, filepath.FromSlash(rel))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return "", err
+		for _, x := range s.Worst {
+			d.Worst[s.Step] = append(d.Worst[s.Step], sv.byID[x])
 		}
-		d.Files++
-		return filesRel + "/" + rel, os.WriteFile(p, b.Bytes(), 0o644)
-	}
-	for _, s := range r.Steps {
-		turns, err := readTurns(ctx, s)
-		if err != nil {
-			return err
-		}
-		byID := map[int64]*Rollout{}
-		for _, x := range s.Rollouts {
-			byID[x.ID] = x
-		}
-		prio := map[int64]bool{}
-		for _, id := range s.Best {
-			prio[id] = true
-			d.Best[s.Step] = append(d.Best[s.Step], byID[id])
-		}
-		for _, id := range s.Worst {
-			prio[id] = true
-			d.Worst[s.Step] = append(d.Worst[s.Step], byID[id])
-		}
-		// Prioritized first, so they take their half before the rest.
-		order := make([]*Rollout, 0, len(s.Rollouts))
-		for _, x := range s.Rollouts {
-			if prio[x.ID] {
-				order = append(order, x)
-			}
-		}
-		for _, x := range s.Rollouts {
-			if !prio[x.ID] {
-				order = append(order, x)
-			}
-		}
-		for _, x := range order {
-			v := view(ctx, st, s, x, turns[x.ID], turns != nil, o.LogBytes)
-			var b bytes.Buffer
-			if err := tmpl.ExecuteTemplate(&b, "rollout", v); err != nil {
-				return err
-			}
+		file := stepFile{Step: s.Step, CSS: "report.css", Back: "../" + filepath.Base(o.Out) + "#step-" + fmt.Sprint(s.Step)}
+		rel := filesRel + "/" + stepFileName(s.Step)
+		for i, x := range sv.order {
+			b := sv.html[i]
 			left := &restLeft
-			if prio[x.ID] {
+			if sv.prio[x.ID] {
 				left = &priorityLeft
-				if priorityLeft < b.Len() && restLeft >= b.Len() {
+				if priorityLeft < len(b) && restLeft >= len(b) {
 					left = &restLeft
 				}
 			}
-			if *left >= b.Len() {
-				*left -= b.Len()
-				d.Embedded = append(d.Embedded, template.HTML(b.String()))
-				x.Page = "#" + v.Anchor
+			if *left >= len(b) {
+				*left -= len(b)
+				d.Embedded = append(d.Embedded, template.HTML(b))
+				x.Page = "#" + anchor(s.Step, x.ID)
 				continue
 			}
-			if x.Page, err = writeFile(v); err != nil {
-				return err
-			}
+			file.Rollouts = append(file.Rollouts, fileEntry{x, anchor(s.Step, x.ID)})
+			file.Views = append(file.Views, template.HTML(b))
+			x.Page = rel + "#" + anchor(s.Step, x.ID)
 		}
+		if len(file.Rollouts) == 0 {
+			return nil
+		}
+		var b bytes.Buffer
+		if err := tmpl.ExecuteTemplate(&b, "stepfile", file); err != nil {
+			return err
+		}
+		if err := os.MkdirAll(tmpFiles, 0o755); err != nil {
+			return err
+		}
+		d.Files += len(file.Rollouts)
+		return os.WriteFile(filepath.Join(tmpFiles, stepFileName(s.Step)), b.Bytes(), 0o644)
+	}
+	if err := renderSteps(ctx, r.Steps, func(ctx context.Context, s *Step) (*stepViews, error) {
+		return renderStep(ctx, st, tmpl, s, o.LogBytes)
+	}, place); err != nil {
+		return err
 	}
 	if d.Files > 0 {
 		if err := os.WriteFile(filepath.Join(tmpFiles, "report.css"), css, 0o644); err != nil {

@@ -29,8 +29,6 @@ type rolloutView struct {
 	Sessions    []sessionView
 	// TurnsNote says why there is no conversation.
 	TurnsNote string
-	Back      string // the page, from a rollout file
-	CSS       string // the stylesheet, from a rollout file
 }
 
 type sessionView struct {
@@ -147,7 +145,9 @@ func view(ctx context.Context, st store.Store, step *Step, x *Rollout, turns []t
 		v.TurnsNote = "no turn of this rollout is in the step's turns"
 	}
 	bySession := map[string]int{}
-	var prev = map[string]int{} // session -> message count of its previous prompt + response
+	// Per session: the message count of its previous prompt plus the
+	// response, and that prompt (a valid JSON array).
+	prev, prevPrompt := map[string]int{}, map[string]string{}
 	for _, t := range turns {
 		i, ok := bySession[t.session]
 		if !ok {
@@ -162,8 +162,16 @@ func view(ctx context.Context, st store.Store, step *Step, x *Rollout, turns []t
 		if t.durMs != nil {
 			tv.Duration = fmt.Sprintf("%.2fs", float64(*t.durMs)/1000)
 		}
-		var msgs []json.RawMessage
-		if err := json.Unmarshal([]byte(t.prompt), &msgs); err != nil {
+		if n, fresh, ok := extension(prevPrompt[t.session], prev[t.session], t.prompt); ok {
+			// The usual turn: the previous prompt, byte for byte, then
+			// the previous response and the new messages; only those
+			// are parsed, so a rollout's conversation costs its size,
+			// not its turns times its history.
+			for _, m := range fresh {
+				tv.Context = append(tv.Context, message(m))
+			}
+			prev[t.session], prevPrompt[t.session] = n+1, t.prompt
+		} else if msgs, err := splitArray(t.prompt); err != nil {
 			tv.Context = []msgView{{Role: "kiln", Content: "prompt_messages is not a JSON array: " + err.Error()}}
 		} else {
 			from := 0
@@ -177,7 +185,7 @@ func view(ctx context.Context, st store.Store, step *Step, x *Rollout, turns []t
 			for _, m := range msgs[from:] {
 				tv.Context = append(tv.Context, message(m))
 			}
-			prev[t.session] = len(msgs) + 1
+			prev[t.session], prevPrompt[t.session] = len(msgs)+1, t.prompt
 		}
 		if t.response != nil {
 			m := message(json.RawMessage(*t.response))
@@ -189,6 +197,35 @@ func view(ctx context.Context, st store.Store, step *Step, x *Rollout, turns []t
 		sort.SliceStable(v.Sessions[i].Turns, func(a, b int) bool { return v.Sessions[i].Turns[a].Turn < v.Sessions[i].Turns[b].Turn })
 	}
 	return v
+}
+
+// splitArray is a JSON array's elements.
+func splitArray(s string) ([]json.RawMessage, error) {
+	var msgs []json.RawMessage
+	err := json.Unmarshal([]byte(s), &msgs)
+	return msgs, err
+}
+
+// extension reports whether prompt is prevPrompt (a JSON array of prevN-1
+// messages, prevN counting the response that followed it) extended: the
+// same bytes up to its closing bracket, then a comma and at least one more
+// element (the previous response, as the agent sent it back). It returns
+// the new prompt's message count and its messages after the response.
+// The byte-for-byte prefix holds the same elements as prevPrompt (a JSON
+// parser is in the same state after the same bytes), so this is what
+// splitting the whole prompt and skipping prevN messages gives, for the
+// cost of the new messages alone; anything else is not ok, and the caller
+// splits the whole prompt.
+func extension(prevPrompt string, prevN int, prompt string) (int, []json.RawMessage, bool) {
+	k := len(prevPrompt) - 1
+	if prevN < 2 || k < 1 || prevPrompt[k] != ']' || len(prompt) <= len(prevPrompt) || prompt[k] != ',' || prompt[:k] != prevPrompt[:k] {
+		return 0, nil, false
+	}
+	tail, err := splitArray("[" + prompt[k+1:])
+	if err != nil || len(tail) == 0 {
+		return 0, nil, false
+	}
+	return prevN - 1 + len(tail), tail[1:], true
 }
 
 // message reads one chat message (docs/records.md §5: the adapter's
