@@ -274,10 +274,10 @@ func (p *Plan) Users(s *Target) []*Target {
 	return out
 }
 
-// identity is what a prerequisite contributes to its users' keys: its
+// Identity is what a prerequisite contributes to its users' keys: its
 // refs (all of its outputs, space-separated, when it has several), or its
 // key when it writes no dataset.
-func identity(t *Target) string {
+func (t *Target) Identity() string {
 	if len(t.Outputs) > 1 {
 		return strings.Join(t.Outputs, " ")
 	}
@@ -368,7 +368,7 @@ func (p *Plan) Resolve(ctx context.Context, t *Target) error {
 		if dt.Service {
 			continue
 		}
-		inputs = append(inputs, [2]string{dt.Name, identity(dt)})
+		inputs = append(inputs, [2]string{dt.Name, dt.Identity()})
 	}
 	recipe, err := p.substitute(t)
 	if err != nil {
