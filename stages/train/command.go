@@ -21,7 +21,6 @@ import (
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/formats/store"
-	"github.com/kilnrl/kiln/gpu"
 	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
@@ -50,9 +49,9 @@ type Flags struct {
 }
 
 // Flags are kiln-train's flags, bound to the fields of f. The loss's and
-// the optimizer's defaults are the trainer's own (gpu.TrainDefaults).
+// the optimizer's defaults are the trainer's own (defaults.go).
 func (f *Flags) Flags() []cli.Flag {
-	d := gpu.TrainDefaults()
+	d := defaults()
 	correction := "none"
 	if d.Loss.Correction != nil {
 		correction = *d.Loss.Correction
@@ -194,7 +193,7 @@ func Action(c *cli.Context, env *stagecmd.Env, f *Flags) error {
 }
 
 func (f *Flags) options(c *cli.Context) (Options, error) {
-	d := gpu.TrainDefaults()
+	d := defaults()
 	red, err := ParseReduction(f.Reduction)
 	if err != nil {
 		return Options{}, stagecmd.UsageError{Err: err}
@@ -293,7 +292,7 @@ func (f *Flags) options(c *cli.Context) (Options, error) {
 // Run trains per o and commits the checkpoints version out names.
 func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Output, o Options) (dataset.Result, error) {
 	if o.Loss.OldLogprobs == "" {
-		o.Loss.OldLogprobs = gpu.TrainDefaults().Loss.OldLogprobs // the zero Options trains as kiln-train's default
+		o.Loss.OldLogprobs = defaults().Loss.OldLogprobs // the zero Options trains as kiln-train's default
 	}
 	inputs, err := stagecmd.ResolveInputs(ctx, st, []string{o.Trajectories, o.Advantages}, out.Part)
 	if err != nil {

@@ -5,16 +5,14 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/urfave/cli/v2"
-
-	"github.com/kilnrl/kiln/gpu"
 )
 
 // TestFlagDefaultsAreTheTrainers: each loss and optimizer flag defaults to
 // the trainer's own default (gpu/kiln_gpu/defaults.json, which
-// gpu.TestPythonReadsTheSameDefaults checks the trainer reads), never to a
+// gpu's TestPythonReadsTheSameDefaults checks the trainer reads), never to a
 // second literal.
 func TestFlagDefaultsAreTheTrainers(t *testing.T) {
-	d := gpu.TrainDefaults()
+	d := defaults()
 	want := map[string]any{
 		"objective": d.Loss.Objective, "eps-clip": d.Loss.EpsClip, "old-logprobs": d.Loss.OldLogprobs,
 		"correction": "none", "correction-low": d.Loss.CorrectionLow, "correction-high": d.Loss.CorrectionHigh,
