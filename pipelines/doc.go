@@ -2,7 +2,9 @@
 // Makefile-style specs (*.kiln, the language is pipelines/README.md), expands
 // them into a DAG of targets, decides which are done from data versions in
 // the store rather than mtimes, and runs the rest locally. pipelines/slurm
-// compiles the same Plan into sbatch submissions.
+// compiles the same Plan into sbatch submissions; kiln's commands over both
+// (run, plan, why, verify, slurm, status) are pipelines/pipelinecmd: this
+// package has no CLI.
 //
 // The API other packages build on:
 //

@@ -15,17 +15,17 @@ import (
 	"time"
 
 	"github.com/kilnrl/kiln/formats/store"
+	"github.com/kilnrl/kiln/internal/kilncmd"
 	"github.com/kilnrl/kiln/internal/stagecmd"
 	"github.com/kilnrl/kiln/pipelines"
-	"github.com/kilnrl/kiln/stages/datasets"
 )
 
 // TestMain doubles as the kiln binary: recipes call "kiln", a link to
 // this test binary, which then runs kiln's commands.
 func TestMain(m *testing.M) {
 	if os.Getenv("KILN_TEST_AS_KILN") == "1" {
-		env := &datasets.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false)}
-		os.Exit(stagecmd.Main(datasets.App(env), os.Args, os.Stderr))
+		env := &stagecmd.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false)}
+		os.Exit(stagecmd.Main(kilncmd.App(env), os.Args, os.Stderr))
 	}
 	os.Exit(m.Run())
 }

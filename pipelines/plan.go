@@ -153,9 +153,6 @@ func (p *Plan) Target(name string) *Target { return p.byName[name] }
 // Store is the plan's store.
 func (p *Plan) Store() store.Store { return p.opts.Store }
 
-// RecordPrefix is this pipeline's record prefix in the store.
-func (p *Plan) RecordPrefix() string { return p.rec.prefix }
-
 // NewPlan expands spec into the DAG for o.Targets and decides, in
 // topological order, which targets are done. It reads the store and runs
 // one-line kiln-stage recipes with --print-version; it writes nothing.
@@ -261,23 +258,10 @@ func (p *Plan) settleServices() {
 	}
 }
 
-// Users are the targets of the plan that depend on service s.
-func (p *Plan) Users(s *Target) []*Target {
-	var out []*Target
-	for _, t := range p.Targets {
-		for _, d := range t.Deps {
-			if d == s.Name {
-				out = append(out, t)
-			}
-		}
-	}
-	return out
-}
-
-// identity is what a prerequisite contributes to its users' keys: its
+// Identity is what a prerequisite contributes to its users' keys: its
 // refs (all of its outputs, space-separated, when it has several), or its
 // key when it writes no dataset.
-func identity(t *Target) string {
+func (t *Target) Identity() string {
 	if len(t.Outputs) > 1 {
 		return strings.Join(t.Outputs, " ")
 	}
@@ -368,7 +352,7 @@ func (p *Plan) Resolve(ctx context.Context, t *Target) error {
 		if dt.Service {
 			continue
 		}
-		inputs = append(inputs, [2]string{dt.Name, identity(dt)})
+		inputs = append(inputs, [2]string{dt.Name, dt.Identity()})
 	}
 	recipe, err := p.substitute(t)
 	if err != nil {
@@ -524,14 +508,6 @@ func outputs(stdout, out string) ([]string, error) {
 		return nil, fmt.Errorf("the recipe's last stdout line %q is not a ref of %s or %s/... (name@version): the writing command must come last", strings.TrimSpace(lines[len(lines)-1]), out, out)
 	}
 	return outs, nil
-}
-
-func lastLine(s string) string {
-	s = strings.TrimRight(s, "\r\n")
-	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
-		s = s[i+1:]
-	}
-	return strings.TrimSpace(s)
 }
 
 // MarkDone records t as built with ref (its output's committed ref, or ""

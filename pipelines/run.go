@@ -404,7 +404,7 @@ func (p *Plan) Run(ctx context.Context, o RunOptions) (*Result, error) {
 	p.settleServices()
 	for i := len(p.Targets) - 1; i >= 0; i-- {
 		if t := p.Targets[i]; !t.Service {
-			res.Final = identity(t)
+			res.Final = t.Identity()
 			if !t.Done {
 				res.Final = ""
 			}

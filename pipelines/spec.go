@@ -44,6 +44,21 @@ var (
 	nameRe   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.\-/]*$`)
 )
 
+// SplitArgs separates the words after a pipeline FILE on a command line
+// (kiln run, plan, why, verify): NAME=value, NAME a variable name, sets a
+// variable; any other word names a target.
+func SplitArgs(args []string) (targets []string, vars map[string]string) {
+	vars = map[string]string{}
+	for _, a := range args {
+		if k, v, ok := strings.Cut(a, "="); ok && varName.MatchString(k) {
+			vars[k] = v
+		} else {
+			targets = append(targets, a)
+		}
+	}
+	return targets, vars
+}
+
 // maxIncludeDepth bounds include nesting (a cycle is reported before).
 const maxIncludeDepth = 32
 

@@ -17,10 +17,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/urfave/cli/v2"
 
+	"github.com/kilnrl/kiln/internal/kilncmd"
 	"github.com/kilnrl/kiln/internal/stagecmd"
 	"github.com/kilnrl/kiln/stages/advantages"
 	"github.com/kilnrl/kiln/stages/convert"
-	"github.com/kilnrl/kiln/stages/datasets"
 	"github.com/kilnrl/kiln/stages/grade"
 	"github.com/kilnrl/kiln/stages/images"
 	"github.com/kilnrl/kiln/stages/rollout"
@@ -30,7 +30,7 @@ import (
 
 // binaries are the apps of every kiln binary, by name.
 var binaries = map[string]func(*stagecmd.Env) *cli.App{
-	"kiln":            datasets.App,
+	"kiln":            kilncmd.App,
 	"kiln-convert":    convert.App,
 	"kiln-images":     images.App,
 	"kiln-grade":      grade.App,

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/kilnrl/kiln/internal/kilncmd"
 	"github.com/kilnrl/kiln/internal/stagecmd"
-	"github.com/kilnrl/kiln/stages/datasets"
 )
 
 func main() { os.Exit(run()) }
@@ -17,11 +17,11 @@ func main() { os.Exit(run()) }
 // binary, with the global flags passed on; anything else is a dataset
 // command.
 func run() int {
-	env := &datasets.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false)}
-	app := datasets.App(env)
+	env := &stagecmd.Env{Stdout: os.Stdout, Stderr: os.Stderr, Log: stagecmd.NewLogger(os.Stderr, false)}
+	app := kilncmd.App(env)
 	globals, name, rest := stagecmd.SplitCommand(app, os.Args)
 	isStage := func(n string) bool {
-		for _, s := range datasets.Stages() {
+		for _, s := range kilncmd.Stages() {
 			if s.Name == n {
 				return true
 			}

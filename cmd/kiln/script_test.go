@@ -184,6 +184,7 @@ var exampleStandIns = []struct{ in, out, why string }{
 	{"/var/lib/kiln/images", "$WORK/bundles", "bundles under the script's directory"},
 	{"/data/mimo", "$WORK/mimo", "the MiMo files gen mimo wrote"},
 	{"/data/layout", "$WORK/layout", "the OCI layout gen layout wrote"},
+	{"./terminal-bench-2", "$REPO/fixtures/harbor", "the project's Harbor task directories stand for a Terminal-Bench checkout"},
 }
 
 // skippedExamples are the examples of the --help texts that no script
@@ -202,6 +203,8 @@ var skippedExamples = []struct{ example, reason string }{
 		"grading runs sandboxes (testdata/pipeline runs kiln-grade --patches)"},
 	{"kiln-grade --bundles /var/lib/kiln/bundles --baseline --out grades/baseline",
 		"grading runs sandboxes (testdata/pipeline runs kiln-grade --baseline)"},
+	{"kiln-images build --tasks tasks/harbor --bundles /var/lib/kiln/images  --source kiln.local/fixtures=oci:/data/layout --out images/harbor",
+		"needs buildah, root and the fixtures' base layout (stages/images's TestBuildHarborDockerfile builds a fixture Harbor task's Dockerfile)"},
 	{"kiln-images verify --tasks tasks/mimo --images images/mimo --bundles /var/lib/kiln/images --gold gold.jsonl --out verify/mimo",
 		"grading runs sandboxes: needs root, bubblewrap and the fixtures' bundles (stages/images's TestVerifyGate runs verify and import --verify on them)"},
 	{"kiln-rollout adapter --engine http://127.0.0.1:8000 --listen 127.0.0.1:8001  --tokenizer-dir /models/qwen3 --out recordings/claude-1",

@@ -47,15 +47,7 @@ var advantagesKind = Kind{
 	Encoding: Arrow,
 	Ext:      ".arrow",
 	Schema:   advantageSchema.String(),
-	EachJSON: func(shard []byte, fn func(json.RawMessage) error) error {
-		return EachAdvantage(shard, func(a *Advantage) error {
-			row, err := a.MarshalRow()
-			if err != nil {
-				return err
-			}
-			return fn(row)
-		})
-	},
+	EachJSON: eachJSON(EachAdvantage),
 }
 
 // AdvantageSchema is the Arrow schema of the advantages kind.

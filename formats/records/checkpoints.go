@@ -38,15 +38,7 @@ var checkpointsKind = Kind{
 	Encoding: Arrow,
 	Ext:      ".arrow",
 	Schema:   checkpointSchema.String(),
-	EachJSON: func(shard []byte, fn func(json.RawMessage) error) error {
-		return EachCheckpointFile(shard, func(f CheckpointFile) error {
-			row, err := f.MarshalRow()
-			if err != nil {
-				return err
-			}
-			return fn(row)
-		})
-	},
+	EachJSON: eachJSONValue(EachCheckpointFile),
 }
 
 // Validate checks a checkpoint file row: a safe relative name, a size of

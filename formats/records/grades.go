@@ -74,15 +74,7 @@ var gradesKind = Kind{
 	Encoding: Parquet,
 	Ext:      ".parquet",
 	Schema:   parquet.SchemaOf(Grade{}).String(),
-	EachJSON: func(shard []byte, fn func(json.RawMessage) error) error {
-		return EachGrade(shard, func(g Grade) error {
-			row, err := g.MarshalRow()
-			if err != nil {
-				return err
-			}
-			return fn(row)
-		})
-	},
+	EachJSON: eachJSONValue(EachGrade),
 }
 
 var failureClasses = map[string]bool{FailureNone: true, FailurePatchFailed: true, FailureTestsFailed: true,

@@ -54,15 +54,7 @@ var imagesKind = Kind{
 	Encoding: Parquet,
 	Ext:      ".parquet",
 	Schema:   parquet.SchemaOf(Image{}).String(),
-	EachJSON: func(shard []byte, fn func(json.RawMessage) error) error {
-		return EachImage(shard, func(im Image) error {
-			row, err := im.MarshalRow()
-			if err != nil {
-				return err
-			}
-			return fn(row)
-		})
-	},
+	EachJSON: eachJSONValue(EachImage),
 }
 
 // Validate checks the invariants an images row must hold on write.

@@ -90,3 +90,32 @@ func Names() []string {
 	sort.Strings(names)
 	return names
 }
+
+// rowMarshaler is a record that writes itself as its JSON row (records.md §9).
+type rowMarshaler interface {
+	MarshalRow() (json.RawMessage, error)
+}
+
+// eachJSON is the EachJSON of a kind whose reader hands each record over
+// by pointer: every row as its MarshalRow.
+func eachJSON[R rowMarshaler](each func([]byte, func(R) error) error) func([]byte, func(json.RawMessage) error) error {
+	return func(shard []byte, fn func(json.RawMessage) error) error {
+		return each(shard, func(r R) error {
+			row, err := r.MarshalRow()
+			if err != nil {
+				return err
+			}
+			return fn(row)
+		})
+	}
+}
+
+// eachJSONValue is eachJSON for a reader that hands records over by value.
+func eachJSONValue[T any, P interface {
+	*T
+	rowMarshaler
+}](each func([]byte, func(T) error) error) func([]byte, func(json.RawMessage) error) error {
+	return eachJSON(func(shard []byte, fn func(P) error) error {
+		return each(shard, func(v T) error { return fn(P(&v)) })
+	})
+}

@@ -58,15 +58,7 @@ var rolloutsKind = Kind{
 	Ext:      ".parquet",
 	Schema:   parquet.SchemaOf(Rollout{}).String(),
 	Older:    []string{rolloutsSchemaV1},
-	EachJSON: func(shard []byte, fn func(json.RawMessage) error) error {
-		return EachRollout(shard, func(r Rollout) error {
-			row, err := r.MarshalRow()
-			if err != nil {
-				return err
-			}
-			return fn(row)
-		})
-	},
+	EachJSON: eachJSONValue(EachRollout),
 }
 
 // rolloutsSchemaV1 is the rollouts schema before abort_detail: its

@@ -49,15 +49,7 @@ var tasksKind = Kind{
 	Encoding: Parquet,
 	Ext:      ".parquet",
 	Schema:   parquet.SchemaOf(Task{}).String(),
-	EachJSON: func(shard []byte, fn func(json.RawMessage) error) error {
-		return EachTask(shard, func(t Task) error {
-			row, err := t.MarshalRow()
-			if err != nil {
-				return err
-			}
-			return fn(row)
-		})
-	},
+	EachJSON: eachJSONValue(EachTask),
 }
 
 // Validate checks the invariants a tasks row must hold on write.

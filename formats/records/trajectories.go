@@ -61,15 +61,7 @@ var trajectoriesKind = Kind{
 	Encoding: Arrow,
 	Ext:      ".arrow",
 	Schema:   trajectorySchema.String(),
-	EachJSON: func(shard []byte, fn func(json.RawMessage) error) error {
-		return EachTrajectory(shard, func(t *Trajectory) error {
-			row, err := t.MarshalRow()
-			if err != nil {
-				return err
-			}
-			return fn(row)
-		})
-	},
+	EachJSON: eachJSON(EachTrajectory),
 }
 
 // TrajectorySchema is the Arrow schema of the trajectories kind.

@@ -69,15 +69,7 @@ var turnsKind = Kind{
 	Encoding: Arrow,
 	Ext:      ".arrow",
 	Schema:   turnSchema.String(),
-	EachJSON: func(shard []byte, fn func(json.RawMessage) error) error {
-		return EachTurn(shard, func(t *Turn) error {
-			row, err := t.MarshalRow()
-			if err != nil {
-				return err
-			}
-			return fn(row)
-		})
-	},
+	EachJSON: eachJSON(EachTurn),
 }
 
 // Validate checks what every turn must hold on write, and on import: the

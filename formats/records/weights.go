@@ -84,15 +84,7 @@ var weightsKind = Kind{
 	Encoding: Arrow,
 	Ext:      ".arrow",
 	Schema:   weightsSchema.String(),
-	EachJSON: func(shard []byte, fn func(json.RawMessage) error) error {
-		return EachWeightsEntry(shard, func(e WeightsEntry) error {
-			row, err := e.MarshalRow()
-			if err != nil {
-				return err
-			}
-			return fn(row)
-		})
-	},
+	EachJSON: eachJSONValue(EachWeightsEntry),
 }
 
 // checkRelPath accepts a relative, slash-separated path without empty,

@@ -18,6 +18,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from .defaults import LOSS
+
 REDUCTIONS = ("rollout", "token-mean", "sequence-mean")
 CORRECTIONS = (None, "tis", "mis")
 
@@ -99,15 +101,16 @@ def rollout_correction(
 
 @dataclass(frozen=True)
 class LossConfig:
-    """The objective's knobs (docs/train.md §3, §4)."""
+    """The objective's knobs (docs/train.md §3, §4); the defaults are
+    defaults.json's, which kiln-train's flags read too."""
 
-    eps_clip: float = 0.2
-    eps_clip_high: Optional[float] = None
-    eps_clip_c: Optional[float] = None
-    correction: Optional[str] = None  # None, "tis" or "mis"
-    correction_low: float = 0.0
-    correction_high: float = 2.0
-    reduction: str = "rollout"
+    eps_clip: float = LOSS["eps_clip"]
+    eps_clip_high: Optional[float] = LOSS["eps_clip_high"]
+    eps_clip_c: Optional[float] = LOSS["eps_clip_c"]
+    correction: Optional[str] = LOSS["correction"]  # None, "tis" or "mis"
+    correction_low: float = LOSS["correction_low"]
+    correction_high: float = LOSS["correction_high"]
+    reduction: str = LOSS["reduction"]
 
     def __post_init__(self) -> None:
         if self.reduction not in REDUCTIONS:

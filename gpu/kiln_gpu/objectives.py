@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from .defaults import LOSS
 from .loss import LossConfig, LossOutput, ppo_clip, reduce, rollout_correction
 
 OBJECTIVES = ("ppo", "gspo", "cispo", "reinforce")
@@ -30,18 +31,18 @@ class Objective:
     """The full objective (docs/train.md §8): the PPO-family token loss and
     its knobs (loss.LossConfig), score centering, KL and entropy."""
 
-    objective: str = "ppo"
+    objective: str = LOSS["objective"]
     base: LossConfig = LossConfig()
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
-    score_centering: bool = False
+    kl_coef: float = LOSS["kl_coef"]
+    entropy_coef: float = LOSS["entropy_coef"]
+    score_centering: bool = LOSS["score_centering"]
     # how the recorded spans are read under score centering: "top-p" (the
     # sampler's nucleus, probabilities normalised on it) or "top-k" (the
     # sampler's head with full-vocabulary probabilities, spec §4.4)
-    sc_path: str = "top-p"
+    sc_path: str = LOSS["score_centering_path"]
     # PPO's old policy (docs/train.md §13): "recompute" (the default, as
     # slime and verl) or "rollout"
-    old_logprobs: str = "recompute"
+    old_logprobs: str = LOSS["old_logprobs"]
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:

@@ -20,6 +20,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -27,6 +28,7 @@ import torch
 
 from .batches import MicroBatch, Plan, PlanError, load_micro_batch, load_plan
 from .checkpoint import DEFAULT_SHARD_BYTES, CheckpointError, load_optimizer_state, write_checkpoint
+from .defaults import LOSS, OPTIMIZER
 from .loss import LossConfig
 from .objectives import Objective, micro_batch_loss, policy_logprobs
 
@@ -55,35 +57,37 @@ def peak_flops(name: str) -> Optional[float]:
 
 
 def objective_from_plan(plan: Plan) -> Objective:
-    L = plan.loss
-    known = {"objective", "eps_clip", "eps_clip_high", "eps_clip_c", "correction", "correction_low",
-             "correction_high", "reduction", "kl_coef", "entropy_coef", "score_centering", "score_centering_path",
-             "old_logprobs"}
-    extra = sorted(set(L) - known)
+    """The plan's "loss", each field it leaves out at defaults.json's value."""
+    extra = sorted(set(plan.loss) - set(LOSS))
     if extra:
         raise PlanError(f"{plan.path}: loss has unknown fields {extra}")
+    L = {**LOSS, **plan.loss}
+
+    def opt_float(k: str) -> Optional[float]:
+        return None if L[k] is None else float(L[k])
+
     try:
         base = LossConfig(
-            eps_clip=float(L.get("eps_clip", 0.2)),
-            eps_clip_high=None if L.get("eps_clip_high") is None else float(L["eps_clip_high"]),
-            eps_clip_c=None if L.get("eps_clip_c") is None else float(L["eps_clip_c"]),
-            correction=L.get("correction"),
-            correction_low=float(L.get("correction_low", 0.0)),
-            correction_high=float(L.get("correction_high", 2.0)),
-            reduction=L.get("reduction", "rollout"),
+            eps_clip=float(L["eps_clip"]),
+            eps_clip_high=opt_float("eps_clip_high"),
+            eps_clip_c=opt_float("eps_clip_c"),
+            correction=L["correction"],
+            correction_low=float(L["correction_low"]),
+            correction_high=float(L["correction_high"]),
+            reduction=L["reduction"],
         )
         if base.eps_clip_c is not None and base.eps_clip_c <= 1:
             raise ValueError(f"eps_clip_c must be > 1, got {base.eps_clip_c}")
-        if L.get("score_centering") and plan.temperature <= 0:
+        if L["score_centering"] and plan.temperature <= 0:
             raise ValueError("score centering needs temperature > 0")
         return Objective(
-            objective=L.get("objective", "ppo"),
+            objective=L["objective"],
             base=base,
-            kl_coef=float(L.get("kl_coef", 0.0)),
-            entropy_coef=float(L.get("entropy_coef", 0.0)),
-            score_centering=bool(L.get("score_centering", False)),
-            sc_path=L.get("score_centering_path", "top-p"),
-            old_logprobs=L.get("old_logprobs", "recompute"),
+            kl_coef=float(L["kl_coef"]),
+            entropy_coef=float(L["entropy_coef"]),
+            score_centering=bool(L["score_centering"]),
+            sc_path=L["score_centering_path"],
+            old_logprobs=L["old_logprobs"],
         )
     except (TypeError, ValueError) as e:
         raise PlanError(f"{plan.path}: loss: {e}") from None
@@ -241,10 +245,13 @@ def max_abs_logprob_diff(logits, target, mb: MicroBatch, device, full_lp: Option
 
 
 def build_optimizer(model, o: dict[str, Any]):
-    betas = o.get("betas", [0.9, 0.999])
+    """AdamW per the plan's "optimizer", what it leaves out (all but lr) at
+    defaults.json's value."""
+    o = {**OPTIMIZER, **o}
+    betas = o["betas"]
     return torch.optim.AdamW(
         model.parameters(), lr=float(o["lr"]), betas=(float(betas[0]), float(betas[1])),
-        eps=float(o.get("eps", 1e-8)), weight_decay=float(o.get("weight_decay", 0.0)),
+        eps=float(o["eps"]), weight_decay=float(o["weight_decay"]),
         foreach=False,
     )
 
@@ -268,7 +275,22 @@ def emit(obj: dict) -> None:
     sys.stdout.flush()
 
 
-def run(plan: Plan, dist: Dist) -> dict:
+@dataclass
+class RunResult:
+    """What run() trained, for save(): the model and optimizer after the
+    plan's steps, each step's event line (metrics.jsonl), the global step
+    reached (counting a resumed run's earlier steps), whether the model is
+    FSDP-sharded, and the dtype it trained in."""
+
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    lines: list[str]
+    done_steps: int
+    fsdp: bool
+    dtype: torch.dtype
+
+
+def run(plan: Plan, dist: Dist) -> RunResult:
     from transformers import AutoModelForCausalLM
 
     obj = objective_from_plan(plan)
@@ -357,7 +379,7 @@ def run(plan: Plan, dist: Dist) -> dict:
         metrics.update(zip(MAX_METRICS, mx.tolist()))
         metrics.setdefault("entropy", None)
         tokens = int(vec[-1])
-        gn = grad_norm_and_clip(model, float(plan.optimizer.get("grad_clip", 1.0)))
+        gn = grad_norm_and_clip(model, float(plan.optimizer["grad_clip"]))  # required by load_plan
         opt.step()
         if cuda:
             torch.cuda.synchronize(device)
@@ -371,13 +393,13 @@ def run(plan: Plan, dist: Dist) -> dict:
         lines.append(json.dumps(ev))
         if dist.rank == 0:
             emit(ev)
-    return {"model": model, "opt": opt, "lines": lines, "done_steps": done_steps, "fsdp": fsdp, "dtype": dtype}
+    return RunResult(model=model, opt=opt, lines=lines, done_steps=done_steps, fsdp=fsdp, dtype=dtype)
 
 
-def save(plan: Plan, dist: Dist, res: dict) -> None:
-    model, opt = res["model"], res["opt"]
+def save(plan: Plan, dist: Dist, res: RunResult) -> None:
+    model, opt = res.model, res.opt
     state = model.state_dict()
-    if res["fsdp"]:
+    if res.fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, \
             get_optimizer_state_dict
 
@@ -387,16 +409,16 @@ def save(plan: Plan, dist: Dist, res: dict) -> None:
         ostate = opt.state_dict()
     if dist.rank != 0:
         return
-    save_dtype = _save_dtype(plan.model, res["dtype"])
-    opt_file = {"optimizer": ostate, "step": res["done_steps"], "rng": {"cpu": torch.get_rng_state()}}
-    if save_dtype != res["dtype"]:
+    save_dtype = _save_dtype(plan.model, res.dtype)
+    opt_file = {"optimizer": ostate, "step": res.done_steps, "rng": {"cpu": torch.get_rng_state()}}
+    if save_dtype != res.dtype:
         # the saved weights are rounded; resume needs the exact master copy
         opt_file["master"] = {k: v.detach().cpu() for k, v in state.items()}
-    trainer_state = {"format": "kiln-trainer-state/1", "global_step": res["done_steps"],
+    trainer_state = {"format": "kiln-trainer-state/1", "global_step": res.done_steps,
                      "plan_steps": [s.index for s in plan.steps], "base_model": str(plan.model),
                      "resumed_from": None if plan.resume_from is None else str(plan.resume_from),
                      "seed": plan.seed, "world_size": dist.world, "dropped_rollouts": plan.dropped_rollouts}
-    write_checkpoint(plan.out, plan.model, state, save_dtype, opt_file, trainer_state, res["lines"],
+    write_checkpoint(plan.out, plan.model, state, save_dtype, opt_file, trainer_state, res.lines,
                      int(plan.flag("max_shard_bytes", DEFAULT_SHARD_BYTES)))
     emit({"event": "saved", "dir": str(plan.out)})
 

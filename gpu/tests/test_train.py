@@ -554,11 +554,11 @@ def test_two_steps_on_one_batch_clip_against_reference(tiny_checkpoint, tmp_path
                     train.Dist())
     one = train.run(load_plan(write_plan(tmp_path / "one", tiny_checkpoint, [step], tmp_path / "o1", **kw)),
                     train.Dist())
-    ev = [json.loads(x) for x in two["lines"]]
-    assert json.loads(one["lines"][0])["loss"] == ev[0]["loss"]
+    ev = [json.loads(x) for x in two.lines]
+    assert json.loads(one.lines[0])["loss"] == ev[0]["loss"]
     base = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float64)
     start = _hf_logprobs(base, segs, T)
-    after1 = _hf_logprobs(one["model"], segs, T)
+    after1 = _hf_logprobs(one.model, segs, T)
     old = [torch.tensor(s["roll"], dtype=torch.float64) for s in segs] if old_mode == "rollout" else start
     for i, new in enumerate((start, after1)):
         loss, kl, clip = _step_reference(objective, segs, old, new, lo, hi, correction)

@@ -119,29 +119,7 @@ func findBwrap(configured string) (string, error) {
 }
 
 func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
-	if os.Geteuid() != 0 {
-		// bwrap without root would need a user namespace, which maps only the
-		// caller's uid: no agent user, no cgroup limits.
-		return nil, errors.New("the bwrap sandbox provider needs root (kernel overlayfs, a real unprivileged agent uid, cgroup limits); run as root or use the local provider for debugging")
-	}
-	helper, err := findHelper(o.HelperPath)
-	if err != nil {
-		return nil, err
-	}
-	bwrap, err := findBwrap(o.Bwrap)
-	if err != nil {
-		return nil, err
-	}
-	if fi, err := os.Stat(o.Rootfs); err != nil {
-		return nil, fmt.Errorf("sandbox rootfs: %w", err)
-	} else if !fi.IsDir() {
-		return nil, fmt.Errorf("sandbox rootfs %q is not a directory", o.Rootfs)
-	}
-	rootfs, err := filepath.Abs(o.Rootfs)
-	if err != nil {
-		return nil, err
-	}
-	lowers, err := LayeredLowers(rootfs)
+	helper, bwrap, rootfs, lowers, err := bwrapInputs(o)
 	if err != nil {
 		return nil, err
 	}
@@ -154,27 +132,100 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 	if s.state, s.stateDir, err = makeState(o.StateDir, s.id); err != nil {
 		return nil, err
 	}
-	upper, work, merged := filepath.Join(s.state, "upper"), filepath.Join(s.state, "work"), filepath.Join(s.state, "merged")
+	merged := filepath.Join(s.state, "merged")
+	if err := s.mount(lowers, merged); err != nil {
+		return nil, err
+	}
+	switch {
+	case o.Endpoint != "":
+		if s.endpoint, err = listenEndpoint(s.sockPath("endpoint.sock"), o.Endpoint); err != nil {
+			return nil, err
+		}
+	case o.ServeEndpoint != nil:
+		if s.endpoint, err = listenEndpointSocket(s.sockPath("endpoint.sock")); err != nil {
+			return nil, err
+		}
+		go o.ServeEndpoint(s.endpoint)
+	}
+	if err := checkMounts(o.Mounts); err != nil {
+		return nil, err
+	}
+	files, err := s.command(bwrap, helper, merged)
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	if err != nil {
+		return nil, err
+	}
+	if err := s.start(ctx, rootfs); err != nil {
+		return nil, err
+	}
+	if o.Artifacts != nil {
+		host, _ := os.Hostname()
+		rec, _ := json.MarshalIndent(SandboxRecord{ID: s.id, Provider: "bwrap", Rootfs: rootfs, Host: host,
+			PID: s.cmd.Process.Pid, StateDir: s.state, Created: time.Now().UTC()}, "", "  ")
+		if err := putArtifact(o.Artifacts, "sandbox.json", append(rec, '\n')); err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", s.id, err)
+		}
+	}
+	return s, nil
+}
+
+// bwrapInputs checks what a bwrap sandbox needs of the host and of o: root,
+// the helper and bwrap binaries, and the image's root filesystem (absolute)
+// with its overlay lower layers.
+func bwrapInputs(o Options) (helper, bwrap, rootfs string, lowers []string, err error) {
+	if os.Geteuid() != 0 {
+		// bwrap without root would need a user namespace, which maps only the
+		// caller's uid: no agent user, no cgroup limits.
+		return "", "", "", nil, errors.New("the bwrap sandbox provider needs root (kernel overlayfs, a real unprivileged agent uid, cgroup limits); run as root or use the local provider for debugging")
+	}
+	if helper, err = findHelper(o.HelperPath); err != nil {
+		return "", "", "", nil, err
+	}
+	if bwrap, err = findBwrap(o.Bwrap); err != nil {
+		return "", "", "", nil, err
+	}
+	if fi, err := os.Stat(o.Rootfs); err != nil {
+		return "", "", "", nil, fmt.Errorf("sandbox rootfs: %w", err)
+	} else if !fi.IsDir() {
+		return "", "", "", nil, fmt.Errorf("sandbox rootfs %q is not a directory", o.Rootfs)
+	}
+	if rootfs, err = filepath.Abs(o.Rootfs); err != nil {
+		return "", "", "", nil, err
+	}
+	lowers, err = LayeredLowers(rootfs)
+	return helper, bwrap, rootfs, lowers, err
+}
+
+// mount makes the sandbox's state (the overlay's directories, the command
+// record, the leftovers file Sweep reads) and mounts the overlay of lowers
+// at merged, creating the cgroup meanwhile when o asks for limits.
+func (s *bwrapSandbox) mount(lowers []string, merged string) (err error) {
+	o := s.opts
+	upper, work := filepath.Join(s.state, "upper"), filepath.Join(s.state, "work")
 	for _, d := range []string{upper, work, merged} {
 		if err := os.Mkdir(d, 0o700); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	// The overlay's root directory takes the upper dir's mode and owner:
 	// give it the image's (normally 0755 root), or only root could enter /.
 	if fi, err := os.Stat(lowers[0]); err == nil {
 		if err := os.Chmod(upper, fi.Mode().Perm()); err != nil {
-			return nil, err
+			return err
 		}
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 			if err := os.Lchown(upper, int(st.Uid), int(st.Gid)); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
 	s.ctlSock = s.sockPath("ctl.sock")
 	if s.rec, err = newRecorder(filepath.Join(s.state, "commands.jsonl")); err != nil {
-		return nil, err
+		return err
 	}
 	// Record what Sweep must release before holding any of it: releasing
 	// what was never made is a no-op.
@@ -183,12 +234,12 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 	limited := o.MemoryBytes >= 0 || o.PidsMax >= 0
 	if limited {
 		if plan, err = planCgroup(s.id); err != nil {
-			return nil, fmt.Errorf("sandbox cgroup: %w", err)
+			return fmt.Errorf("sandbox cgroup: %w", err)
 		}
 		left.Cgroups = plan.dirs
 	}
 	if err := writeLeftovers(s.state, left); err != nil {
-		return nil, err
+		return err
 	}
 	// Creating a cgroup takes milliseconds per controller: do it while the
 	// overlay is mounted.
@@ -211,29 +262,24 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 		s.cg = cgr.cg
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if cgr.err != nil {
-		return nil, fmt.Errorf("sandbox cgroup: %w", cgr.err)
+		return fmt.Errorf("sandbox cgroup: %w", cgr.err)
 	}
 	if s.ov.fuse {
 		left.Fuse = true
-		if err := writeLeftovers(s.state, left); err != nil {
-			return nil, err
-		}
+		return writeLeftovers(s.state, left)
 	}
-	switch {
-	case o.Endpoint != "":
-		if s.endpoint, err = listenEndpoint(s.sockPath("endpoint.sock"), o.Endpoint); err != nil {
-			return nil, err
-		}
-	case o.ServeEndpoint != nil:
-		if s.endpoint, err = listenEndpointSocket(s.sockPath("endpoint.sock")); err != nil {
-			return nil, err
-		}
-		go o.ServeEndpoint(s.endpoint)
-	}
+	return nil
+}
 
+// command prepares s.cmd: bwrap over merged with the sandbox's namespaces,
+// mounts, capabilities and seccomp filter, running the helper's init. It
+// returns the descriptors passed to init, for the caller to close once
+// bwrap has started (or failed to).
+func (s *bwrapSandbox) command(bwrap, helper, merged string) ([]*os.File, error) {
+	o := s.opts
 	args := []string{
 		"--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
 		"--die-with-parent", "--new-session", "--hostname", "sandbox",
@@ -250,9 +296,6 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 	}
 	if s.endpoint != nil {
 		args = append(args, "--ro-bind", filepath.Join(s.state, "endpoint.sock"), sandboxinit.EndpointSocket)
-	}
-	if err := checkMounts(o.Mounts); err != nil {
-		return nil, err
 	}
 	for _, m := range o.Mounts {
 		// The directories bwrap makes for a mount point are root's alone
@@ -272,15 +315,10 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 		return nil, err
 	}
 	files := []*os.File{ctlFile}
-	defer func() {
-		for _, f := range files {
-			f.Close()
-		}
-	}()
 	if s.cg != nil {
 		cgFiles, err := s.cg.open()
 		if err != nil {
-			return nil, fmt.Errorf("sandbox cgroup: %w", err)
+			return files, fmt.Errorf("sandbox cgroup: %w", err)
 		}
 		files = append(files, cgFiles...)
 		mode := "v1"
@@ -292,7 +330,7 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 	if filter := seccompFilter(s.cg != nil && s.cg.v2); filter != nil {
 		f, err := bytesFile(filter)
 		if err != nil {
-			return nil, fmt.Errorf("sandbox seccomp filter: %w", err)
+			return files, fmt.Errorf("sandbox seccomp filter: %w", err)
 		}
 		files = append(files, f)
 		args = append(args, "--seccomp", strconv.Itoa(2+len(files)))
@@ -302,12 +340,17 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 	s.cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	s.cmd.Stderr = s.stderr
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	return files, nil
+}
+
+// start starts s.cmd and waits, up to bootTimeout, for init's ready line.
+func (s *bwrapSandbox) start(ctx context.Context, rootfs string) error {
 	stdout, err := s.cmd.StdoutPipe()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := s.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start bwrap: %w", err)
+		return fmt.Errorf("start bwrap: %w", err)
 	}
 	go func() { _ = s.cmd.Wait(); close(s.exited) }()
 	ready := make(chan error, 1)
@@ -329,22 +372,14 @@ func bootBwrap(ctx context.Context, o Options) (_ Sandbox, err error) {
 			case <-s.exited:
 			case <-time.After(time.Second):
 			}
-			return nil, fmt.Errorf("sandbox over %q did not start: %w: %s", rootfs, err, s.stderr.String())
+			return fmt.Errorf("sandbox over %q did not start: %w: %s", rootfs, err, s.stderr.String())
 		}
+		return nil
 	case <-timer.C:
-		return nil, fmt.Errorf("sandbox over %q did not start within %s: %s", rootfs, bootTimeout, s.stderr.String())
+		return fmt.Errorf("sandbox over %q did not start within %s: %s", rootfs, bootTimeout, s.stderr.String())
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return ctx.Err()
 	}
-	if o.Artifacts != nil {
-		host, _ := os.Hostname()
-		rec, _ := json.MarshalIndent(SandboxRecord{ID: s.id, Provider: "bwrap", Rootfs: rootfs, Host: host,
-			PID: s.cmd.Process.Pid, StateDir: s.state, Created: time.Now().UTC()}, "", "  ")
-		if err := putArtifact(o.Artifacts, "sandbox.json", append(rec, '\n')); err != nil {
-			return nil, fmt.Errorf("sandbox %s: %w", s.id, err)
-		}
-	}
-	return s, nil
 }
 
 // limitOrMax maps a negative (disabled) limit to "no limit" in one

@@ -20,7 +20,7 @@ import (
 )
 
 // Target is what the commands need of one planned target (the pipelines
-// package's Target, adapted by PipelinePlanner).
+// package's Target, adapted by pipelinecmd's planner).
 type Target struct {
 	Name    string
 	Deps    []string
@@ -70,7 +70,7 @@ type Planner func(ctx context.Context, c *cli.Context, file string, goals []stri
 
 // Options configure the commands.
 type Options struct {
-	// Plan plans a spec (PipelinePlanner in kiln).
+	// Plan plans a spec (pipelinecmd's planner in kiln).
 	Plan Planner
 	// RunLine is the script line that runs one target and records it in
 	// the store. Default: KILN --store STORE run FILE --only TARGET VAR=...,

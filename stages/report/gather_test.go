@@ -16,9 +16,9 @@ import (
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/formats/store"
+	"github.com/kilnrl/kiln/internal/kilncmd"
 	"github.com/kilnrl/kiln/internal/stagecmd"
 	"github.com/kilnrl/kiln/internal/stagecmd/stagetest"
-	"github.com/kilnrl/kiln/stages/datasets"
 	"github.com/kilnrl/kiln/stages/report"
 	"github.com/kilnrl/kiln/stages/report/reporttest"
 )
@@ -42,7 +42,7 @@ func kiln(t *testing.T, args ...string) stagetest.Result {
 	t.Helper()
 	var out, errb bytes.Buffer
 	env := &stagecmd.Env{Stdout: &out, Stderr: &errb, Log: stagecmd.NewLogger(&errb, false)}
-	code := stagecmd.Main(datasets.App(env), append([]string{"kiln"}, args...), &errb)
+	code := stagecmd.Main(kilncmd.App(env), append([]string{"kiln"}, args...), &errb)
 	return stagetest.Result{Stdout: out.String(), Stderr: errb.String(), Code: code}
 }
 

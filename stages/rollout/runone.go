@@ -123,20 +123,7 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 	// prefix of this attempt (a rerun of an unfinished run writes anew).
 	artifacts := dataset.AttachmentKey(p.ws[0].Ref(), fmt.Sprintf("runs/%s/%s/", j.key, sid[len(sid)-8:]))
 	logFile := path.Join(j.workdir, workspace.HarnessDir, agentLogName)
-	opts := p.o.Sandbox
-	opts.Rootfs, opts.Env = j.rootfs, j.env
-	// An agent flooding its endpoint ends its own run, and only its own.
-	opts.ServeEndpoint = func(ln net.Listener) {
-		p.rt.serve(ln, func(max int) { engineFailed(&endpointFloodError{max: max}) })
-	}
-	opts.Mounts = append(append([]sandbox.Mount(nil), opts.Mounts...), j.harness.Mounts()...)
-	opts.Artifacts = storeSink{ctx: context.WithoutCancel(ctx), st: p.st, prefix: artifacts}
-	opts.ArtifactFiles = []string{logFile}
-	opts.BootLimiter = p.rt.boots
-	if opts.Log == nil {
-		opts.Log = p.env.Log
-	}
-	sb, err := sandbox.Boot(rctx, opts)
+	sb, err := sandbox.Boot(rctx, p.sandboxOptions(ctx, j, artifacts, logFile, engineFailed))
 	if err != nil {
 		if rctx.Err() != nil {
 			return interrupted(err)
@@ -155,49 +142,12 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 	defer closeSandbox()
 	row.Artifacts = &artifacts
 
-	baseline, err := workspace.Prepare(rctx, sb, j.workdir, j.setup)
+	ares, patch, step, err := p.runAgent(rctx, sb, j, row, sid, logFile)
 	if err != nil {
 		if rctx.Err() != nil {
 			return interrupted(err)
 		}
-		return abort(abortExceptionPref+"workspace", err.Error())
-	}
-	spec := harness.RunSpec{SessionID: sid, BaseURL: "http://" + sb.Endpoint(), Model: agentModel, Workdir: j.workdir,
-		TaskFile: path.Join(j.workdir, workspace.ProblemFile), Budget: p.o.Budget, LogFile: logFile}
-	for _, f := range j.harness.Files(spec) {
-		if err := sb.WriteFile(rctx, f.Path, f.Data, f.Perm, f.User); err != nil {
-			if rctx.Err() != nil {
-				return interrupted(err)
-			}
-			return abort(abortExceptionPref+"harness_config", err.Error())
-		}
-	}
-	argv, env := j.harness.Command(spec)
-	ares, err := sb.Exec(rctx, sandbox.Cmd{Argv: argv, Env: env, User: sandbox.Agent, Dir: j.workdir, Timeout: p.o.Budget + agentGrace})
-	if err != nil {
-		if rctx.Err() != nil {
-			return interrupted(err)
-		}
-		return abort(abortExceptionPref+"agent_exec", err.Error())
-	}
-	row.AgentExitCode = int64(ares.ExitCode)
-	if ares.TimedOut {
-		row.AgentExitCode = sandbox.BudgetExceeded
-	}
-	// The agent is gone (its process tree is killed at the budget); what
-	// it left running in the background is killed too, so the workspace no
-	// longer changes under the capture. Kill starts no process, so a
-	// sandbox at its pids limit (a fork bomb) is emptied as well; if it
-	// fails, the capture goes ahead (and may fail too).
-	if err := sb.Kill(rctx, sandbox.Agent); err != nil && rctx.Err() == nil {
-		p.env.Log.Warn("killing what the agent left running failed", "task", row.TaskID, "rollout", row.RolloutID, "err", err)
-	}
-	patch, err := workspace.Diff(rctx, sb, j.workdir, baseline)
-	if err != nil {
-		if rctx.Err() != nil {
-			return interrupted(err)
-		}
-		return abort(abortExceptionPref+"patch_capture", err.Error())
+		return abort(abortExceptionPref+step, err.Error())
 	}
 	row.Patch = patch
 	turns, serverErrors, err := finishSession()
@@ -213,16 +163,8 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 	if err := rctx.Err(); err != nil {
 		return interrupted(context.Cause(rctx))
 	}
-	switch {
-	case p.rt.replay.failure(sid) != "":
-		return abort(AbortReplayMismatch, "") // abort fills in the mismatch
-	case serverErrors.n > 0 && ares.ExitCode != 0:
-		return abort(AbortEngineError, fmt.Sprintf("%d model calls failed with a server error (the first: %s); the agent exited %d: %s",
-			serverErrors.n, serverErrors.first, ares.ExitCode, lastLines(ares.Stderr)))
-	case !ares.TimedOut && ares.ExitCode >= 126:
-		return abort(AbortAgentCrash, fmt.Sprintf("the agent exited %d (%s): %s", ares.ExitCode, crashCause(ares.ExitCode), lastLines(ares.Stderr)))
-	case len(turns) == 0:
-		return abort(AbortSessionEmpty, fmt.Sprintf("the agent made no model call (exit %d): %s", ares.ExitCode, lastLines(ares.Stderr)))
+	if reason, detail := p.failure(sid, serverErrors, ares, len(turns)); reason != "" {
+		return abort(reason, detail)
 	}
 	segs, err := assembleSession(&session{id: sid, turns: turns}, assembly.Options{})
 	if err != nil {
@@ -231,6 +173,88 @@ func (p *runProducer) runOne(ctx context.Context, j *runJob) *runResult {
 	res.turns, res.segments = turns, segs
 	row.EndedAt = time.Now().UTC()
 	return res
+}
+
+// sandboxOptions are the options of run j's sandbox: the task's image and
+// environment, the harness's mounts, the endpoint served by the adapter
+// (an agent flooding it ends its own run, and only its own), and the
+// artifacts (the agent's log among them) saved under the attachment
+// prefix artifacts.
+func (p *runProducer) sandboxOptions(ctx context.Context, j *runJob, artifacts, logFile string, engineFailed context.CancelCauseFunc) sandbox.Options {
+	opts := p.o.Sandbox
+	opts.Rootfs, opts.Env = j.rootfs, j.env
+	opts.ServeEndpoint = func(ln net.Listener) {
+		p.rt.serve(ln, func(max int) { engineFailed(&endpointFloodError{max: max}) })
+	}
+	opts.Mounts = append(append([]sandbox.Mount(nil), opts.Mounts...), j.harness.Mounts()...)
+	opts.Artifacts = storeSink{ctx: context.WithoutCancel(ctx), st: p.st, prefix: artifacts}
+	opts.ArtifactFiles = []string{logFile}
+	opts.BootLimiter = p.rt.boots
+	if opts.Log == nil {
+		opts.Log = p.env.Log
+	}
+	return opts
+}
+
+// runAgent runs j's agent in sb: it prepares the workspace, writes the
+// harness's files, runs the agent for the budget (its exit code goes in
+// row), kills what it left running and captures the patch. On an error,
+// step names what failed (workspace, harness_config, agent_exec,
+// patch_capture: the exception abort reasons' suffixes, docs/rollout.md
+// §2.4).
+func (p *runProducer) runAgent(ctx context.Context, sb sandbox.Sandbox, j *runJob, row *records.Rollout, sid, logFile string) (_ sandbox.Result, patch, step string, _ error) {
+	baseline, err := workspace.Prepare(ctx, sb, j.workdir, j.setup)
+	if err != nil {
+		return sandbox.Result{}, "", "workspace", err
+	}
+	spec := harness.RunSpec{SessionID: sid, BaseURL: "http://" + sb.Endpoint(), Model: agentModel, Workdir: j.workdir,
+		TaskFile: path.Join(j.workdir, workspace.ProblemFile), Budget: p.o.Budget, LogFile: logFile}
+	for _, f := range j.harness.Files(spec) {
+		if err := sb.WriteFile(ctx, f.Path, f.Data, f.Perm, f.User); err != nil {
+			return sandbox.Result{}, "", "harness_config", err
+		}
+	}
+	argv, env := j.harness.Command(spec)
+	ares, err := sb.Exec(ctx, sandbox.Cmd{Argv: argv, Env: env, User: sandbox.Agent, Dir: j.workdir, Timeout: p.o.Budget + agentGrace})
+	if err != nil {
+		return sandbox.Result{}, "", "agent_exec", err
+	}
+	row.AgentExitCode = int64(ares.ExitCode)
+	if ares.TimedOut {
+		row.AgentExitCode = sandbox.BudgetExceeded
+	}
+	// The agent is gone (its process tree is killed at the budget); what
+	// it left running in the background is killed too, so the workspace no
+	// longer changes under the capture. Kill starts no process, so a
+	// sandbox at its pids limit (a fork bomb) is emptied as well; if it
+	// fails, the capture goes ahead (and may fail too).
+	if err := sb.Kill(ctx, sandbox.Agent); err != nil && ctx.Err() == nil {
+		p.env.Log.Warn("killing what the agent left running failed", "task", row.TaskID, "rollout", row.RolloutID, "err", err)
+	}
+	patch, err = workspace.Diff(ctx, sb, j.workdir, baseline)
+	if err != nil {
+		return ares, "", "patch_capture", err
+	}
+	return ares, patch, "", nil
+}
+
+// failure is why a finished run is aborted after all ("" when it is not):
+// a replay the recording could not answer (abort fills in the mismatch),
+// model calls that failed with a server error and an agent that then
+// failed, an agent that crashed, or one that made no model call.
+func (p *runProducer) failure(sid string, serverErrors sessionErrors, ares sandbox.Result, turns int) (reason, detail string) {
+	switch {
+	case p.rt.replay.failure(sid) != "":
+		return AbortReplayMismatch, ""
+	case serverErrors.n > 0 && ares.ExitCode != 0:
+		return AbortEngineError, fmt.Sprintf("%d model calls failed with a server error (the first: %s); the agent exited %d: %s",
+			serverErrors.n, serverErrors.first, ares.ExitCode, lastLines(ares.Stderr))
+	case !ares.TimedOut && ares.ExitCode >= 126:
+		return AbortAgentCrash, fmt.Sprintf("the agent exited %d (%s): %s", ares.ExitCode, crashCause(ares.ExitCode), lastLines(ares.Stderr))
+	case turns == 0:
+		return AbortSessionEmpty, fmt.Sprintf("the agent made no model call (exit %d): %s", ares.ExitCode, lastLines(ares.Stderr))
+	}
+	return "", ""
 }
 
 // errDeadline is the cause of a run context that passed its deadline.

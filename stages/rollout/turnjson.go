@@ -93,19 +93,15 @@ const (
 // decode reads one line (a JSON object, white space around it aside). It
 // returns the turn and whether the line gave "turn" (hasTurn false: the
 // caller numbers it by its position in the session), or ok false.
-func (d *turnDecoder) decode(line []byte) (t records.Turn, hasTurn, ok bool) {
+func (d *turnDecoder) decode(line []byte) (records.Turn, bool, bool) {
 	b := line
 	i := ojson.Space(b, 0)
 	if i >= len(b) || b[i] != '{' {
-		return t, false, false
+		return records.Turn{}, false, false
 	}
 	var (
-		seen              uint32
-		rolloutID         *int64
-		idsText, msgsText []byte
-		ids               []int32
-		hasMsgs           bool
-		resp              []byte
+		f    turnFields
+		seen uint32
 	)
 	i = ojson.Space(b, i+1)
 	if i < len(b) && b[i] == '}' {
@@ -113,157 +109,182 @@ func (d *turnDecoder) decode(line []byte) (t records.Turn, hasTurn, ok bool) {
 	} else {
 		for {
 			if i >= len(b) || b[i] != '"' {
-				return t, false, false
+				return f.t, false, false
 			}
 			ks := i + 1
 			for i = ks; i < len(b) && b[i] != '"' && b[i] != '\\' && b[i] >= 0x20; i++ {
 			}
 			if i >= len(b) || b[i] != '"' {
-				return t, false, false // an escape in a key: encoding/json's matching decides
+				return f.t, false, false // an escape in a key: encoding/json's matching decides
 			}
 			key := b[ks:i]
 			if i = ojson.Space(b, i+1); i >= len(b) || b[i] != ':' {
-				return t, false, false
+				return f.t, false, false
 			}
-			v := ojson.Space(b, i+1)
 			var bit uint32
-			switch string(key) {
-			case "rollout_id":
-				bit = keyRolloutID
-				if i = literalNull(b, v); i < 0 {
-					var x int64
-					if x, i = parseInt(b, v, 64); i >= 0 {
-						rolloutID = &x
-					}
-				}
-			case "index":
-				bit = keyIndex
-				t.Index, i = parseInt(b, v, 64)
-			case "group_index":
-				bit = keyGroupIndex
-				t.GroupIndex, i = parseInt(b, v, 64)
-			case "session":
-				bit = keySession
-				t.Session, i = d.sessionAt(b, v)
-			case "turn":
-				bit = keyTurn
-				if i = literalNull(b, v); i < 0 {
-					var x int64
-					x, i = parseInt(b, v, 32)
-					t.Turn, hasTurn = int32(x), i >= 0
-				}
-			case "prompt_ids":
-				bit = keyPromptIDs
-				ids, i = d.promptIDs(b, v)
-				if i >= 0 {
-					idsText = b[v:i]
-				}
-			case "output_ids":
-				bit = keyOutputIDs
-				t.OutputIDs, i = parseInt32s(b, v, nil)
-			case "output_log_probs":
-				bit = keyOutputLogProbs
-				t.OutputLogProbs, i = parseFloat32s(b, v)
-			case "finish_reason":
-				bit = keyFinishReason
-				t.FinishReason, i = parseString(b, v)
-				t.FinishReason = internFinish(t.FinishReason)
-			case "ill_formed":
-				bit = keyIllFormed
-				t.IllFormed, i = parseBool(b, v)
-			case "prompt_messages":
-				bit = keyPromptMessages
-				if i = d.messages(b, v); i >= 0 {
-					msgsText, hasMsgs = b[v:i], true
-				}
-			case "response_message":
-				bit = keyResponseMessage
-				if i = ojson.ValidValue(b, v, 0); i >= 0 {
-					resp = b[v:i]
-				}
-			case "max_context_tokens":
-				bit = keyMaxContextTokens
-				var x int64
-				x, i = parseInt(b, v, 32)
-				t.MaxContextTokens = int32(x)
-			case "reward":
-				bit = keyReward
-				if i = literalNull(b, v); i < 0 {
-					var x float64
-					if x, i = parseFloat(b, v, 64); i >= 0 {
-						t.Reward = &x
-					}
-				}
-			case "rollout_top_p_token_ids":
-				bit = keyTopPTokenIDs
-				t.TopPTokenIDs, i = parseInt32s(b, v, nil)
-			case "rollout_top_p_token_offsets":
-				bit = keyTopPTokenOffsets
-				t.TopPTokenOffsets, i = parseInt32s(b, v, nil)
-			case "rollout_top_p_log_probs":
-				bit = keyTopPLogProbs
-				t.TopPLogProbs, i = parseFloat32s(b, v)
-			case "rollout_topk_token_ids":
-				bit = keyTopKTokenIDs
-				t.TopKTokenIDs, i = parseInt32s(b, v, nil)
-			case "rollout_topk_log_probs":
-				bit = keyTopKLogProbs
-				t.TopKLogProbs, i = parseFloat32s(b, v)
-			case "rollout_topk_k":
-				bit = keyTopK
-				var x int64
-				x, i = parseInt(b, v, 32)
-				t.TopK = int32(x)
-			case "rollout_routed_experts":
-				bit = keyRoutedExperts
-				t.RoutedExperts, i = parseInt32s(b, v, nil)
-			case "rollout_routed_experts_shape":
-				bit = keyRoutedExpertsShape
-				t.RoutedExpertsShape, i = parseInt32s(b, v, nil)
-			case "started_ms":
-				bit = keyStartedMs
-				t.StartedMs, i = optInt64(b, v)
-			case "duration_ms":
-				bit = keyDurationMs
-				t.DurationMs, i = optInt64(b, v)
-			default:
-				return t, false, false // unknown, or not spelled exactly
-			}
+			bit, i = d.field(&f, b, key, ojson.Space(b, i+1))
 			if i < 0 || seen&bit != 0 {
-				return t, false, false
+				return f.t, false, false
 			}
 			seen |= bit
 			if i = ojson.Space(b, i); i >= len(b) {
-				return t, false, false
+				return f.t, false, false
 			}
 			if b[i] == '}' {
 				i++
 				break
 			}
 			if b[i] != ',' {
-				return t, false, false
+				return f.t, false, false
 			}
 			i = ojson.Space(b, i+1)
 		}
 	}
 	if ojson.Space(b, i) != len(b) {
-		return t, false, false // encoding/json's Decoder reads the first value alone
+		return f.t, false, false // encoding/json's Decoder reads the first value alone
 	}
+	return d.finish(&f)
+}
 
-	// As records.TurnJSON.ToTurn.
-	t.RolloutID = t.Index
-	if rolloutID != nil {
-		t.RolloutID = *rolloutID
+// turnFields is what decode gathers of a line: the turn's fields, and the
+// ones that need more than a parse (records.TurnJSON.ToTurn's defaults,
+// the prompt's ids and messages kept for the next line).
+type turnFields struct {
+	t                 records.Turn
+	rolloutID         *int64
+	hasTurn, hasMsgs  bool
+	ids               []int32
+	idsText, msgsText []byte
+	resp              []byte
+}
+
+// field parses the value at b[v:] of the field key into f, returning the
+// key's bit and the index past the value (-1: not a turn line this reader
+// takes).
+func (d *turnDecoder) field(f *turnFields, b, key []byte, v int) (bit uint32, i int) {
+	switch string(key) {
+	case "rollout_id":
+		bit = keyRolloutID
+		if i = literalNull(b, v); i < 0 {
+			var x int64
+			if x, i = parseInt(b, v, 64); i >= 0 {
+				f.rolloutID = &x
+			}
+		}
+	case "index":
+		bit = keyIndex
+		f.t.Index, i = parseInt(b, v, 64)
+	case "group_index":
+		bit = keyGroupIndex
+		f.t.GroupIndex, i = parseInt(b, v, 64)
+	case "session":
+		bit = keySession
+		f.t.Session, i = d.sessionAt(b, v)
+	case "turn":
+		bit = keyTurn
+		if i = literalNull(b, v); i < 0 {
+			var x int64
+			x, i = parseInt(b, v, 32)
+			f.t.Turn, f.hasTurn = int32(x), i >= 0
+		}
+	case "prompt_ids":
+		bit = keyPromptIDs
+		f.ids, i = d.promptIDs(b, v)
+		if i >= 0 {
+			f.idsText = b[v:i]
+		}
+	case "output_ids":
+		bit = keyOutputIDs
+		f.t.OutputIDs, i = parseInt32s(b, v, nil)
+	case "output_log_probs":
+		bit = keyOutputLogProbs
+		f.t.OutputLogProbs, i = parseFloat32s(b, v)
+	case "finish_reason":
+		bit = keyFinishReason
+		f.t.FinishReason, i = parseString(b, v)
+		f.t.FinishReason = internFinish(f.t.FinishReason)
+	case "ill_formed":
+		bit = keyIllFormed
+		f.t.IllFormed, i = parseBool(b, v)
+	case "prompt_messages":
+		bit = keyPromptMessages
+		if i = d.messages(b, v); i >= 0 {
+			f.msgsText, f.hasMsgs = b[v:i], true
+		}
+	case "response_message":
+		bit = keyResponseMessage
+		if i = ojson.ValidValue(b, v, 0); i >= 0 {
+			f.resp = b[v:i]
+		}
+	case "max_context_tokens":
+		bit = keyMaxContextTokens
+		var x int64
+		x, i = parseInt(b, v, 32)
+		f.t.MaxContextTokens = int32(x)
+	case "reward":
+		bit = keyReward
+		if i = literalNull(b, v); i < 0 {
+			var x float64
+			if x, i = parseFloat(b, v, 64); i >= 0 {
+				f.t.Reward = &x
+			}
+		}
+	case "rollout_top_p_token_ids":
+		bit = keyTopPTokenIDs
+		f.t.TopPTokenIDs, i = parseInt32s(b, v, nil)
+	case "rollout_top_p_token_offsets":
+		bit = keyTopPTokenOffsets
+		f.t.TopPTokenOffsets, i = parseInt32s(b, v, nil)
+	case "rollout_top_p_log_probs":
+		bit = keyTopPLogProbs
+		f.t.TopPLogProbs, i = parseFloat32s(b, v)
+	case "rollout_topk_token_ids":
+		bit = keyTopKTokenIDs
+		f.t.TopKTokenIDs, i = parseInt32s(b, v, nil)
+	case "rollout_topk_log_probs":
+		bit = keyTopKLogProbs
+		f.t.TopKLogProbs, i = parseFloat32s(b, v)
+	case "rollout_topk_k":
+		bit = keyTopK
+		var x int64
+		x, i = parseInt(b, v, 32)
+		f.t.TopK = int32(x)
+	case "rollout_routed_experts":
+		bit = keyRoutedExperts
+		f.t.RoutedExperts, i = parseInt32s(b, v, nil)
+	case "rollout_routed_experts_shape":
+		bit = keyRoutedExpertsShape
+		f.t.RoutedExpertsShape, i = parseInt32s(b, v, nil)
+	case "started_ms":
+		bit = keyStartedMs
+		f.t.StartedMs, i = optInt64(b, v)
+	case "duration_ms":
+		bit = keyDurationMs
+		f.t.DurationMs, i = optInt64(b, v)
+	default:
+		return 0, -1 // unknown, or not spelled exactly
 	}
-	if ids != nil {
-		t.PromptIDs = ids[:len(ids):len(ids)] // later turns append to the storage past it
+	return bit, i
+}
+
+// finish completes decode's turn, as records.TurnJSON.ToTurn does, checks
+// it as records.Turn.Validate does, and keeps the prompt for the next
+// line.
+func (d *turnDecoder) finish(f *turnFields) (records.Turn, bool, bool) {
+	t := f.t
+	t.RolloutID = t.Index
+	if f.rolloutID != nil {
+		t.RolloutID = *f.rolloutID
+	}
+	if f.ids != nil {
+		t.PromptIDs = f.ids[:len(f.ids):len(f.ids)] // later turns append to the storage past it
 	}
 	t.PromptMessages = "[]"
-	if hasMsgs {
-		t.PromptMessages = unsafe.String(unsafe.SliceData(msgsText), len(msgsText))
+	if f.hasMsgs {
+		t.PromptMessages = unsafe.String(unsafe.SliceData(f.msgsText), len(f.msgsText))
 	}
-	if len(resp) > 0 && string(resp) != "null" {
-		s := unsafe.String(unsafe.SliceData(resp), len(resp))
+	if len(f.resp) > 0 && string(f.resp) != "null" {
+		s := unsafe.String(unsafe.SliceData(f.resp), len(f.resp))
 		t.ResponseMessage = &s
 	}
 	// records.Turn.Validate itself, so that the two paths refuse the same
@@ -272,20 +293,20 @@ func (d *turnDecoder) decode(line []byte) (t records.Turn, hasTurn, ok bool) {
 	// every turn).
 	v := t
 	v.PromptMessages, v.ResponseMessage = "[]", nil
-	if (hasMsgs && msgsText[0] != '[') || v.Validate() != nil {
+	if (f.hasMsgs && f.msgsText[0] != '[') || v.Validate() != nil {
 		return t, false, false
 	}
-	if idsText != nil {
-		d.idsText, d.ids = idsText, ids
+	if f.idsText != nil {
+		d.idsText, d.ids = f.idsText, f.ids
 	} else {
 		d.idsText, d.ids = nil, nil
 	}
-	if hasMsgs && msgsText[0] == '[' {
-		d.msgsText = msgsText
+	if f.hasMsgs && f.msgsText[0] == '[' {
+		d.msgsText = f.msgsText
 	} else {
 		d.msgsText = nil
 	}
-	return t, hasTurn, true
+	return t, f.hasTurn, true
 }
 
 // sessionAt reads the session string at b[i], reusing the previous line's

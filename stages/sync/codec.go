@@ -51,27 +51,6 @@ func (c *codec) Close() {
 	c.dec.Close()
 }
 
-// encodePayload is codec.encode with a codec made for the call: for one-off
-// use and tests; loops reuse one codec.
-func encodePayload(enc string, old, new []byte) ([]byte, error) {
-	c, err := newCodec()
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	return c.encode(enc, old, new)
-}
-
-// applyPayload is codec.apply with a codec made for the call.
-func applyPayload(enc string, dst []byte, frame []byte) error {
-	c, err := newCodec()
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	return c.apply(enc, dst, frame)
-}
-
 // encode returns one zstd frame of the payload that turns old into new
 // under encoding enc (docs/sync.md §1.1): xor (new XOR old), overwrite
 // (LE u32 count K, K LE u32 positions, the K new bytes) or replace (new;

@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
@@ -262,20 +261,6 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
-}
-
-// versionNumber is the weights number a version directory's name starts
-// with (-1 when the name is not of versionDirName's form).
-func versionNumber(name string) int64 {
-	m := versionDirRE.FindStringSubmatch(name)
-	if m == nil {
-		return -1
-	}
-	n, err := strconv.ParseInt(m[1], 10, 64)
-	if err != nil {
-		return -1
-	}
-	return n
 }
 
 // cloneFile makes dst a copy of src: a reflink (FICLONE) where the

@@ -48,8 +48,14 @@ type Flags struct {
 	ScoreCentering, PrintVersion, DryRun, KeepWork   bool
 }
 
-// Flags are kiln-train's flags, bound to the fields of f.
+// Flags are kiln-train's flags, bound to the fields of f. The loss's and
+// the optimizer's defaults are the trainer's own (defaults.go).
 func (f *Flags) Flags() []cli.Flag {
+	d := defaults()
+	correction := "none"
+	if d.Loss.Correction != nil {
+		correction = *d.Loss.Correction
+	}
 	return []cli.Flag{
 		stagecmd.StoreFlag(),
 		&cli.StringFlag{Name: "trajectories", Value: "trajectories", Destination: &f.Trajectories, Usage: "trajectories dataset: the segments to train (name or name@version)"},
@@ -68,23 +74,23 @@ func (f *Flags) Flags() []cli.Flag {
 		&cli.StringFlag{Name: "cache-dir", EnvVars: []string{"KILN_CHECKPOINT_CACHE"}, Destination: &f.CacheDir, Usage: "where checkpoints versions are materialized (default ~/.cache/kiln/checkpoints)"},
 		&cli.StringFlag{Name: "work-dir", Destination: &f.WorkDir, Usage: "parent of the run's work directory (batches and the trainer's output; default $TMPDIR)"},
 		&cli.BoolFlag{Name: "keep-work", Destination: &f.KeepWork, Usage: "keep the work directory after the run"},
-		&cli.StringFlag{Name: "objective", Value: "ppo", Destination: &f.Objective, Usage: "ppo, gspo, cispo or reinforce"},
-		&cli.Float64Flag{Name: "eps-clip", Value: 0.2, Destination: &f.EpsClip, Usage: "PPO clip: lower epsilon"},
+		&cli.StringFlag{Name: "objective", Value: d.Loss.Objective, Destination: &f.Objective, Usage: "ppo, gspo, cispo or reinforce"},
+		&cli.Float64Flag{Name: "eps-clip", Value: d.Loss.EpsClip, Destination: &f.EpsClip, Usage: "PPO clip: lower epsilon"},
 		&cli.Float64Flag{Name: "eps-clip-high", Destination: &f.EpsClipHigh, Usage: "PPO clip: upper epsilon (default --eps-clip)"},
 		&cli.Float64Flag{Name: "eps-clip-c", Destination: &f.EpsClipC, Usage: "dual-clip constant (> 1; off by default)"},
-		&cli.StringFlag{Name: "old-logprobs", Value: "recompute", Destination: &f.OldLogprobs, Usage: "PPO's old policy, fixed before the first optimizer step: recompute (the trainer's logprobs with the starting weights, one forward pass; as slime and verl) or rollout (the sampler's logprobs)"},
-		&cli.StringFlag{Name: "correction", Value: "none", Destination: &f.Correction, Usage: "rollout-logprob correction: none, tis or mis"},
-		&cli.Float64Flag{Name: "correction-low", Value: 0, Destination: &f.CorrectionLow, Usage: "tis/mis lower bound"},
-		&cli.Float64Flag{Name: "correction-high", Value: 2, Destination: &f.CorrectionHigh, Usage: "tis/mis upper bound"},
-		&cli.StringFlag{Name: "reduction", Value: string(ReduceRollout), Destination: &f.Reduction, Usage: "rollout (per-rollout token mean, / G), token-mean or sequence-mean"},
-		&cli.Float64Flag{Name: "kl-coef", Destination: &f.KLCoef, Usage: "KL loss coefficient"},
-		&cli.Float64Flag{Name: "entropy-coef", Destination: &f.EntropyCoef, Usage: "entropy bonus coefficient"},
+		&cli.StringFlag{Name: "old-logprobs", Value: d.Loss.OldLogprobs, Destination: &f.OldLogprobs, Usage: "PPO's old policy, fixed before the first optimizer step: recompute (the trainer's logprobs with the starting weights, one forward pass; as slime and verl) or rollout (the sampler's logprobs)"},
+		&cli.StringFlag{Name: "correction", Value: correction, Destination: &f.Correction, Usage: "rollout-logprob correction: none, tis or mis"},
+		&cli.Float64Flag{Name: "correction-low", Value: d.Loss.CorrectionLow, Destination: &f.CorrectionLow, Usage: "tis/mis lower bound"},
+		&cli.Float64Flag{Name: "correction-high", Value: d.Loss.CorrectionHigh, Destination: &f.CorrectionHigh, Usage: "tis/mis upper bound"},
+		&cli.StringFlag{Name: "reduction", Value: d.Loss.Reduction, Destination: &f.Reduction, Usage: "rollout (per-rollout token mean, / G), token-mean or sequence-mean"},
+		&cli.Float64Flag{Name: "kl-coef", Value: d.Loss.KLCoef, Destination: &f.KLCoef, Usage: "KL loss coefficient"},
+		&cli.Float64Flag{Name: "entropy-coef", Value: d.Loss.EntropyCoef, Destination: &f.EntropyCoef, Usage: "entropy bonus coefficient"},
 		&cli.BoolFlag{Name: "score-centering", Destination: &f.ScoreCentering, Usage: "SC REINFORCE (needs recorded top-p nuclei or top-k heads)"},
-		&cli.StringFlag{Name: "score-centering-path", Value: "top-p", Destination: &f.SCPath, Usage: "the recorded spans score centering reads: top-p (the sampler's nuclei) or top-k (its top-k heads, full-vocabulary probabilities)"},
-		&cli.Float64Flag{Name: "lr", Value: 1e-6, Destination: &f.LR, Usage: "AdamW learning rate"},
-		&cli.Float64Flag{Name: "weight-decay", Destination: &f.WeightDecay, Usage: "AdamW weight decay"},
-		&cli.Float64Flag{Name: "grad-clip", Value: 1, Destination: &f.GradClip, Usage: "gradient norm clip (0: off)"},
-		&cli.Float64Flag{Name: "temperature", Value: 1, Destination: &f.Temperature, Usage: "the sampling temperature: logprobs are of logits / T"},
+		&cli.StringFlag{Name: "score-centering-path", Value: d.Loss.ScoreCenteringPath, Destination: &f.SCPath, Usage: "the recorded spans score centering reads: top-p (the sampler's nuclei) or top-k (its top-k heads, full-vocabulary probabilities)"},
+		&cli.Float64Flag{Name: "lr", Value: d.Optimizer.LR, Destination: &f.LR, Usage: "AdamW learning rate"},
+		&cli.Float64Flag{Name: "weight-decay", Value: d.Optimizer.WeightDecay, Destination: &f.WeightDecay, Usage: "AdamW weight decay"},
+		&cli.Float64Flag{Name: "grad-clip", Value: d.Optimizer.GradClip, Destination: &f.GradClip, Usage: "gradient norm clip (0: off)"},
+		&cli.Float64Flag{Name: "temperature", Value: d.Temperature, Destination: &f.Temperature, Usage: "the sampling temperature: logprobs are of logits / T"},
 		&cli.Int64Flag{Name: "seed", Destination: &f.Seed, Usage: "the trainer's seed"},
 		&cli.BoolFlag{Name: "dry-run", Destination: &f.DryRun, Usage: "print plan.json and the trainer command, and stop (nothing is written)"},
 		stagecmd.PrintVersionFlag(&f.PrintVersion),
@@ -188,6 +194,7 @@ func Action(c *cli.Context, env *stagecmd.Env, f *Flags) error {
 }
 
 func (f *Flags) options(c *cli.Context) (Options, error) {
+	d := defaults()
 	red, err := ParseReduction(f.Reduction)
 	if err != nil {
 		return Options{}, stagecmd.UsageError{Err: err}
@@ -279,7 +286,7 @@ func (f *Flags) options(c *cli.Context) (Options, error) {
 			Correction: corr, CorrectionLow: f.CorrectionLow, CorrectionHigh: f.CorrectionHigh, Reduction: string(red),
 			KLCoef: f.KLCoef, EntropyCoef: f.EntropyCoef, ScoreCentering: f.ScoreCentering, ScoreCenteringPath: scPath,
 			OldLogprobs: f.OldLogprobs},
-		Optimizer: OptimizerConfig{LR: f.LR, WeightDecay: f.WeightDecay, Betas: [2]float64{0.9, 0.999}, Eps: 1e-8, GradClip: f.GradClip},
+		Optimizer: OptimizerConfig{LR: f.LR, WeightDecay: f.WeightDecay, Betas: d.Optimizer.Betas, Eps: d.Optimizer.Eps, GradClip: f.GradClip},
 		Seed:      f.Seed, Temp: f.Temperature, Launcher: l, NProc: f.NProc,
 		Python: python, GPUDir: gpu, CacheDir: cache, WorkDir: f.WorkDir, KeepWork: f.KeepWork, DryRun: f.DryRun,
 	}, nil
@@ -288,7 +295,7 @@ func (f *Flags) options(c *cli.Context) (Options, error) {
 // Run trains per o and commits the checkpoints version out names.
 func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Output, o Options) (dataset.Result, error) {
 	if o.Loss.OldLogprobs == "" {
-		o.Loss.OldLogprobs = "recompute" // the zero Options trains as kiln-train's default
+		o.Loss.OldLogprobs = defaults().Loss.OldLogprobs // the zero Options trains as kiln-train's default
 	}
 	inputs, err := stagecmd.ResolveInputs(ctx, st, []string{o.Trajectories, o.Advantages}, out.Part)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/kilnrl/kiln/formats/dataset"
-	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/formats/store"
 	"github.com/kilnrl/kiln/internal/modeldir"
 )
@@ -17,11 +16,6 @@ type Model = modeldir.Model
 // directory (modeldir.Resolve).
 func ResolveModel(ctx context.Context, st store.Store, arg, cache, flag string) (*Model, error) {
 	return modeldir.Resolve(ctx, st, arg, cache, flag)
-}
-
-// ReadCheckpointFiles reads a checkpoints version's file rows.
-func ReadCheckpointFiles(ctx context.Context, v *dataset.Version) ([]records.CheckpointFile, error) {
-	return modeldir.ReadCheckpointFiles(ctx, v)
 }
 
 func dirIdentity(role, dir string) (dataset.External, error) { return modeldir.Identity(role, dir) }

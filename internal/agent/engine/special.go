@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -62,34 +63,81 @@ func (s *SpecialTokens) IsStop(id int32) bool {
 // (eos_token_id, int or list). Each file may be absent, but some file must
 // give added tokens and some must name an EOS.
 func LoadSpecialTokens(dir string) (SpecialTokens, error) {
-	st := SpecialTokens{
+	l := &specialLoader{dir: dir, source: map[string]string{}, special: map[int32]bool{}, named: map[string]string{}}
+	l.st = SpecialTokens{
 		EOS: Token{ID: -1}, BOS: Token{ID: -1}, PAD: Token{ID: -1}, UNK: Token{ID: -1},
 		IMStart: -1, IMEnd: -1, ThinkStart: -1, ThinkEnd: -1,
 		ByContent: map[string]int32{},
 	}
 	if fi, err := os.Stat(dir); err != nil {
-		return st, fmt.Errorf("engine: tokenizer dir: %w", err)
+		return l.st, fmt.Errorf("engine: tokenizer dir: %w", err)
 	} else if !fi.IsDir() {
-		return st, fmt.Errorf("engine: tokenizer dir %s is not a directory", dir)
+		return l.st, fmt.Errorf("engine: tokenizer dir %s is not a directory", dir)
 	}
-	source := map[string]string{} // content -> file that gave its id
-	special := map[int32]bool{}
-	add := func(file, content string, id int64, isSpecial bool) error {
-		if id < 0 || id > 1<<31-1 {
-			return fmt.Errorf("engine: %s: token %q has id %d", filepath.Join(dir, file), content, id)
-		}
-		if prev, ok := st.ByContent[content]; ok && prev != int32(id) {
-			return fmt.Errorf("engine: %s gives %q id %d but %s gives %d", filepath.Join(dir, file), content, id, filepath.Join(dir, source[content]), prev)
-		}
-		st.ByContent[content] = int32(id)
-		source[content] = file
-		if isSpecial {
-			special[int32(id)] = true
-		}
-		return nil
+	haveTJ, err := l.tokenizerJSON()
+	if err != nil {
+		return l.st, err
 	}
+	haveTC, err := l.tokenizerConfig()
+	if err != nil {
+		return l.st, err
+	}
+	var stm map[string]json.RawMessage
+	haveSTM, err := readJSON(dir, "special_tokens_map.json", &stm)
+	if err != nil {
+		return l.st, err
+	}
+	if err := l.readNamed("special_tokens_map.json", stm); err != nil {
+		return l.st, err
+	}
+	genEOS, haveGC, err := l.generationEOS()
+	if err != nil {
+		return l.st, err
+	}
+	if !haveTJ && !haveTC && !haveSTM && !haveGC {
+		return l.st, fmt.Errorf("engine: %s has none of tokenizer.json, tokenizer_config.json, special_tokens_map.json, generation_config.json", dir)
+	}
+	if len(l.st.ByContent) == 0 {
+		return l.st, fmt.Errorf("engine: %s: no added tokens (tokenizer.json added_tokens and tokenizer_config.json added_tokens_decoder are both missing or empty)", dir)
+	}
+	return l.finish(genEOS)
+}
 
-	// tokenizer.json
+// specialLoader is LoadSpecialTokens' state across the files it reads.
+type specialLoader struct {
+	dir     string
+	st      SpecialTokens
+	source  map[string]string // content -> file that gave its id
+	special map[int32]bool    // the added tokens marked special
+	// named are eos_token etc. -> content; additional the
+	// additional_special_tokens (the last file's list wins)
+	named      map[string]string
+	additional []string
+	// vocabRaw is tokenizer.json's model.vocab, decoded into vocab on
+	// the first named token that is not an added token
+	vocabRaw json.RawMessage
+	vocab    map[string]int64
+}
+
+// add records an added token read from file.
+func (l *specialLoader) add(file, content string, id int64, isSpecial bool) error {
+	if id < 0 || id > 1<<31-1 {
+		return fmt.Errorf("engine: %s: token %q has id %d", filepath.Join(l.dir, file), content, id)
+	}
+	if prev, ok := l.st.ByContent[content]; ok && prev != int32(id) {
+		return fmt.Errorf("engine: %s gives %q id %d but %s gives %d", filepath.Join(l.dir, file), content, id, filepath.Join(l.dir, l.source[content]), prev)
+	}
+	l.st.ByContent[content] = int32(id)
+	l.source[content] = file
+	if isSpecial {
+		l.special[int32(id)] = true
+	}
+	return nil
+}
+
+// tokenizerJSON reads tokenizer.json's added_tokens and keeps its
+// model.vocab; false when the file is absent.
+func (l *specialLoader) tokenizerJSON() (bool, error) {
 	var tj struct {
 		AddedTokens []struct {
 			ID      *int64 `json:"id"`
@@ -100,24 +148,30 @@ func LoadSpecialTokens(dir string) (SpecialTokens, error) {
 			Vocab json.RawMessage `json:"vocab"`
 		} `json:"model"`
 	}
-	haveTJ, err := readJSON(dir, "tokenizer.json", &tj)
+	have, err := readJSON(l.dir, "tokenizer.json", &tj)
 	if err != nil {
-		return st, err
+		return false, err
 	}
 	for i, t := range tj.AddedTokens {
 		if t.ID == nil || t.Content == "" {
-			return st, fmt.Errorf("engine: %s: added_tokens[%d] lacks id or content", filepath.Join(dir, "tokenizer.json"), i)
+			return false, fmt.Errorf("engine: %s: added_tokens[%d] lacks id or content", filepath.Join(l.dir, "tokenizer.json"), i)
 		}
-		if err := add("tokenizer.json", t.Content, *t.ID, t.Special); err != nil {
-			return st, err
+		if err := l.add("tokenizer.json", t.Content, *t.ID, t.Special); err != nil {
+			return false, err
 		}
 	}
+	l.vocabRaw = tj.Model.Vocab
+	return have, nil
+}
 
-	// tokenizer_config.json
+// tokenizerConfig reads tokenizer_config.json's added_tokens_decoder (in
+// id order) and its named specials; false when the file is absent.
+func (l *specialLoader) tokenizerConfig() (bool, error) {
+	const file = "tokenizer_config.json"
 	var tc map[string]json.RawMessage
-	haveTC, err := readJSON(dir, "tokenizer_config.json", &tc)
+	have, err := readJSON(l.dir, file, &tc)
 	if err != nil {
-		return st, err
+		return false, err
 	}
 	if raw, ok := tc["added_tokens_decoder"]; ok && !isNull(raw) {
 		var dec map[string]struct {
@@ -125,125 +179,113 @@ func LoadSpecialTokens(dir string) (SpecialTokens, error) {
 			Special bool   `json:"special"`
 		}
 		if err := json.Unmarshal(raw, &dec); err != nil {
-			return st, fmt.Errorf("engine: %s: added_tokens_decoder: %w", filepath.Join(dir, "tokenizer_config.json"), err)
+			return false, fmt.Errorf("engine: %s: added_tokens_decoder: %w", filepath.Join(l.dir, file), err)
 		}
-		keys := make([]string, 0, len(dec))
-		for k := range dec {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		for _, k := range keys {
+		for _, k := range slices.Sorted(maps.Keys(dec)) {
 			id, err := strconv.ParseInt(k, 10, 64)
 			if err != nil || dec[k].Content == "" {
-				return st, fmt.Errorf("engine: %s: added_tokens_decoder entry %q lacks a numeric id or content", filepath.Join(dir, "tokenizer_config.json"), k)
+				return false, fmt.Errorf("engine: %s: added_tokens_decoder entry %q lacks a numeric id or content", filepath.Join(l.dir, file), k)
 			}
-			if err := add("tokenizer_config.json", dec[k].Content, id, dec[k].Special); err != nil {
-				return st, err
-			}
-		}
-	}
-	named := map[string]string{} // eos_token etc. -> content
-	var additional []string
-	readNamed := func(file string, m map[string]json.RawMessage) error {
-		for _, key := range []string{"eos_token", "bos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token"} {
-			raw, ok := m[key]
-			if !ok || isNull(raw) {
-				continue
-			}
-			s, err := tokenContent(raw)
-			if err != nil {
-				return fmt.Errorf("engine: %s: %s: %w", filepath.Join(dir, file), key, err)
-			}
-			named[key] = s
-		}
-		for _, key := range []string{"additional_special_tokens", "extra_special_tokens"} {
-			raw, ok := m[key]
-			if !ok || isNull(raw) {
-				continue
-			}
-			var list []json.RawMessage
-			if err := json.Unmarshal(raw, &list); err != nil {
-				continue // extra_special_tokens may be a name->token map; not a list of specials
-			}
-			additional = additional[:0]
-			for i, r := range list {
-				s, err := tokenContent(r)
-				if err != nil {
-					return fmt.Errorf("engine: %s: %s[%d]: %w", filepath.Join(dir, file), key, i, err)
-				}
-				additional = append(additional, s)
+			if err := l.add(file, dec[k].Content, id, dec[k].Special); err != nil {
+				return false, err
 			}
 		}
-		return nil
 	}
-	if err := readNamed("tokenizer_config.json", tc); err != nil {
-		return st, err
-	}
-	var stm map[string]json.RawMessage
-	haveSTM, err := readJSON(dir, "special_tokens_map.json", &stm)
-	if err != nil {
-		return st, err
-	}
-	if err := readNamed("special_tokens_map.json", stm); err != nil {
-		return st, err
-	}
+	return have, l.readNamed(file, tc)
+}
 
-	// generation_config.json
+// readNamed reads the named specials (eos_token, ...) and the additional
+// special tokens of a tokenizer_config.json or special_tokens_map.json.
+func (l *specialLoader) readNamed(file string, m map[string]json.RawMessage) error {
+	for _, key := range []string{"eos_token", "bos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token"} {
+		raw, ok := m[key]
+		if !ok || isNull(raw) {
+			continue
+		}
+		s, err := tokenContent(raw)
+		if err != nil {
+			return fmt.Errorf("engine: %s: %s: %w", filepath.Join(l.dir, file), key, err)
+		}
+		l.named[key] = s
+	}
+	for _, key := range []string{"additional_special_tokens", "extra_special_tokens"} {
+		raw, ok := m[key]
+		if !ok || isNull(raw) {
+			continue
+		}
+		var list []json.RawMessage
+		if err := json.Unmarshal(raw, &list); err != nil {
+			continue // extra_special_tokens may be a name->token map; not a list of specials
+		}
+		l.additional = l.additional[:0]
+		for i, r := range list {
+			s, err := tokenContent(r)
+			if err != nil {
+				return fmt.Errorf("engine: %s: %s[%d]: %w", filepath.Join(l.dir, file), key, i, err)
+			}
+			l.additional = append(l.additional, s)
+		}
+	}
+	return nil
+}
+
+// generationEOS reads generation_config.json's eos_token_id (an int or a
+// list); false when the file is absent.
+func (l *specialLoader) generationEOS() ([]int64, bool, error) {
 	var gc struct {
 		EOS json.RawMessage `json:"eos_token_id"`
 	}
-	haveGC, err := readJSON(dir, "generation_config.json", &gc)
-	if err != nil {
-		return st, err
+	have, err := readJSON(l.dir, "generation_config.json", &gc)
+	if err != nil || isNull(gc.EOS) {
+		return nil, have, err
 	}
-	var genEOS []int64
-	if !isNull(gc.EOS) {
-		var one int64
-		if json.Unmarshal(gc.EOS, &one) == nil {
-			genEOS = []int64{one}
-		} else if err := json.Unmarshal(gc.EOS, &genEOS); err != nil {
-			return st, fmt.Errorf("engine: %s: eos_token_id %s is neither an int nor a list of ints", filepath.Join(dir, "generation_config.json"), clip(gc.EOS, 40))
-		}
+	var one int64
+	if json.Unmarshal(gc.EOS, &one) == nil {
+		return []int64{one}, have, nil
 	}
+	var ids []int64
+	if err := json.Unmarshal(gc.EOS, &ids); err != nil {
+		return nil, have, fmt.Errorf("engine: %s: eos_token_id %s is neither an int nor a list of ints", filepath.Join(l.dir, "generation_config.json"), clip(gc.EOS, 40))
+	}
+	return ids, have, nil
+}
 
-	if !haveTJ && !haveTC && !haveSTM && !haveGC {
-		return st, fmt.Errorf("engine: %s has none of tokenizer.json, tokenizer_config.json, special_tokens_map.json, generation_config.json", dir)
+// resolve is a named token's id: an added token's, else the base vocab's
+// (a BPE map, or a Unigram list whose index is the id).
+func (l *specialLoader) resolve(what, content string) (int32, error) {
+	if id, ok := l.st.ByContent[content]; ok {
+		return id, nil
 	}
-	if len(st.ByContent) == 0 {
-		return st, fmt.Errorf("engine: %s: no added tokens (tokenizer.json added_tokens and tokenizer_config.json added_tokens_decoder are both missing or empty)", dir)
-	}
-
-	// Resolve named tokens: added tokens first, else the base vocab.
-	var vocab map[string]int64
-	resolve := func(what, content string) (int32, error) {
-		if id, ok := st.ByContent[content]; ok {
-			return id, nil
-		}
-		if vocab == nil && len(tj.Model.Vocab) > 0 {
-			vocab = map[string]int64{}
-			if json.Unmarshal(tj.Model.Vocab, &vocab) != nil {
-				var uni [][]json.RawMessage // Unigram: [[piece, score], ...], index = id
-				if json.Unmarshal(tj.Model.Vocab, &uni) == nil {
-					for i, p := range uni {
-						var s string
-						if len(p) > 0 && json.Unmarshal(p[0], &s) == nil {
-							vocab[s] = int64(i)
-						}
+	if l.vocab == nil && len(l.vocabRaw) > 0 {
+		l.vocab = map[string]int64{}
+		if json.Unmarshal(l.vocabRaw, &l.vocab) != nil {
+			var uni [][]json.RawMessage // Unigram: [[piece, score], ...], index = id
+			if json.Unmarshal(l.vocabRaw, &uni) == nil {
+				for i, p := range uni {
+					var s string
+					if len(p) > 0 && json.Unmarshal(p[0], &s) == nil {
+						l.vocab[s] = int64(i)
 					}
 				}
 			}
 		}
-		if id, ok := vocab[content]; ok && id >= 0 && id <= 1<<31-1 {
-			st.ByContent[content] = int32(id)
-			return int32(id), nil
-		}
-		return -1, fmt.Errorf("engine: %s: %s %q has no id in tokenizer.json added_tokens or model.vocab, nor in tokenizer_config.json added_tokens_decoder", dir, what, content)
 	}
+	if id, ok := l.vocab[content]; ok && id >= 0 && id <= 1<<31-1 {
+		l.st.ByContent[content] = int32(id)
+		return int32(id), nil
+	}
+	return -1, fmt.Errorf("engine: %s: %s %q has no id in tokenizer.json added_tokens or model.vocab, nor in tokenizer_config.json added_tokens_decoder", l.dir, what, content)
+}
+
+// finish resolves the named and additional specials and the stop ids
+// (the EOS and generation_config.json's eos_token_id).
+func (l *specialLoader) finish(genEOS []int64) (SpecialTokens, error) {
+	st := &l.st
 	all := map[int32]bool{}
-	for key, content := range named {
-		id, err := resolve(key, content)
+	for key, content := range l.named {
+		id, err := l.resolve(key, content)
 		if err != nil {
-			return st, err
+			return *st, err
 		}
 		all[id] = true
 		t := Token{ID: id, Content: content}
@@ -258,10 +300,10 @@ func LoadSpecialTokens(dir string) (SpecialTokens, error) {
 			st.UNK = t
 		}
 	}
-	for _, content := range additional {
-		id, err := resolve("additional_special_tokens entry", content)
+	for _, content := range l.additional {
+		id, err := l.resolve("additional_special_tokens entry", content)
 		if err != nil {
-			return st, err
+			return *st, err
 		}
 		all[id] = true
 	}
@@ -271,16 +313,16 @@ func LoadSpecialTokens(dir string) (SpecialTokens, error) {
 	}
 	for _, id := range genEOS {
 		if id < 0 || id > 1<<31-1 {
-			return st, fmt.Errorf("engine: %s: eos_token_id %d", filepath.Join(dir, "generation_config.json"), id)
+			return *st, fmt.Errorf("engine: %s: eos_token_id %d", filepath.Join(l.dir, "generation_config.json"), id)
 		}
 		stops[int32(id)] = true
 	}
 	if len(stops) == 0 {
-		return st, fmt.Errorf("engine: %s: no EOS: neither tokenizer_config.json / special_tokens_map.json eos_token nor generation_config.json eos_token_id", dir)
+		return *st, fmt.Errorf("engine: %s: no EOS: neither tokenizer_config.json / special_tokens_map.json eos_token nor generation_config.json eos_token_id", l.dir)
 	}
 	st.StopIDs = sortedIDs(stops)
 	st.AllSpecialIDs = sortedIDs(all)
-	st.AddedSpecialIDs = sortedIDs(special)
+	st.AddedSpecialIDs = sortedIDs(l.special)
 	lookup := func(s string) int32 {
 		if id, ok := st.ByContent[s]; ok {
 			return id
@@ -289,11 +331,9 @@ func LoadSpecialTokens(dir string) (SpecialTokens, error) {
 	}
 	st.IMStart, st.IMEnd = lookup("<|im_start|>"), lookup("<|im_end|>")
 	st.ThinkStart, st.ThinkEnd = lookup("<think>"), lookup("</think>")
-	return st, nil
+	return *st, nil
 }
 
-// tokenContent reads a named special: a string, or an AddedToken object
-// {"content": ...}.
 func tokenContent(raw json.RawMessage) (string, error) {
 	var s string
 	if json.Unmarshal(raw, &s) == nil {

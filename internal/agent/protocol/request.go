@@ -189,11 +189,6 @@ func wantsStream(h http.Header, body *ojson.Object) bool {
 	return false
 }
 
-// decodeBody parses a request body that must be a JSON object.
-func decodeBody(body []byte) (*ojson.Object, error) {
-	return decodeBodyCached(body, nil)
-}
-
 // decodeBodyCached is decodeBody that offers the top-level values to top
 // (nil: none).
 func decodeBodyCached(body []byte, top ojson.TopHook) (*ojson.Object, error) {

@@ -154,13 +154,6 @@ func (e *Engine) Count(path string) int {
 	return n
 }
 
-// ResetCalls forgets the calls recorded so far.
-func (e *Engine) ResetCalls() {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.calls = nil
-}
-
 // Paused reports whether the engine is paused.
 func (e *Engine) Paused() bool {
 	e.mu.Lock()
@@ -188,14 +181,6 @@ func (e *Engine) Reloads() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.reloads
-}
-
-// SetState sets the paused flag and the version, as if an earlier run had
-// left them.
-func (e *Engine) SetState(paused bool, version string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.paused, e.version = paused, version
 }
 
 // vllmControl reports whether path is a vLLM control route: 404 without

@@ -1,4 +1,9 @@
-package datasets
+// Package kilncmd assembles the kiln command from each package's commands:
+// the dataset commands (stages/datasets), the pipeline and Slurm commands
+// (pipelines/pipelinecmd), kiln report (stages/report), the two halves of
+// kiln verify, and the stage binaries "kiln NAME" runs (cmd/kiln
+// dispatches to them). It holds wiring only.
+package kilncmd
 
 import (
 	"fmt"
@@ -6,8 +11,9 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/kilnrl/kiln/pipelines"
-	"github.com/kilnrl/kiln/pipelines/slurm"
+	"github.com/kilnrl/kiln/internal/stagecmd"
+	"github.com/kilnrl/kiln/pipelines/pipelinecmd"
+	"github.com/kilnrl/kiln/stages/datasets"
 	"github.com/kilnrl/kiln/stages/report"
 )
 
@@ -27,9 +33,9 @@ func Stages() []Stage {
 	}
 }
 
-// App is the kiln binary's dataset commands on env; cmd/kiln adds the
-// dispatch to the stage binaries.
-func App(env *Env) *cli.App {
+// App is the kiln binary's commands on env; cmd/kiln adds the dispatch to
+// the stage binaries.
+func App(env *stagecmd.Env) *cli.App {
 	app := &cli.App{
 		Name:  "kiln",
 		Usage: "versioned datasets and stages for coding-agent RL",
@@ -39,21 +45,13 @@ Arrow/Parquet datasets in a store (a directory, or s3://bucket/prefix).
 "kiln convert --help" is "kiln-convert --help" and "kiln help convert" too.
 Flags and arguments go in any order; the global options may come before or
 after the command.`,
-		Commands: Commands(env),
+		Commands: datasets.Commands(env),
 	}
-	// The pipeline commands, and Slurm's beside them: pipelines/slurm
-	// imports pipelines, so it adds kiln slurm, kiln status and kiln plan
-	// --slurm here rather than from pipelines.Commands.
-	app.Commands = append(app.Commands, pipelines.Commands(env)...)
-	slurmOpts := slurm.Options{Plan: slurm.PipelinePlanner(env)}
-	app.Commands = append(app.Commands, slurm.Commands(env, slurmOpts)...)
+	app.Commands = append(app.Commands, pipelinecmd.Commands(env)...)
 	app.Commands = append(app.Commands, report.Command(env))
 	for _, c := range app.Commands {
-		switch c.Name {
-		case "verify":
+		if c.Name == "verify" {
 			pipelineVerify(env, c)
-		case "plan":
-			slurm.PlanWithSlurm(env, c, slurmOpts)
 		}
 	}
 	for _, s := range Stages() {
@@ -76,13 +74,13 @@ func stageCommand(s Stage) *cli.Command {
 }
 
 // pipelineVerify makes "kiln verify" a pipeline verify when its first
-// argument is a *.kiln file or --pipeline FILE is given (pipelines.Verify),
+// argument is a *.kiln file or --pipeline FILE is given (pipelinecmd.Verify),
 // and the dataset verify otherwise.
-func pipelineVerify(env *Env, c *cli.Command) {
+func pipelineVerify(env *stagecmd.Env, c *cli.Command) {
 	var file string
 	c.Flags = append(c.Flags, &cli.StringFlag{Name: "pipeline", Destination: &file, Usage: "verify a pipeline target: --pipeline FILE.kiln TARGET"})
 	c.ArgsUsage += " | FILE.kiln TARGET [VAR=value...]"
-	c.Description += "\n\n" + pipelines.VerifyHelp
+	c.Description += "\n\n" + pipelinecmd.VerifyHelp
 	action := c.Action
 	c.Action = func(ctx *cli.Context) error {
 		f := file
@@ -90,7 +88,7 @@ func pipelineVerify(env *Env, c *cli.Command) {
 			f = ctx.Args().First()
 		}
 		if f != "" {
-			return pipelines.Verify(ctx, env, f)
+			return pipelinecmd.Verify(ctx, env, f)
 		}
 		return action(ctx)
 	}

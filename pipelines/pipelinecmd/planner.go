@@ -1,4 +1,4 @@
-package slurm
+package pipelinecmd
 
 import (
 	"context"
@@ -8,13 +8,14 @@ import (
 
 	"github.com/kilnrl/kiln/internal/stagecmd"
 	"github.com/kilnrl/kiln/pipelines"
+	"github.com/kilnrl/kiln/pipelines/slurm"
 )
 
-// PipelinePlanner plans with the pipelines package: Load, then NewPlan on
-// the store --store names (created when local and missing: the jobs write
-// into it).
-func PipelinePlanner(env *stagecmd.Env) Planner {
-	return func(ctx context.Context, c *cli.Context, file string, goals []string, vars map[string]string) ([]Target, error) {
+// planner is kiln slurm's, kiln status's and kiln plan --slurm's planner:
+// pipelines.Load, then NewPlan on the store --store names (created when
+// local and missing: the jobs write into it), adapted to slurm.Target.
+func planner(env *stagecmd.Env) slurm.Planner {
+	return func(ctx context.Context, c *cli.Context, file string, goals []string, vars map[string]string) ([]slurm.Target, error) {
 		spec, err := pipelines.Load(file, vars, os.Environ())
 		if err != nil {
 			return nil, err
@@ -27,17 +28,17 @@ func PipelinePlanner(env *stagecmd.Env) Planner {
 		if err != nil {
 			return nil, err
 		}
-		out := make([]Target, 0, len(plan.Targets))
+		out := make([]slurm.Target, 0, len(plan.Targets))
 		for _, t := range plan.Targets {
 			a := t.Attrs
 			if a.Shards <= 1 {
 				a.Shards = 0 // one shard is a plain job, as kiln run treats it
 			}
-			out = append(out, Target{
+			out = append(out, slurm.Target{
 				Name: t.Name, Deps: t.Deps, Done: t.Done, Why: t.Why, Service: t.Service, Health: a.Health,
 				Shards: a.Shards, Throttle: a.Throttle, CPUs: a.CPUs, GPUs: a.GPUs, Nodes: a.Nodes,
 				Memory: a.Memory, Time: a.Time, Partition: a.Partition, Step: t.Step,
-				Describe: func(ctx context.Context, metrics bool) (Details, error) {
+				Describe: func(ctx context.Context, metrics bool) (slurm.Details, error) {
 					return describe(ctx, plan, t, metrics)
 				},
 			})
@@ -47,14 +48,14 @@ func PipelinePlanner(env *stagecmd.Env) Planner {
 }
 
 // describe adapts the plan's summary of t to what kiln status prints.
-func describe(ctx context.Context, plan *pipelines.Plan, t *pipelines.Target, metrics bool) (Details, error) {
+func describe(ctx context.Context, plan *pipelines.Plan, t *pipelines.Target, metrics bool) (slurm.Details, error) {
 	s, err := plan.Summary(ctx, t, metrics)
 	if err != nil {
-		return Details{}, err
+		return slurm.Details{}, err
 	}
-	d := Details{Ref: s.Ref, WallSeconds: s.WallSeconds}
+	d := slurm.Details{Ref: s.Ref, WallSeconds: s.WallSeconds}
 	for _, o := range s.Outputs {
-		d.Outputs = append(d.Outputs, Output{Ref: o.Ref, Rows: o.Rows, Metrics: o.Metrics})
+		d.Outputs = append(d.Outputs, slurm.Output{Ref: o.Ref, Rows: o.Rows, Metrics: o.Metrics})
 	}
 	if s.Failure != nil {
 		d.Failure, d.FailureLog = s.Failure.Reason, s.Failure.Log

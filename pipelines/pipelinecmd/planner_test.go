@@ -1,4 +1,4 @@
-package slurm
+package pipelinecmd
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/kilnrl/kiln/internal/stagecmd"
 	"github.com/kilnrl/kiln/pipelines"
+	"github.com/kilnrl/kiln/pipelines/slurm"
 )
 
 const testSpec = `N ?= 4
@@ -34,7 +35,7 @@ func TestPipelinePlannerDryRun(t *testing.T) {
 	}
 	var out, errb bytes.Buffer
 	env := &stagecmd.Env{Stdout: &out, Stderr: &errb, Log: stagecmd.NewLogger(&errb, false)}
-	app := env.App(&cli.App{Name: "kiln", Commands: Commands(env, Options{Plan: PipelinePlanner(env), Kiln: "/opt/kiln"})})
+	app := env.App(&cli.App{Name: "kiln", Commands: slurm.Commands(env, slurm.Options{Plan: planner(env), Kiln: "/opt/kiln"})})
 	dry := filepath.Join(dir, "dry")
 	args := []string{"kiln", "--store", filepath.Join(dir, "store"), "slurm", file, "N=3", "--dry-run", dry}
 	if code := stagecmd.Main(app, args, &errb); code != 0 {
@@ -71,14 +72,7 @@ func TestPlanWithSlurm(t *testing.T) {
 	}
 	var out, errb bytes.Buffer
 	env := &stagecmd.Env{Stdout: &out, Stderr: &errb, Log: stagecmd.NewLogger(&errb, false)}
-	o := Options{Plan: PipelinePlanner(env), Kiln: "/opt/kiln"}
-	cmds := pipelines.Commands(env)
-	for _, c := range cmds {
-		if c.Name == "plan" {
-			PlanWithSlurm(env, c, o)
-		}
-	}
-	app := env.App(&cli.App{Name: "kiln", Commands: cmds})
+	app := env.App(&cli.App{Name: "kiln", Commands: Commands(env)})
 	args := []string{"kiln", "--store", filepath.Join(dir, "store"), "plan", file, "N=3", "--slurm", "--slurm-dir", filepath.Join(dir, "run")}
 	if code := stagecmd.Main(app, args, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())

@@ -1,21 +1,24 @@
-package pipelines
+// Package pipelinecmd is kiln's pipeline commands over the pipelines
+// engine and its Slurm back end: run, plan (--slurm), why, slurm, status,
+// and the pipeline half of kiln verify (docs/design.md §6,
+// pipelines/README.md). The engine itself is a library with no CLI.
+package pipelinecmd
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/store"
 	"github.com/kilnrl/kiln/internal/stagecmd"
+	"github.com/kilnrl/kiln/pipelines"
+	"github.com/kilnrl/kiln/pipelines/slurm"
 )
 
 // splitArgs separates FILE, TARGETs and VAR=value arguments.
@@ -24,26 +27,18 @@ func splitArgs(c *cli.Context) (file string, targets []string, vars map[string]s
 	if len(args) == 0 {
 		return "", nil, nil, stagecmd.Usagef("%s: want a pipeline FILE (*.kiln); see --help", c.Command.Name)
 	}
-	file = args[0]
-	vars = map[string]string{}
-	for _, a := range args[1:] {
-		if k, v, ok := strings.Cut(a, "="); ok && varName.MatchString(k) {
-			vars[k] = v
-		} else {
-			targets = append(targets, a)
-		}
-	}
-	return file, targets, vars, nil
+	targets, vars = pipelines.SplitArgs(args[1:])
+	return args[0], targets, vars, nil
 }
 
-func loadPlan(c *cli.Context, env *stagecmd.Env, force map[string]bool) (*Plan, []string, error) {
+func loadPlan(c *cli.Context, env *stagecmd.Env) (*pipelines.Plan, []string, error) {
 	file, targets, vars, err := splitArgs(c)
 	if err != nil {
 		return nil, nil, err
 	}
-	spec, err := Load(file, vars, os.Environ())
+	spec, err := pipelines.Load(file, vars, os.Environ())
 	if err != nil {
-		if _, ok := err.(*Error); ok {
+		if _, ok := err.(*pipelines.Error); ok {
 			return nil, nil, stagecmd.UsageError{Err: err}
 		}
 		return nil, nil, err
@@ -52,9 +47,9 @@ func loadPlan(c *cli.Context, env *stagecmd.Env, force map[string]bool) (*Plan, 
 	if err != nil {
 		return nil, nil, err
 	}
-	plan, err := NewPlan(c.Context, spec, PlanOptions{Store: st, Targets: targets, Log: env.Log, Force: force})
+	plan, err := pipelines.NewPlan(c.Context, spec, pipelines.PlanOptions{Store: st, Targets: targets, Log: env.Log})
 	if err != nil {
-		if _, ok := err.(*Error); ok {
+		if _, ok := err.(*pipelines.Error); ok {
 			return nil, nil, stagecmd.UsageError{Err: err}
 		}
 		return nil, nil, err
@@ -72,8 +67,21 @@ OUT/trajectories: $(ref rollout/3 rollouts)). kiln verify FILE.kiln
 TARGET reruns a done target into a scratch dataset and compares content
 hashes (kiln verify REF is the dataset check).`
 
-// Commands are kiln's pipeline commands: run, plan, why.
+// Commands are kiln's pipeline commands: run, plan (with --slurm), why,
+// and Slurm's slurm and status.
 func Commands(env *stagecmd.Env) []*cli.Command {
+	cmds := engineCommands(env)
+	o := slurm.Options{Plan: planner(env)}
+	for _, c := range cmds {
+		if c.Name == "plan" {
+			slurm.PlanWithSlurm(env, c, o)
+		}
+	}
+	return append(cmds, slurm.Commands(env, o)...)
+}
+
+// engineCommands are run, plan and why.
+func engineCommands(env *stagecmd.Env) []*cli.Command {
 	var whyLog bool
 	var ro struct {
 		jobs      int
@@ -127,7 +135,7 @@ key:KEY for a target without an output dataset).`,
 				&cli.DurationFlag{Name: "lock-stale", Value: 2 * time.Minute, Destination: &ro.stale, Usage: "take over a lock not refreshed for this long"},
 			},
 			Action: func(c *cli.Context) error {
-				plan, _, err := loadPlan(c, env, nil)
+				plan, _, err := loadPlan(c, env)
 				if err != nil {
 					return err
 				}
@@ -162,8 +170,8 @@ key:KEY for a target without an output dataset).`,
 					env.Log.Info("nothing to run: every target is done", "pipeline", plan.Spec.Name, "targets", len(plan.Targets))
 				}
 				prog := stagecmd.NewProgress(env.Stderr, env.Log, "pipeline "+plan.Spec.Name, "targets", int64(todo))
-				res, err := plan.Run(c.Context, RunOptions{Jobs: ro.jobs, KeepGoing: ro.keepGoing, Output: env.Stderr, LockStale: ro.stale, NoLock: ro.only != "", Shards: shards,
-					OnEvent: func(t *Target, ev string) {
+				res, err := plan.Run(c.Context, pipelines.RunOptions{Jobs: ro.jobs, KeepGoing: ro.keepGoing, Output: env.Stderr, LockStale: ro.stale, NoLock: ro.only != "", Shards: shards,
+					OnEvent: func(t *pipelines.Target, ev string) {
 						switch ev {
 						case "start":
 							env.Log.Info("start", "target", t.Name)
@@ -201,7 +209,7 @@ Examples:
    kiln plan rl.kiln STALENESS=0 train/2`,
 			Flags: []cli.Flag{stagecmd.StoreFlag()},
 			Action: func(c *cli.Context) error {
-				plan, _, err := loadPlan(c, env, nil)
+				plan, _, err := loadPlan(c, env)
 				if err != nil {
 					return err
 				}
@@ -230,7 +238,7 @@ Example:
 			Flags: []cli.Flag{stagecmd.StoreFlag(),
 				&cli.BoolFlag{Name: "log", Destination: &whyLog, Usage: "print the whole output of the failed build, not its last lines"}},
 			Action: func(c *cli.Context) error {
-				plan, targets, err := loadPlan(c, env, nil)
+				plan, targets, err := loadPlan(c, env)
 				if err != nil {
 					return err
 				}
@@ -250,7 +258,7 @@ Example:
 				}
 				for _, d := range t.Deps {
 					dt := plan.Target(d)
-					fmt.Fprintf(w, "input %s %s\n", d, identity(dt))
+					fmt.Fprintf(w, "input %s %s\n", d, dt.Identity())
 				}
 				for _, l := range t.Recipe {
 					fmt.Fprintf(w, "recipe %s\n", l)
@@ -281,26 +289,19 @@ shard content hashes; a difference means the stage is not deterministic
 one cannot stand in for it) and after a match; after a difference it is
 kept for inspection (kiln forget, or the next verify, removes it).`
 
-// Verify reruns the done target of a pipeline into a scratch dataset and
-// compares content hashes with its recorded output.
+// Verify is kiln verify FILE.kiln TARGET [VAR=value...] (file is the
+// pipeline, given first or with --pipeline): Plan.Verify, a difference
+// exit 4.
 func Verify(c *cli.Context, env *stagecmd.Env, file string) error {
 	args := c.Args().Slice()
 	if len(args) > 0 && args[0] == file {
 		args = args[1:]
 	}
-	vars := map[string]string{}
-	var targets []string
-	for _, a := range args {
-		if k, v, ok := strings.Cut(a, "="); ok && varName.MatchString(k) {
-			vars[k] = v
-		} else {
-			targets = append(targets, a)
-		}
-	}
+	targets, vars := pipelines.SplitArgs(args)
 	if len(targets) != 1 {
 		return stagecmd.Usagef("verify: want FILE.kiln and one TARGET")
 	}
-	spec, err := Load(file, vars, os.Environ())
+	spec, err := pipelines.Load(file, vars, os.Environ())
 	if err != nil {
 		return stagecmd.UsageError{Err: err}
 	}
@@ -308,76 +309,20 @@ func Verify(c *cli.Context, env *stagecmd.Env, file string) error {
 	if err != nil {
 		return err
 	}
-	ctx := c.Context
-	plan, err := NewPlan(ctx, spec, PlanOptions{Store: st, Targets: targets, Log: env.Log})
+	plan, err := pipelines.NewPlan(c.Context, spec, pipelines.PlanOptions{Store: st, Targets: targets, Log: env.Log})
+	if err != nil {
+		return err
+	}
+	outs, err := plan.Verify(c.Context, targets[0], env.Stderr)
+	if errors.Is(err, pipelines.ErrNotDeterministic) {
+		return stagecmd.CorruptError{Err: err}
+	}
 	if err != nil {
 		return err
 	}
 	t := plan.Target(targets[0])
-	if !t.Done || t.Out == "" || t.Ref == "" {
-		return fmt.Errorf("verify %s: it must be done and write a dataset (--out); state: %s", t.Name, t.Why)
-	}
-	scratch := t.Out + "-verify"
-	vt := *t
-	vt.Out = scratch
-	vt.Recipe = make([]string, len(t.Recipe))
-	for i, l := range t.Recipe {
-		vt.Recipe[i] = strings.ReplaceAll(strings.ReplaceAll(l, "--out="+t.Out, "--out="+scratch), "--out "+t.Out, "--out "+scratch)
-	}
-	// A scratch version left by an earlier verify would be found committed
-	// and the stage would not run again: it goes first.
-	// The scratch datasets: OUT-verify, or OUT-verify/NAME for each
-	// output OUT/NAME of a target with several.
-	var scratches []string
-	for _, o := range t.Outputs {
-		name, _, _ := strings.Cut(o, "@")
-		scratches = append(scratches, scratch+strings.TrimPrefix(name, t.Out))
-	}
-	for _, sc := range scratches {
-		if err := dataset.Drop(ctx, st, sc); err != nil && !errors.Is(err, dataset.ErrNotFound) {
-			return fmt.Errorf("verify %s: removing the scratch dataset %s an earlier verify left: %w", t.Name, sc, err)
-		}
-	}
-	outs, err := plan.runShards(ctx, &vt, RunOptions{Output: env.Stderr}, new(sync.Mutex), new(bytes.Buffer), nil)
-	if err != nil {
-		return fmt.Errorf("verify %s: rerunning it: %w", t.Name, err)
-	}
-	if len(outs) != len(t.Outputs) {
-		return stagecmd.CorruptError{Err: fmt.Errorf("verify %s: NOT deterministic: it wrote %s, the rerun %s (kept for inspection)", t.Name, strings.Join(t.Outputs, " "), strings.Join(outs, " "))}
-	}
-	for i := range outs {
-		if err := sameContent(ctx, st, t.Name, t.Outputs[i], outs[i]); err != nil {
-			return err
-		}
-	}
-	for _, sc := range scratches {
-		if err := dataset.Drop(ctx, st, sc); err != nil {
-			return fmt.Errorf("verify %s: the rerun matched, but removing its scratch dataset %s failed: %w", t.Name, sc, err)
-		}
-	}
 	fmt.Fprintf(env.Stderr, "verify %s: ok, the rerun %s had the same content as %s (removed)\n", t.Name, strings.Join(outs, " "), strings.Join(t.Outputs, " "))
 	fmt.Fprintln(env.Stdout, t.Ref)
-	return nil
-}
-
-// sameContent compares two versions' shard content hashes (kiln verify).
-func sameContent(ctx context.Context, st store.Store, target, want, got string) error {
-	a, err := dataset.OpenString(ctx, st, want)
-	if err != nil {
-		return err
-	}
-	b, err := dataset.OpenString(ctx, st, got)
-	if err != nil {
-		return err
-	}
-	if len(a.Shards) != len(b.Shards) {
-		return stagecmd.CorruptError{Err: fmt.Errorf("verify %s: NOT deterministic: %s has %d shards, the rerun %s %d (kept for inspection)", target, want, len(a.Shards), got, len(b.Shards))}
-	}
-	for i := range a.Shards {
-		if a.Shards[i].SHA256 != b.Shards[i].SHA256 {
-			return stagecmd.CorruptError{Err: fmt.Errorf("verify %s: NOT deterministic: shard %d of %s differs from the rerun %s (kept for inspection)", target, i, want, got)}
-		}
-	}
 	return nil
 }
 
@@ -387,7 +332,7 @@ const whyLogLines = 20
 
 // printFailure prints target's failure record, if any: the reason, the
 // log's store key and its last lines (all of it with all).
-func printFailure(ctx context.Context, w io.Writer, plan *Plan, target string, all bool) error {
+func printFailure(ctx context.Context, w io.Writer, plan *pipelines.Plan, target string, all bool) error {
 	f, err := plan.LastFailure(ctx, target)
 	if err != nil || f == nil {
 		return err
