@@ -73,10 +73,12 @@ mutate:
 # The main job on the fixtures, on this machine, no GPU (pipelines/demo.kiln):
 # installs what it needs (as make test does), builds, then kiln run does the
 # whole loop: the four fixture tasks converted and their images unpacked,
-# gpu/serve.py on the tiny random checkpoint as the engine, and STEPS GRPO
-# steps of weights sync -> rollout (the shell agent, 4 samples a task, in
-# bwrap sandboxes) -> grade -> advantages -> train (CPU). Ends with kiln
-# status --table: one row per step and where the datasets are. A rerun runs
+# a warm start on one demonstrated fix per task (recorded through serve.py's
+# forced decoding, graded, trained on), gpu/serve.py as the engine, and
+# STEPS RL steps of weights sync -> rollout (the shell agent, 4 samples a
+# task, in bwrap sandboxes) -> grade -> advantages -> train (CPU). Ends with
+# kiln status --table (one row per step and where the datasets are) and
+# writes DEMO/report.html (kiln report), printing its path. A rerun runs
 # nothing and says so; STEPS=N continues a finished run; DEMO=dir puts
 # everything under dir (the store in dir/data). DEMO_VARS passes more
 # demo.kiln variables (e.g. DEMO_VARS='ENGINE_PORT=9000 SAMPLES=2'); the
@@ -93,7 +95,8 @@ demo: deps build
 		PYTHON=$$(cat $(HOME)/.cache/kiln/gpu-venv-current)/bin/python $(DEMO_VARS)" && \
 	export PATH="$(abspath $(BIN)):$$PATH" && set -x && \
 	$(DEMO_KILN) run pipelines/demo.kiln STEPS=$(STEPS) $$vars && \
-	$(DEMO_KILN) status pipelines/demo.kiln --table STEPS=$(STEPS) $$vars
+	$(DEMO_KILN) status pipelines/demo.kiln --table STEPS=$(STEPS) $$vars && \
+	$(DEMO_KILN) report pipelines/demo.kiln STEPS=$(STEPS) $$vars --out $(abspath $(DEMO))/report.html
 
 # The gold patches and the empty-patch baseline of the fixture tasks,
 # graded by their official tests in fresh sandboxes (the grader's check,

@@ -24,18 +24,24 @@ import (
 )
 
 // TestDemo runs the shipped demo.kiln (make demo's pipeline) end to end
-// with STEPS=2 on the real stage binaries, in a temporary DEMO directory:
-// the tiny checkpoint, serve.py as the engine service, the shell agent in
-// bwrap sandboxes over the fixture bundles, grading, GRPO advantages, CPU
-// training and kiln-sync between the steps (2 samples a task, not the
-// demo's 4, to stay within minutes on a loaded machine). Then:
+// with its defaults (4 tasks x 4 samples, 3 GRPO steps, the seeds it
+// ships with) on the real stage binaries, in a temporary DEMO directory:
+// the tiny checkpoint, the warm start (demonstrations recorded through
+// serve.py's forced decoding, graded, trained on), serve.py as the engine
+// service, the shell agent in bwrap sandboxes over the fixture bundles,
+// grading, GRPO advantages, CPU training and kiln-sync between the steps.
+// Then:
 //
+//   - the demonstrations all pass their tasks' tests (they are fixes);
 //   - kiln status --table has a done row for each step, with the rollouts
-//     run and the weights number they sampled from (1, then 2);
+//     run and the weights number they sampled from (1, 2, 3);
+//   - step 1's pass rate is strictly between 0 and 1 (mixed rewards);
+//   - step 1 is on-policy: train/1's max |trainer logprob - engine
+//     logprob| is at most 1e-5;
 //   - step 2's rollouts record the weights weights/2 (step 1's sync)
 //     published from train/1's checkpoint;
 //   - a rerun runs nothing and says so, and writes no record;
-//   - STEPS=3 would run only step 3's targets (kiln plan).
+//   - STEPS=4 would run only step 4's targets (kiln plan).
 //
 // Needs root and bwrap, the gpu venv and the Qwen3 tokenizer; skips
 // without them, fails under CI=true.
@@ -79,7 +85,7 @@ func TestDemo(t *testing.T) {
 	vars := []string{"DEMO=" + demo, "FIXTURES=" + filepath.Dir(set.MiMoDir),
 		"BUNDLES=" + filepath.Join(home, ".cache", "kiln", "grade-test-bundles-"+fixtures.GeneratorVersion),
 		"PYTHON=" + ge.Python, "GPU_DIR=" + ge.Dir, "ENGINE_PORT=" + strconv.Itoa(demoPort(t)),
-		"SAMPLES=2", "TRAIN_BATCH=8", "MAX_TOKENS=16"}
+		"TEACHER_PORT=" + strconv.Itoa(demoPort(t))}
 	env := append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
 	kiln := func(args ...string) (string, string) {
 		t.Helper()
@@ -92,23 +98,23 @@ func TestDemo(t *testing.T) {
 		}
 		return out.String(), errb.String()
 	}
-	with := func(args ...string) []string { return append(append(args, "STEPS=2"), vars...) }
+	with := func(args ...string) []string { return append(args, vars...) }
 
 	start = time.Now()
 	kiln(with("run", spec)...)
-	t.Logf("kiln run demo.kiln STEPS=2: %v", time.Since(start).Round(time.Second))
+	t.Logf("kiln run demo.kiln: %v", time.Since(start).Round(time.Second))
 
 	// The table: a done row per step.
 	table, _ := kiln(with("status", spec, "--table")...)
 	t.Logf("kiln status --table:\n%s", table)
 	rows := tableRows(t, table)
-	for step, weights := range map[string]string{"1": "1", "2": "2"} {
+	for step, weights := range map[string]string{"1": "1", "2": "2", "3": "3"} {
 		r, ok := rows[step]
 		if !ok {
 			t.Errorf("the table has no row for step %s", step)
 			continue
 		}
-		for col, want := range map[string]string{"STATE": "done", "ROLLOUTS": "8", "ABORTED": "0", "WEIGHTS": weights} {
+		for col, want := range map[string]string{"STATE": "done", "ROLLOUTS": "16", "ABORTED": "0", "WEIGHTS": weights} {
 			if r[col] != want {
 				t.Errorf("step %s: %s = %q, want %q", step, col, r[col], want)
 			}
@@ -119,7 +125,7 @@ func TestDemo(t *testing.T) {
 			}
 		}
 	}
-	if !strings.Contains(table, "datasets in "+storeDir) || !strings.Contains(table, "demo/checkpoints/step-2@") {
+	if !strings.Contains(table, "datasets in "+storeDir) || !strings.Contains(table, "demo/checkpoints/step-3@") {
 		t.Errorf("the table does not say where the datasets are")
 	}
 
@@ -140,6 +146,34 @@ func TestDemo(t *testing.T) {
 		}
 		return e
 	}
+	// The demonstrations are fixes: every one passes its task's tests.
+	if g := manifestMetrics(t, ctx, st, entry("demo-grades").Ref); g["graded"] != float64(4) || g["reward_1"] != float64(4) {
+		t.Errorf("demo-grades %s: the demonstrations do not all pass: %v", entry("demo-grades").Ref, g)
+	}
+	// The warm start leaves mixed rewards: some samples fix their bug and
+	// others do not, so the RL steps have something to learn from. (That
+	// the pass rate rises over the steps is issue 33's goal, not yet met on
+	// this tiny model: README's quick start has the measured figures.)
+	first, err := strconv.ParseFloat(rows["1"]["PASS"], 64)
+	if err != nil {
+		t.Fatalf("step 1's PASS cell %q: not a number", rows["1"]["PASS"])
+	}
+	if first <= 0 || first >= 1 {
+		t.Errorf("step 1's pass rate %v: the warm start should leave mixed rewards (0 < pass < 1)", first)
+	}
+	// Step 1 samples from the weights train/1 starts from: on-policy.
+	if d, ok := manifestMetrics(t, ctx, st, entry("train/1").Ref)["step_metrics"].(map[string]any); !ok {
+		t.Errorf("train/1 has no step_metrics")
+	} else if v, ok := d["train_rollout_logprob_max_abs_diff"].([]any); !ok || len(v) == 0 {
+		t.Errorf("train/1: no train_rollout_logprob_max_abs_diff in %v", d)
+	} else {
+		for i, x := range v {
+			if f, ok := x.(float64); !ok || f > 1e-5 {
+				t.Errorf("train/1 step %d: max |trainer - engine logprob| = %v, want <= 1e-5 (on-policy)", i, x)
+			}
+		}
+	}
+
 	w2, t1 := entry("weights/2").Ref, entry("train/1").Ref
 	wv, err := dataset.OpenString(ctx, st, w2)
 	if err != nil {
@@ -173,8 +207,8 @@ func TestDemo(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if n != 8 {
-		t.Errorf("rollout/2 has %d rollouts, want 8 (4 tasks x 2 samples)", n)
+	if n != 16 {
+		t.Errorf("rollout/2 has %d rollouts, want 16 (4 tasks x 4 samples)", n)
 	}
 
 	// A rerun runs nothing, says so, and records nothing.
@@ -186,25 +220,35 @@ func TestDemo(t *testing.T) {
 	if strings.Contains(stderr, "msg=start") {
 		t.Errorf("the rerun started a target:\n%s", stderr)
 	}
-	if strings.TrimSpace(out) != entry("train/2").Ref {
-		t.Errorf("the rerun printed %q, want train/2's ref %s", out, entry("train/2").Ref)
+	if strings.TrimSpace(out) != entry("train/3").Ref {
+		t.Errorf("the rerun printed %q, want train/3's ref %s", out, entry("train/3").Ref)
 	}
 	if after := recordKeys(t, st); after != before {
 		t.Errorf("the rerun changed the record:\nbefore %s\nafter  %s", before, after)
 	}
 
-	// STEPS=3 continues: only step 3's targets (and the engine) would run.
-	plan, _ := kiln(append([]string{"plan", spec, "STEPS=3"}, vars...)...)
+	// STEPS=4 continues: only step 4's targets (and the engine) would run.
+	plan, _ := kiln(append([]string{"plan", spec, "STEPS=4"}, vars...)...)
 	for _, l := range strings.Split(strings.TrimSpace(plan), "\n") {
 		f := strings.Fields(l)
 		if len(f) < 2 {
 			continue
 		}
 		name := strings.TrimSuffix(f[1], ":")
-		if third := strings.HasSuffix(name, "/3") || name == "engine"; (f[0] == "run") != third {
-			t.Errorf("kiln plan STEPS=3: %q (want run for step 3's targets and the engine only)", l)
+		if fourth := strings.HasSuffix(name, "/4") || name == "engine"; (f[0] == "run") != fourth {
+			t.Errorf("kiln plan STEPS=4: %q (want run for step 4's targets and the engine only)", l)
 		}
 	}
+}
+
+// manifestMetrics is the metrics of the version ref names.
+func manifestMetrics(t *testing.T, ctx context.Context, st store.Store, ref string) map[string]any {
+	t.Helper()
+	v, err := dataset.OpenString(ctx, st, ref)
+	if err != nil {
+		t.Fatalf("%s: %v", ref, err)
+	}
+	return v.Metrics
 }
 
 // tableRows parses kiln status --table's step rows: step -> header -> cell.
