@@ -256,6 +256,18 @@ def build_optimizer(model, o: dict[str, Any]):
     )
 
 
+def load_optimizer_keeping_plan(opt, state: dict) -> None:
+    """Loads a resumed optimizer's state (AdamW's moments and step count)
+    but keeps this plan's hyperparameters: torch's load_state_dict also
+    restores the saved param_groups' lr, betas, eps and weight decay, which
+    would silently make a resumed run train at the previous run's --lr
+    (docs/train.md §9)."""
+    plan = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    opt.load_state_dict(state)
+    for g, hp in zip(opt.param_groups, plan):
+        g.update(hp)
+
+
 def grad_norm_and_clip(model, max_norm: float) -> float:
     params = [p for p in model.parameters() if p.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
@@ -327,7 +339,7 @@ def run(plan: Plan, dist: Dist) -> RunResult:
         st = resumed
         if "master" in st:
             model.load_state_dict(st["master"])
-        opt.load_state_dict(st["optimizer"])
+        load_optimizer_keeping_plan(opt, st["optimizer"])
         done_steps = int(st["step"])
         torch.set_rng_state(st["rng"]["cpu"])
     n_params = sum(p.numel() for p in model.parameters())

@@ -366,6 +366,20 @@ def test_resume_parity(tiny_checkpoint, tmp_path, loss):
     assert any(not torch.equal(a[k], c[k]) for k in a)
 
 
+def test_resume_takes_the_plans_hyperparameters(tiny_checkpoint, tmp_path):
+    """A resumed run keeps the saved moments but trains at its own plan's
+    lr: at lr 0 the weights come out as they went in (torch's
+    load_state_dict alone would bring back the saved lr, 1e-2)."""
+    steps = _two_steps(tmp_path)
+    assert _run(write_plan(tmp_path / "p0", tiny_checkpoint, steps[:1], tmp_path / "o-0",
+                           optimizer={"lr": 1e-2})) == 0
+    assert _run(write_plan(tmp_path / "p1", tiny_checkpoint, steps[1:], tmp_path / "o-1", resume_from=tmp_path / "o-0",
+                           optimizer={"lr": 0.0})) == 0
+    a, b = _params(tmp_path / "o-0"), _params(tmp_path / "o-1")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((tmp_path / "o-1" / "trainer_state.json").read_text())["global_step"] == 2
+
+
 class _Payload:
     """Pickles as a call to os.system: what a hostile store could plant."""
 
