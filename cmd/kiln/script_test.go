@@ -195,6 +195,8 @@ var skippedExamples = []struct{ example, reason string }{
 		"needs a run's datasets and pipeline record in the store (stages/report's TestBrowser writes one with reporttest and renders FILE.kiln --out in Chromium)"},
 	{"kiln report demo/checkpoints/step-1 demo/checkpoints/step-2",
 		"needs a run's datasets in the store (stages/report's TestJSONGolden reports checkpoints refs of a run reporttest writes)"},
+	{"kiln report pipelines/demo.kiln --tensorboard runs/demo --wandb .",
+		"needs a run's datasets and pipeline record, and the trackers' venv (stages/report's TestTrackers writes both and reads them back with TensorBoard's and wandb's own readers)"},
 	{"kiln report pipelines/demo.kiln --json | jq '.steps[].figures.pass_rate'",
 		"needs a run's datasets and pipeline record, and jq (stages/report's TestFiguresFromTheStore reads FILE.kiln --json)"},
 	{"kiln-grade --tasks tasks --images images --bundles /var/lib/kiln/bundles  --rollouts rollouts/step-3 --out grades/step-3",
