@@ -75,8 +75,9 @@ mutate:
 # whole loop: the four fixture tasks converted and their images unpacked,
 # a warm start on one demonstrated fix per task (recorded through serve.py's
 # forced decoding, graded, trained on), gpu/serve.py as the engine, and
-# STEPS RL steps of weights sync -> rollout (the shell agent, 4 samples a
-# task, in bwrap sandboxes) -> grade -> advantages -> train (CPU). Ends with
+# STEPS (demo.kiln's default when unset) RL steps of weights sync ->
+# rollout (the shell agent, 8 samples a task, in bwrap sandboxes) -> grade
+# -> advantages -> train (CPU). Ends with
 # kiln status --table (one row per step and where the datasets are) and
 # writes DEMO/report.html (kiln report), printing its path. A rerun runs
 # nothing and says so; STEPS=N continues a finished run; DEMO=dir puts
@@ -84,9 +85,10 @@ mutate:
 # demo.kiln variables (e.g. DEMO_VARS='ENGINE_PORT=9000 SAMPLES=2'); the
 # same ones on every run, or the targets they change run again. As root:
 # bwrap sandboxes.
-STEPS     ?= 2
+STEPS     ?=
 DEMO_VARS ?=
 DEMO_KILN  = $(BIN)/kiln --store $(STORE)
+DEMO_STEPS = $(if $(STEPS),STEPS=$(STEPS))
 demo: deps build
 	scripts/install-gpu-deps.sh
 	@command -v bwrap >/dev/null || { echo 'demo: bubblewrap is missing: scripts/install-test-deps.sh installs it (as root)' >&2; exit 1; }
@@ -94,9 +96,9 @@ demo: deps build
 	vars="DEMO=$(abspath $(DEMO)) FIXTURES=$$fx BUNDLES=$(abspath $(BUNDLES)) GPU_DIR=$(CURDIR)/gpu \
 		PYTHON=$$(cat $(HOME)/.cache/kiln/gpu-venv-current)/bin/python $(DEMO_VARS)" && \
 	export PATH="$(abspath $(BIN)):$$PATH" && set -x && \
-	$(DEMO_KILN) run pipelines/demo.kiln STEPS=$(STEPS) $$vars && \
-	$(DEMO_KILN) status pipelines/demo.kiln --table STEPS=$(STEPS) $$vars && \
-	$(DEMO_KILN) report pipelines/demo.kiln STEPS=$(STEPS) $$vars --out $(abspath $(DEMO))/report.html
+	$(DEMO_KILN) run pipelines/demo.kiln $(DEMO_STEPS) $$vars && \
+	$(DEMO_KILN) status pipelines/demo.kiln --table $(DEMO_STEPS) $$vars && \
+	$(DEMO_KILN) report pipelines/demo.kiln $(DEMO_STEPS) $$vars --out $(abspath $(DEMO))/report.html
 
 # The gold patches and the empty-patch baseline of the fixture tasks,
 # graded by their official tests in fresh sandboxes (the grader's check,

@@ -549,7 +549,7 @@ func (p *Plan) startService(ctx context.Context, st *Target, o RunOptions, outMu
 	cmd.Env = append(p.env(st, -1), "KILN_TMPDIR="+tmp)
 	pw := &prefixWriter{w: io.MultiWriter(o.Output, lockedWriter{&logBuf, &logMu}), mu: outMu, prefix: "[" + st.Name + "] "}
 	cmd.Stdout, cmd.Stderr = pw, pw
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
 		close(s.done)
 		os.RemoveAll(tmp)
@@ -748,7 +748,7 @@ func (p *Plan) Serve(ctx context.Context, name string, output io.Writer) error {
 	cmd.Env = append(p.env(t, -1), "KILN_TMPDIR="+tmp)
 	pw := &prefixWriter{w: output, mu: new(sync.Mutex), prefix: "[" + t.Name + "] "}
 	cmd.Stdout, cmd.Stderr = pw, pw
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting service %s: %w", t.Name, err)
 	}
@@ -818,7 +818,7 @@ func (p *Plan) runShards(ctx context.Context, t *Target, o RunOptions, outMu *sy
 					cmd.Env = append(cmd.Env, ph+"="+v)
 				}
 			}
-			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			cmd.SysProcAttr = childAttr()
 			cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 			var stdout bytes.Buffer
 			lw := &prefixWriter{w: io.MultiWriter(o.Output, lockedWriter{logBuf, &logMu}), mu: outMu, prefix: prefix}
@@ -924,4 +924,18 @@ func (p *prefixWriter) flush() {
 		p.emit(append(p.buf, '\n'))
 		p.buf = nil
 	}
+}
+
+// childAttr is how a run starts a recipe's shell, a target's or a
+// service's: in its own process group, so that stopping it (a lost lock,
+// --keep-going's end, a service's shutdown) reaches everything the recipe
+// started; and killed when the run dies. A run killed outright (SIGKILL,
+// the OOM killer) cannot stop its children, and an orphan would go on
+// after it: a service keeps its port (the rerun's health check then finds
+// it and uses it) and fails on its first write to the dead run's pipe. The
+// death signal reaches the recipe's shell, and the command it execs: a
+// service's recipe ends in exec (pipelines/README.md §4); a stage whose
+// shell is killed dies on its next write to the run's pipe.
+func childAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 }
