@@ -425,16 +425,17 @@ func (d *demo) done() map[string]bool {
 
 // TestDemoKillAndResume kills a small demo (two steps, two samples a
 // task, a two-epoch warm start: the targets and the stages are make
-// demo's, the sizes are not) with SIGKILL to its whole process group
-// (kiln run, the stage binaries, serve.py and the trainer) while a
-// rollout, a training step and a weight sync run, reruns it, and compares
-// every target's refs with those of an uninterrupted run: identical. A
-// ref is a function of the target's inputs (docs: version ids), so what
-// this proves is that the rerun finds every done target and redoes every
-// interrupted one with the same inputs, and that no half-written version
-// is visible. What cannot be pinned is named in pipelines/README.md §9:
-// the rows' wall-clock times, and the engine's batching (which requests
-// share a forward pass), whose float sums can flip a draw.
+// demo's, the sizes are not) with SIGKILL to kiln run while a rollout, a
+// training step and a weight sync run (its recipes and services, each in
+// its own process group, die with it: the parent-death signal), reruns
+// it, and compares every target's refs with an uninterrupted run's:
+// identical. A ref is a function of the target's inputs (docs: version
+// ids), so what this proves is that the rerun finds every done target and
+// redoes every interrupted one with the same inputs, that no half-written
+// version is visible, and that nothing the killed run started (an engine
+// on its port) is left to get in the way. What cannot be pinned is named
+// in pipelines/README.md §9: the rows' wall-clock times, and the engine's
+// batching, whose float sums can flip a draw.
 func TestDemoKillAndResume(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the demo four times")
@@ -490,8 +491,8 @@ func TestDemoKillAndResume(t *testing.T) {
 			}
 			time.Sleep(k.after)
 			_ = syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
+			<-ended // every line kiln run relayed before it died
 			_ = c.Wait()
-			<-ended
 			// Mid-run: the run had not recorded the target done, and the
 			// last target was not done. (A sync commits its weights version
 			// before it pulls and reloads, so kiln plan may find weights/2's

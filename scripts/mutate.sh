@@ -33,7 +33,7 @@ WORKERS=${KILN_MUTATE_WORKERS:-2}
 # name | package dir | files to mutate (space-separated) | go test flags
 GO_TARGETS=(
 	"advantages|stages/advantages|compute.go estimate.go select.go stats.go|-run=^(TestCompute|TestFanout|TestGroupAdvantages|TestInfraMapping|TestPassAtK|TestStatsGolden|TestSelect|TestProperties|TestDifferential|TestRunEndToEnd)"
-	"plan|pipelines|plan.go|-skip=^(TestKillAndResume|TestLockLost|TestDemo)$"
+	"plan|pipelines|plan.go|-skip=^(TestKillAndResume|TestLockLost|TestDemo|TestDemoKillAndResume)$"
 	"train|stages/train|join.go batches.go plan.go|-run=^(TestPlanGolden|TestMicroBatchTensors|TestJoin|TestSchedule|TestPack|TestDenominators|TestLayoutInvariants|TestContextCheck|TestDryRun|TestBadInputs)"
 )
 GPU_FILES=(kiln_gpu/loss.py kiln_gpu/objectives.py)
