@@ -34,7 +34,7 @@ WORKERS=${KILN_MUTATE_WORKERS:-2}
 GO_TARGETS=(
 	"advantages|stages/advantages|compute.go estimate.go select.go stats.go|-run=^(TestCompute|TestFanout|TestGroupAdvantages|TestInfraMapping|TestPassAtK|TestStatsGolden|TestSelect|TestProperties|TestDifferential|TestRunEndToEnd)"
 	"plan|pipelines|plan.go|-skip=^(TestKillAndResume|TestLockLost|TestDemo|TestDemoKillAndResume)$"
-	"train|stages/train|join.go batches.go plan.go|-run=^(TestPlanGolden|TestMicroBatchTensors|TestJoin|TestSchedule|TestPack|TestDenominators|TestLayoutInvariants|TestContextCheck|TestDryRun|TestBadInputs)"
+	"train|stages/train|join.go batches.go plan.go|-run=^(TestPlanGolden|TestRepeatEpochs|TestSegmentOfTopP|TestMicroBatchTensors|TestJoin|TestSchedule|TestPack|TestDenominators|TestLayoutInvariants|TestContextCheck|TestDryRun|TestBadInputs)"
 )
 GPU_FILES=(kiln_gpu/loss.py kiln_gpu/objectives.py)
 # test_train.py's other tests train the tiny model end to end (minutes
