@@ -138,8 +138,7 @@ func BenchmarkGrade(b *testing.B) {
 			copies[i] = filepath.Join(warmRoot, bundleRel, "rootfs")
 			require.NoError(b, os.MkdirAll(filepath.Dir(copies[i]), 0o755))
 		}
-		out, err := exec.Command("cp", "-a", bundle, copies[i]).CombinedOutput()
-		require.NoError(b, err, string(out))
+		flatten(b, bundle, copies[i])
 		require.NoError(b, os.WriteFile(filepath.Join(copies[i], "tmp", "gold.diff"), []byte(task.GoldPatch), 0o644))
 		// Bundles have no device nodes (sandboxes provide /dev): add the
 		// few a chroot needs.
@@ -269,4 +268,19 @@ func direct(rootfs, workdir, evalCmd string) error {
 		return fmt.Errorf("direct run in %s: %w: %s", rootfs, err, out)
 	}
 	return nil
+}
+
+// flatten copies the root filesystem rootfs names to dst as one directory:
+// a layered bundle's layers (sandbox.LayeredLowers) bottom first, each
+// over the ones below, else rootfs itself. The fixture images delete no
+// file in an upper layer, so there are no whiteouts to apply.
+func flatten(b *testing.B, rootfs, dst string) {
+	b.Helper()
+	lowers, err := sandbox.LayeredLowers(rootfs)
+	require.NoError(b, err)
+	require.NoError(b, os.MkdirAll(dst, 0o755))
+	for i := len(lowers) - 1; i >= 0; i-- {
+		out, err := exec.Command("cp", "-a", lowers[i]+"/.", dst).CombinedOutput()
+		require.NoError(b, err, string(out))
+	}
 }
