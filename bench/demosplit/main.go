@@ -140,7 +140,6 @@ func agentTime(ctx context.Context, st store.Store, ref string) (time.Duration, 
 	if err != nil {
 		return 0, err
 	}
-	type span struct{ a, b time.Time }
 	var spans []span
 	if err := v.EachShard(ctx, func(_ int, data []byte) error {
 		return records.EachRollout(data, func(r records.Rollout) error {
@@ -150,6 +149,14 @@ func agentTime(ctx context.Context, st store.Store, ref string) (time.Duration, 
 	}); err != nil {
 		return 0, err
 	}
+	return covered(spans), nil
+}
+
+type span struct{ a, b time.Time }
+
+// covered is the length of the union of spans: time covered by one or
+// more of them, overlaps counted once.
+func covered(spans []span) time.Duration {
 	sort.Slice(spans, func(i, j int) bool { return spans[i].a.Before(spans[j].a) })
 	var total time.Duration
 	var cur span
@@ -167,7 +174,7 @@ func agentTime(ctx context.Context, st store.Store, ref string) (time.Duration, 
 	if len(spans) > 0 {
 		total += cur.b.Sub(cur.a)
 	}
-	return total, nil
+	return total
 }
 
 // stepTime is the sum of a checkpoint's optimizer steps (step_metrics.time_s).
