@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -384,5 +385,44 @@ b: a
 	p := f.plan()
 	if !strings.HasPrefix(p["b"], "done") || !strings.HasPrefix(p["srv"], "done") {
 		t.Errorf("plan after: %v", p)
+	}
+}
+
+// A service starts once its prerequisites are done and the run builds
+// something, while other targets run, not when its first user does; and a
+// rerun with every target done starts none (pipelines/README.md §4).
+func TestServiceStartsBesideOtherTargets(t *testing.T) {
+	f := newFixture(t)
+	dir := t.TempDir()
+	src := `prep:
+	echo prep > ` + dir + `/prep
+srv: [service health="test -f ` + dir + `/up"]
+	date +%s.%N > ` + dir + `/srv.start; touch ` + dir + `/up; trap 'rm -f ` + dir + `/up; exit 0' TERM; while :; do sleep 0.05; done
+slow: prep
+	sleep 1.5; date +%s.%N > ` + dir + `/slow.end
+user: srv slow
+	test -f ` + dir + `/up
+`
+	if err := os.WriteFile(f.spec, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f.run("run", "-j", "1", "user")
+	read := func(name string) float64 {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if started, slowEnd := read("srv.start"), read("slow.end"); started >= slowEnd {
+		t.Errorf("the service started at %.2f, after slow ended at %.2f: it waited for its user", started, slowEnd)
+	}
+	// srv has no prerequisites: it is ready before its user is found done
+	if _, e := f.run("run", "user"); strings.Contains(e, "starting service") {
+		t.Errorf("a rerun with nothing to do started the service:\n%s", e)
 	}
 }

@@ -273,6 +273,15 @@ func (p *Plan) Run(ctx context.Context, o RunOptions) (*Result, error) {
 	}
 	for {
 		mu.Lock()
+		// only once this run builds something: a rerun with every target
+		// done starts nothing
+		working := len(res.Ran) > 0
+		for _, r := range running {
+			working = working || r
+		}
+		if working && !stopping {
+			p.launchReadyServices(ctx, services, remainingUsers, finished, inPlan, o, &outMu)
+		}
 		progress := false
 		pending := 0
 		for _, t := range p.Targets {
@@ -414,6 +423,40 @@ func (p *Plan) Run(ctx context.Context, o RunOptions) (*Result, error) {
 	return res, firstErr
 }
 
+// launchReadyServices starts, without waiting for their health checks,
+// the services whose prerequisites are done and which some target still
+// needs: a service starts while other targets run (a vLLM engine takes
+// minutes to load), and its first user waits only for what is left of its
+// start-up (startServices). A service another process runs (external, or
+// already healthy) is used, not started. A user not yet resolved counts as
+// needing it, so a resumed run may start a service whose users all turn
+// out done; it is stopped when the last is found done (userDone).
+func (p *Plan) launchReadyServices(ctx context.Context, services map[string]*service, users map[string]int, finished, inPlan map[string]bool, o RunOptions, outMu *sync.Mutex) {
+	for _, st := range p.Targets {
+		if !st.Service || services[st.Name] != nil || users[st.Name] == 0 || external(st) {
+			continue
+		}
+		ready := true
+		for _, d := range st.Deps {
+			if dt := p.byName[d]; !dt.Service && !finished[d] && (inPlan[d] || !dt.Done) {
+				ready = false
+			}
+		}
+		if !ready {
+			continue
+		}
+		if st.Attrs.Health != "" && p.healthy(ctx, st) {
+			s := &service{done: make(chan struct{}), awaited: true}
+			close(s.done)
+			services[st.Name] = s
+			p.opts.Log.Info("service already healthy; using it", "service", st.Name)
+			continue
+		}
+		p.opts.Log.Info("starting service", "service", st.Name)
+		services[st.Name] = p.launchService(ctx, st, o, outMu)
+	}
+}
+
 func (p *Plan) userDone(t *Target, remaining map[string]int, services map[string]*service) {
 	for _, d := range t.Deps {
 		if !p.byName[d].Service {
@@ -431,6 +474,11 @@ type service struct {
 	cmd  *exec.Cmd
 	err  error
 	done chan struct{}
+	// st is the service's target; awaited is set once its health check
+	// has passed (or it has none), from which its users may run.
+	st       *Target
+	launched time.Time
+	awaited  bool
 	// tmp is the service's KILN_TMPDIR, removed when it stops; keep
 	// writes its output to the store (nil: nothing to keep).
 	tmp  string
@@ -490,7 +538,7 @@ func (p *Plan) startServices(ctx context.Context, t *Target, services map[string
 		if s == nil && external(st) {
 			// The service's Slurm companion job runs it and checked its
 			// health where it runs; this run neither starts nor stops it.
-			s = &service{done: make(chan struct{})}
+			s = &service{done: make(chan struct{}), awaited: true}
 			close(s.done)
 			services[d] = s
 			p.opts.Log.Info("service runs elsewhere; using it", "service", st.Name, "host", os.Getenv(ServiceHostVar(st.Name)), "target", t.Name)
@@ -498,14 +546,17 @@ func (p *Plan) startServices(ctx context.Context, t *Target, services map[string
 		if s == nil && st.Attrs.Health != "" && p.healthy(ctx, st) {
 			// Already up: another process runs it; this run neither
 			// starts nor stops it.
-			s = &service{done: make(chan struct{})}
+			s = &service{done: make(chan struct{}), awaited: true}
 			close(s.done)
 			services[d] = s
 			p.opts.Log.Info("service already healthy; using it", "service", st.Name, "target", t.Name)
 		}
 		if s == nil {
-			s = p.startService(ctx, st, o, outMu)
+			s = p.launchService(ctx, st, o, outMu)
 			services[d] = s
+		}
+		if s.err == nil && !s.awaited {
+			p.awaitService(ctx, s)
 		}
 		err := s.err
 		mu.Unlock()
@@ -516,11 +567,11 @@ func (p *Plan) startServices(ctx context.Context, t *Target, services map[string
 	return nil
 }
 
-// startService starts service st and waits for its health check (2
-// minutes at most). Its output is kept at logs/SERVICE/service.log.
-func (p *Plan) startService(ctx context.Context, st *Target, o RunOptions, outMu *sync.Mutex) *service {
-	s := &service{done: make(chan struct{})}
-	logKey := p.rec.prefix + "logs/" + st.Name + "/service.log"
+// launchService starts service st without waiting for its health check
+// (awaitService does). Its output is kept at logs/SERVICE/service.log.
+func (p *Plan) launchService(ctx context.Context, st *Target, o RunOptions, outMu *sync.Mutex) *service {
+	s := &service{done: make(chan struct{}), st: st, launched: time.Now()}
+	logKey := p.serviceLog(st)
 	fail := func(err error) *service {
 		s.err = &serviceError{err: err, log: logKey}
 		return s
@@ -557,13 +608,23 @@ func (p *Plan) startService(ctx context.Context, st *Target, o RunOptions, outMu
 	}
 	s.cmd = cmd
 	go func() { _ = cmd.Wait(); pw.flush(); close(s.done) }()
+	return s
+}
+
+func (p *Plan) serviceLog(st *Target) string { return p.rec.prefix + "logs/" + st.Name + "/service.log" }
+
+// awaitService waits until launched service s passes its health check,
+// 2 minutes at most from its launch, and records the outcome in s.
+func (p *Plan) awaitService(ctx context.Context, s *service) {
+	st, logKey := s.st, p.serviceLog(s.st)
+	s.awaited = true
 	if st.Attrs.Health == "" {
-		return s
+		return
 	}
-	deadline := time.Now().Add(2 * time.Minute)
+	deadline := s.launched.Add(2 * time.Minute)
 	for {
 		if p.healthy(ctx, st) {
-			return s
+			return
 		}
 		var err error
 		select {
@@ -576,7 +637,8 @@ func (p *Plan) startService(ctx context.Context, st *Target, o RunOptions, outMu
 		}
 		if err != nil {
 			s.stop() // keeps its output
-			return fail(err)
+			s.err = &serviceError{err: err, log: logKey}
+			return
 		}
 	}
 }

@@ -2,11 +2,11 @@
 // pipelines/demo.kiln) by stage, from the pipeline's record and the
 // datasets' rows and manifests, and prints the share spent outside the
 // work kiln cannot avoid: the agents' runs (the engine's generation and
-// the tools they call, in the rollout stages) and the trainer's optimizer
-// steps (the train stages' step_metrics.time_s). The rest — process
-// start-up, model loading, sandbox boots, grading, sync, commits — is
-// counted as kiln's own, grading included (its tests are work the loop
-// needs, but demosplit does not split them out).
+// the tools they call, in the rollout stages), the tasks' tests (the
+// grading logs' test commands) and the trainer's optimizer steps (the
+// train stages' step_metrics.time_s). The rest — process start-up, model
+// loading, sandbox boots, patch applies, sync, commits — is counted as
+// kiln's own.
 //
 //	go run ./bench/demosplit --store ~/.cache/kiln/demo/data
 //
@@ -14,6 +14,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
@@ -99,6 +100,8 @@ func run(ctx context.Context, uri, name string) error {
 			work, err = agentTime(ctx, st, strings.Replace(e.Ref, "/trajectories@", "/rollouts@", 1))
 		case strings.Contains(e.Ref, "checkpoints/"):
 			work, err = stepTime(ctx, st, e.Ref)
+		case strings.Contains(e.Ref, "grades"):
+			work, err = testTime(ctx, st, e.Ref)
 		}
 		if err != nil {
 			return fmt.Errorf("%s (%s): %w", e.Target, e.Ref, err)
@@ -114,7 +117,7 @@ func run(ctx context.Context, uri, name string) error {
 	}
 	sort.Slice(names, func(i, j int) bool { return rows[names[i]].wall > rows[names[j]].wall })
 	tw := tabwriter.NewWriter(os.Stdout, 2, 8, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "STAGE\tTARGETS\tWALL\tSHARE\tAGENTS/STEPS\tKILN'S OWN\t")
+	fmt.Fprintln(tw, "STAGE\tTARGETS\tWALL\tSHARE\tAGENTS/TESTS/STEPS\tKILN'S OWN\t")
 	for _, n := range names {
 		r := rows[n]
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%.1f%%\t%s\t%s\t\n", n, r.targets, r.wall.Round(100*time.Millisecond),
@@ -129,7 +132,7 @@ func run(ctx context.Context, uri, name string) error {
 	// cover is kiln run's own, starting the engines (services) included.
 	span := last.Sub(first)
 	fmt.Printf("first start to last end: %s, %s of it between targets\n", span.Round(100*time.Millisecond), (span - wall).Round(100*time.Millisecond))
-	fmt.Printf("kiln's own share (outside the agents' runs and the optimizer steps): %.1f%%\n", 100*float64(span-work)/float64(span))
+	fmt.Printf("kiln's own share (outside the agents' runs, the tests and the optimizer steps): %.1f%%\n", 100*float64(span-work)/float64(span))
 	return nil
 }
 
@@ -148,6 +151,62 @@ func agentTime(ctx context.Context, st store.Store, ref string) (time.Duration, 
 		})
 	}); err != nil {
 		return 0, err
+	}
+	return covered(spans), nil
+}
+
+// isTest says whether a grading log's step runs a task's own tests (the
+// others add the agent user, write and apply the patch).
+func isTest(step string) bool {
+	switch step {
+	case "eval_cmd", "f2p", "swepro_run", "swepro_parser", "verifier":
+		return true
+	}
+	return false
+}
+
+// testTime is the time some task's tests were running in a kiln-grade
+// run: the union of its grading logs' test steps, [started,
+// started + duration_ms]. Logs written before started was recorded
+// count nothing.
+func testTime(ctx context.Context, st store.Store, ref string) (time.Duration, error) {
+	v, err := dataset.OpenString(ctx, st, ref)
+	if err != nil {
+		return 0, err
+	}
+	var keys []string
+	if err := v.EachShard(ctx, func(_ int, data []byte) error {
+		return records.EachGrade(data, func(g records.Grade) error {
+			if g.Log != nil {
+				keys = append(keys, *g.Log)
+			}
+			return nil
+		})
+	}); err != nil {
+		return 0, err
+	}
+	var spans []span
+	for _, k := range keys {
+		b, _, err := store.ReadAll(ctx, st, k)
+		if err != nil {
+			return 0, err
+		}
+		if err := records.EachJSONLine(bytes.NewReader(b), func(n int, line []byte) error {
+			var s struct {
+				Step       string    `json:"step"`
+				Started    time.Time `json:"started"`
+				DurationMS float64   `json:"duration_ms"`
+			}
+			if err := json.Unmarshal(line, &s); err != nil {
+				return fmt.Errorf("%s line %d: %w", k, n, err)
+			}
+			if isTest(s.Step) && !s.Started.IsZero() {
+				spans = append(spans, span{s.Started, s.Started.Add(time.Duration(s.DurationMS * float64(time.Millisecond)))})
+			}
+			return nil
+		}); err != nil {
+			return 0, err
+		}
 	}
 	return covered(spans), nil
 }

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from .defaults import LOSS
-from .loss import LossConfig, LossOutput, ppo_clip, reduce, rollout_correction
+from .loss import LossConfig, LossOutput, ppo_clip, reduce, rollout_correction, target_logprobs
 
 OBJECTIVES = ("ppo", "gspo", "cispo", "reinforce")
 SC_PATHS = ("top-p", "top-k")
@@ -160,9 +160,9 @@ def policy_logprobs(
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor], dict[str, torch.Tensor]]:
     """lp of each target token as the objective defines it (docs/train.md
     §8.1–§8.3): full vocabulary, on the recorded nucleus (top-p replay) or
-    the span (score centering). Returns (lp, the full-vocabulary
-    log-softmax when it was computed else None, the SC score or None, the
-    SC metrics). The trainer's old-logprob pass calls it too, so old and
+    the span (score centering). Returns (lp, lp again when it is the
+    full-vocabulary logprob (no nucleus, no score centering) else None, the
+    SC score or None, the SC metrics). The trainer's old-logprob pass calls it too, so old and
     lp are the same function of the weights."""
     if obj.score_centering:
         if spans is None or spans[2] is None:
@@ -182,8 +182,8 @@ def policy_logprobs(
         masked = logits.masked_fill(~keep, float("-inf"))
         lp = torch.log_softmax(masked, dim=-1).gather(-1, target.long().unsqueeze(-1)).squeeze(-1)
         return lp, None, None, {}
-    logp = torch.log_softmax(logits, dim=-1)
-    return logp.gather(-1, target.long().unsqueeze(-1)).squeeze(-1), logp, None, {}
+    lp = target_logprobs(logits, target)
+    return lp, lp, None, {}
 
 
 def micro_batch_loss(
@@ -217,10 +217,8 @@ def micro_batch_loss(
     denom = denom.to(dt)
     adv = adv.to(dt)
     roll = roll.to(dt)
-    lp, logp, score, sc_metrics = policy_logprobs(obj, logits, target, roll, spans)
-    # lp is the full-vocabulary logprob exactly when the full log-softmax was
-    # what it was gathered from (no nucleus, no score centering)
-    full_lp = lp.detach() if logp is not None else None
+    lp, full, score, sc_metrics = policy_logprobs(obj, logits, target, roll, spans)
+    full_lp = full.detach() if full is not None else None
     if obj.old_logprobs == "rollout":
         old = roll  # the behaviour policy is the old policy (decoupled PPO collapsed)
     elif old is None:
@@ -253,9 +251,9 @@ def micro_batch_loss(
     pg_loss = reduce(pg, mask, denom, divisor)
     loss = pg_loss
     ent = None
+    logp = None  # the R × V log-softmax, only for the entropy and KL terms
     if obj.entropy_coef != 0.0:
-        if logp is None:
-            logp = torch.log_softmax(logits, dim=-1)
+        logp = torch.log_softmax(logits, dim=-1)
         ent = -(torch.exp(logp) * logp).sum(-1)
         loss = loss - obj.entropy_coef * reduce(ent, mask, denom, divisor)
     kl = None
@@ -263,8 +261,10 @@ def micro_batch_loss(
         if ref_lp is None:
             raise ValueError("kl_coef needs the reference model's logprobs")
         # full-vocabulary logprobs on both sides, whatever lp is renormalised on
-        lq = logp if logp is not None else torch.log_softmax(logits, dim=-1)
-        d = lq.gather(-1, target.long().unsqueeze(-1)).squeeze(-1) - ref_lp.to(dt)
+        if full is None:
+            full = (logp.gather(-1, target.long().unsqueeze(-1)).squeeze(-1) if logp is not None
+                    else target_logprobs(logits, target))
+        d = full - ref_lp.to(dt)
         kl = torch.exp(-d) - 1 + d  # k3 (spec §4.1)
         loss = loss + obj.kl_coef * reduce(kl, mask, denom, divisor)
     with torch.no_grad():
@@ -287,6 +287,8 @@ def micro_batch_loss(
             metrics["tis_clipfrac"] = r_(changed)
         for k, v in sc_metrics.items():
             metrics[k] = r_(v)
-        if full_lp is None and logp is not None:  # computed for the entropy or KL term
+        if full_lp is None and full is not None:  # computed for the KL term
+            full_lp = full.detach()
+        elif full_lp is None and logp is not None:  # computed for the entropy term
             full_lp = logp.gather(-1, target.long().unsqueeze(-1)).squeeze(-1)
     return LossOutput(loss=loss, metrics=metrics, full_lp=full_lp)

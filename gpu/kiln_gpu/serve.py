@@ -2,7 +2,8 @@
 
     python -m kiln_gpu.serve --model DIR [--host 127.0.0.1] [--port N|0]
         [--port-file F] [--seed S] [--max-batch N] [--served-model-name NAME]
-        [--max-model-len N] [--device cpu|cuda] [--tokenizer-only]
+        [--max-model-len N] [--device cpu|cuda] [--dtype float32|float64]
+        [--tokenizer-only]
         [--api-key KEY] [--max-logprobs N] [--max-body-bytes N]
         [--max-connections N] [--request-timeout S]
         [--allow-request-chat-template]
@@ -15,7 +16,7 @@ error statuses follow vLLM's for every field kiln's engine client reads
 (docs/engine-wire.md §3, §5, §6).
 
 Logprobs are processed logprobs: log_softmax(logits / T) of the model's
-float32 logits (T = 1 for greedy), the quantity the trainer recomputes
+logits in --dtype (float32 by default; T = 1 for greedy), the quantity the trainer recomputes
 (docs/serve.md §4). One scheduler thread runs the model: HTTP threads
 queue requests to it, and it decodes the running ones (up to --max-batch)
 as one batch, one forward per token, each request with its own seeded
@@ -143,9 +144,11 @@ class Sampling:
 
 
 def processed_logprobs(logits: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
-    """log_softmax(logits / T) in float32, row by row: logits [B, V], temps
-    [B] with T = 1 for a greedy row (docs/serve.md §4)."""
-    return torch.log_softmax(logits.float() / temps.unsqueeze(-1), dim=-1)
+    """log_softmax(logits / T) in float32 (float64 logits stay float64),
+    row by row: logits [B, V], temps [B] with T = 1 for a greedy row
+    (docs/serve.md §4)."""
+    x = logits if logits.dtype == torch.float64 else logits.float()
+    return torch.log_softmax(x / temps.to(x.dtype).unsqueeze(-1), dim=-1)
 
 
 def request_seed(server_seed: int, request_id: str) -> int:
@@ -581,8 +584,12 @@ class Engine(Renderer):
 
     def __init__(self, model_dir: str, served_name: Optional[str] = None, seed: int = 0, max_batch: int = 32,
                  device: str = "cpu", max_model_len: Optional[int] = None,
-                 demonstrations: Optional[str] = None, demonstration_marker: str = "<|im_start|>assistant"):
+                 demonstrations: Optional[str] = None, demonstration_marker: str = "<|im_start|>assistant",
+                 dtype: str = "float32"):
         super().__init__(model_dir, served_name, max_model_len)
+        if dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype {dtype!r}: want float32 or float64")
+        self.dtype = getattr(torch, dtype)
         self.demos = Demonstrations(demonstrations, self.tokenizer, demonstration_marker) if demonstrations else None
         self.device = torch.device(device)
         if self.device.type == "cuda":  # float32 logits, no TF32 rounding (docs/serve.md §4)
@@ -611,7 +618,7 @@ class Engine(Renderer):
     def _load(self, path: str):
         from transformers import AutoModelForCausalLM
 
-        m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device)
+        m = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).to(self.device)
         m.eval()
         return m
 
@@ -808,7 +815,7 @@ class Engine(Renderer):
     def _emit(self, seqs: list[Seq], logits: torch.Tensor, version: int) -> None:
         """Each row's next token from its logits [B, V]: processed logprobs
         and the race for all rows at once (§3, §4)."""
-        logp = processed_logprobs(logits, torch.tensor([q.temperature for q in seqs]))
+        logp = processed_logprobs(logits, torch.tensor([q.temperature for q in seqs], dtype=torch.float64))
         chosen = choose_rows(logp, [q.step for q in seqs], [q.banned() for q in seqs])
         for i, (q, (tok, nuc)) in enumerate(zip(seqs, chosen)):
             if q.forced is not None:  # the demonstration's token, the model's logprobs (§11)
@@ -1369,7 +1376,10 @@ def main(argv=None) -> int:
     p.add_argument("--max-batch", type=int, default=32,
                    help="the most requests decoded together, one forward per token (docs/serve.md §5)")
     p.add_argument("--served-model-name", help="the model name /v1/models reports (default: --model)")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda (float32 either way; docs/serve.md §1)")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda (docs/serve.md §1)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float64"),
+                   help="the weights' and logits' dtype whatever the checkpoint's: float64 for an on-policy "
+                        "identity far below 1e-5, with kiln-train --dtype float64 (docs/serve.md §4)")
     p.add_argument("--max-model-len", type=int,
                    help="the context length /v1/models and /tokenize report and requests are checked against "
                         "(default: config.json's max_position_embeddings)")
@@ -1425,7 +1435,7 @@ def main(argv=None) -> int:
             eng = Renderer(a.model, a.served_model_name, a.max_model_len)
         else:
             eng = Engine(a.model, a.served_model_name, a.seed, a.max_batch, a.device, a.max_model_len,
-                         a.demonstrations, a.demonstration_marker)
+                         a.demonstrations, a.demonstration_marker, a.dtype)
     except (FileNotFoundError, ValueError) as ex:
         print(f"kiln_gpu.serve: {ex}", file=sys.stderr)
         return 2

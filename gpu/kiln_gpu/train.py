@@ -234,14 +234,16 @@ def max_abs_logprob_diff(logits, target, mb: MicroBatch, device, full_lp: Option
     vocabulary is a sixth of a CPU step (docs/train.md §12)."""
     with torch.no_grad():
         if full_lp is not None:
-            lp = full_lp.detach().float()
+            lp = full_lp.detach()
         else:
-            lg = logits.detach().float()
+            lg = logits.detach()
+            lg = lg if lg.dtype == torch.float64 else lg.float()
             lp = lg.gather(-1, target.long().unsqueeze(-1)).squeeze(-1) - torch.logsumexp(lg, -1)
         m = mb.loss_mask.to(device) > 0
         if not bool(m.any()):
             return 0.0
-        return float((lp - mb.rollout_logprobs.to(device).float())[m].abs().max())
+        # in float64: a float64 run's difference is not rounded to float32's
+        return float((lp.double() - mb.rollout_logprobs.to(device).double())[m].abs().max())
 
 
 def build_optimizer(model, o: dict[str, Any]):
@@ -309,7 +311,7 @@ def run(plan: Plan, dist: Dist) -> RunResult:
     cuda = torch.cuda.is_available() and plan.flag("device", "auto") != "cpu"
     device = torch.device("cuda", dist.local_rank) if cuda else torch.device("cpu")
     dtype = getattr(torch, plan.flag("dtype", "float32"))
-    bf16 = bool(plan.flag("bf16", cuda))
+    bf16 = bool(plan.flag("bf16", cuda and dtype == torch.float32))  # never under float64: it is asked for exactness
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if (cuda and bf16) else contextlib.nullcontext
     torch.manual_seed(plan.seed)
     src = plan.resume_from or plan.model

@@ -57,3 +57,42 @@ def test_trainer_logprobs_equal_sampled_at_temperature(tiny_checkpoint, sampled,
         logits = m(input_ids=torch.tensor([p + toks])).logits[0, len(p) - 1:-1]
         at1 = torch.log_softmax(logits, -1).gather(-1, torch.tensor([toks]).T).squeeze(-1)
     assert float((at1 - torch.tensor(lps)).abs().max()) > 1e-2
+
+
+def _sample(tiny_checkpoint, dtype: str):
+    eng = Engine(str(tiny_checkpoint), seed=0, dtype=dtype)
+    try:
+        p = PROMPTS[2]
+        s = Sampling({"max_tokens": N, "temperature": T, "ignore_eos": True, "seed": 7}, eng.max_model_len, len(p))
+        r = eng.submit(Job(p, s, 7))
+        return p, r["out"], r["lps"]
+    finally:
+        eng.queue.put(None)
+
+
+def test_float64_engine_and_trainer_agree_where_float32_cannot(tiny_checkpoint, tmp_path, capsys):
+    """--dtype float64 on both sides (docs/serve.md §4): the engine's
+    logprobs equal an exact (float64, full-sequence) recomputation to
+    rounding of float64, where a float32 engine's are visibly off it; and
+    kiln-train's plan dtype reaches the trainer, whose float64 identity is
+    then bounded by the float32 the rollout logprobs are stored in."""
+    from transformers import AutoModelForCausalLM
+
+    p, toks, lps = _sample(tiny_checkpoint, "float64")
+    with torch.no_grad():
+        m = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float64)
+        logits = m(input_ids=torch.tensor([p + toks])).logits[0, len(p) - 1:-1] / T
+        exact = torch.log_softmax(logits, -1).gather(-1, torch.tensor([toks]).T).squeeze(-1)
+    assert float((exact - torch.tensor(lps, dtype=torch.float64)).abs().max()) <= 1e-10
+    p32, toks32, lps32 = _sample(tiny_checkpoint, "float32")
+    assert toks32 == toks  # the same draws: the race is run on float32-rounded scores either way
+    assert float((exact - torch.tensor(lps32, dtype=torch.float64)).abs().max()) > 1e-8
+
+    segs = [{"prompt": p, "response": toks, "mask": [1] * N, "roll": lps, "adv": [1.0] * N, "rollout": 0,
+             "spans": None}]
+    plan = write_plan(tmp_path / "b", tiny_checkpoint, [[segs]], tmp_path / "out", temperature=T,
+                      optimizer={"lr": 1e-4}, dtype="float64")
+    assert train.main(["--plan", str(plan)]) == 0
+    step = [json.loads(x) for x in capsys.readouterr().out.splitlines()][1]
+    bound = max(abs(x) for x in lps) * 2.0 ** -24  # half a float32 step at the largest |logprob|, and rounding
+    assert step["train_rollout_logprob_max_abs_diff"] <= bound, step

@@ -6,8 +6,10 @@
 package testenv
 
 import (
+	"bytes"
 	"fmt"
 	"os"
+	"sync"
 	"testing"
 )
 
@@ -24,4 +26,23 @@ func SkipOrFail(t testing.TB, format string, args ...any) {
 		t.Fatal(msg + " (CI=true: required)")
 	}
 	t.Skip(msg)
+}
+
+// Buffer is a bytes.Buffer that a process's output goroutine (or a
+// logger on other goroutines) may write while the test reads it.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *Buffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *Buffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/kilnrl/kiln/formats/dataset"
 	"github.com/kilnrl/kiln/formats/store"
+	"github.com/kilnrl/kiln/internal/testenv"
 )
 
 // writer is a kiln writer running in a separate process (the test binary in
@@ -27,26 +27,14 @@ import (
 type writer struct {
 	cmd     *exec.Cmd
 	stdout  bytes.Buffer
-	stderr  *safeBuffer
+	stderr  *testenv.Buffer
 	paused  chan string
 	drained chan struct{} // closed when stderr reached EOF
 }
 
-type safeBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *safeBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *safeBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 func startWriter(t *testing.T, sc storeCase, extraEnv []string, args ...string) *writer {
 	t.Helper()
-	w := &writer{stderr: &safeBuffer{}, paused: make(chan string, 1)}
+	w := &writer{stderr: &testenv.Buffer{}, paused: make(chan string, 1)}
 	w.cmd = exec.Command(os.Args[0], args...)
 	w.cmd.Env = append(append(append(os.Environ(), "KILN_TEST_HELPER=1", "KILN_STORE="+sc.uri), sc.env...), extraEnv...)
 	w.cmd.Stdout = &w.stdout

@@ -194,17 +194,20 @@ func (r *run) record(v any) {
 
 // step is one line of the grading log.
 type step struct {
-	Step            string  `json:"step"`
-	User            string  `json:"user"`
-	Command         string  `json:"command"`
-	ExitCode        int     `json:"exit_code"`
-	Stdout          string  `json:"stdout"`
-	Stderr          string  `json:"stderr"`
-	StdoutTruncated bool    `json:"stdout_truncated,omitempty"`
-	StderrTruncated bool    `json:"stderr_truncated,omitempty"`
-	TimedOut        bool    `json:"timed_out,omitempty"`
-	DurationMS      float64 `json:"duration_ms"`
-	Error           string  `json:"error,omitempty"`
+	Step            string `json:"step"`
+	User            string `json:"user"`
+	Command         string `json:"command"`
+	ExitCode        int    `json:"exit_code"`
+	Stdout          string `json:"stdout"`
+	Stderr          string `json:"stderr"`
+	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
+	TimedOut        bool   `json:"timed_out,omitempty"`
+	// Started and DurationMS place the command in time: a run's tests
+	// (eval_cmd, f2p, verifier…) can be told from the sandbox's own work.
+	Started    time.Time `json:"started"`
+	DurationMS float64   `json:"duration_ms"`
+	Error      string    `json:"error,omitempty"`
 }
 
 // logged is the sandbox as a grading uses it: every Exec and WriteFile is
@@ -216,6 +219,7 @@ type logged struct {
 }
 
 func (l *logged) Exec(ctx context.Context, c sandbox.Cmd) (sandbox.Result, error) {
+	start := time.Now()
 	res, err := l.Sandbox.Exec(ctx, c)
 	user := c.User
 	if user == "" {
@@ -223,7 +227,7 @@ func (l *logged) Exec(ctx context.Context, c sandbox.Cmd) (sandbox.Result, error
 	}
 	s := step{Step: l.step, User: user, Command: c.String(), ExitCode: res.ExitCode, Stdout: string(res.Stdout),
 		Stderr: string(res.Stderr), StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated,
-		TimedOut: res.TimedOut, DurationMS: float64(res.Duration.Microseconds()) / 1000}
+		TimedOut: res.TimedOut, Started: start.UTC(), DurationMS: float64(res.Duration.Microseconds()) / 1000}
 	var exit *sandbox.ExitError
 	if err != nil && !errors.As(err, &exit) {
 		s.Error = err.Error()
@@ -233,8 +237,10 @@ func (l *logged) Exec(ctx context.Context, c sandbox.Cmd) (sandbox.Result, error
 }
 
 func (l *logged) WriteFile(ctx context.Context, path string, data []byte, perm uint32, user string) error {
+	start := time.Now()
 	err := l.Sandbox.WriteFile(ctx, path, data, perm, user)
-	s := step{Step: l.step, User: user, Command: fmt.Sprintf("(write %d bytes to %s)", len(data), path)}
+	s := step{Step: l.step, User: user, Command: fmt.Sprintf("(write %d bytes to %s)", len(data), path), Started: start.UTC(),
+		DurationMS: float64(time.Since(start).Microseconds()) / 1000}
 	if err != nil {
 		s.ExitCode, s.Error = -1, err.Error()
 	}

@@ -91,6 +91,31 @@ func TestGradeEvalCmdVerdicts(t *testing.T) {
 	}
 }
 
+// The grading log places each command in time (docs/data-and-grading.md
+// §5.6): the tests' span is where they ran, after the apply, so a reader
+// (bench/demosplit) can tell the tests from the sandbox's own work.
+func TestGradeLogTimesEachStep(t *testing.T) {
+	repo := gitRepo(t, map[string]string{"a.txt": "a\n"})
+	g, _ := hostGrader(t, time.Minute)
+	before := time.Now()
+	out := g.Grade(context.Background(), evalTarget(repo, "sleep 0.3"), "")
+	after := time.Now()
+	require.Equal(t, records.FailureNone, out.Failure)
+	steps := map[string]step{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out.Log)), "\n")[1:] { // line 1: the grading's header
+		var s step
+		require.NoError(t, json.Unmarshal([]byte(line), &s), line)
+		steps[s.Step] = s
+	}
+	ev, ap := steps["eval_cmd"], steps["apply"]
+	require.False(t, ev.Started.IsZero(), "eval_cmd has started")
+	assert.GreaterOrEqual(t, ev.DurationMS, 300.0, "eval_cmd slept 0.3 s")
+	evEnd := ev.Started.Add(time.Duration(ev.DurationMS * float64(time.Millisecond)))
+	assert.False(t, ev.Started.Before(before) || evEnd.After(after), "eval_cmd [%s, %s] within the grading [%s, %s]", ev.Started, evEnd, before, after)
+	end := ap.Started.Add(time.Duration(ap.DurationMS * float64(time.Millisecond)))
+	assert.False(t, ev.Started.Before(end.Add(-time.Millisecond)), "eval_cmd (%s) starts after the apply ends (%s)", ev.Started, end)
+}
+
 // docs/data-and-grading.md §6 case 27: an unappliable diff is (0, not applied) and eval_cmd
 // never runs.
 func TestGradeUnappliableDiff(t *testing.T) {

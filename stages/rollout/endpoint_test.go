@@ -1,14 +1,12 @@
 package rollout
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/kilnrl/kiln/internal/agent/adapter"
 	"github.com/kilnrl/kiln/internal/stagecmd"
+	"github.com/kilnrl/kiln/internal/testenv"
 )
 
 func TestEndpointShare(t *testing.T) {
@@ -127,7 +126,7 @@ func TestHealthCheckOutOfDescriptors(t *testing.T) {
 	t.Cleanup(func() { _ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim) })
 
 	rt := &runRuntime{front: newFront([]*adapter.Server{nil}), engines: []string{srv.URL}}
-	var logs safeBuffer
+	var logs testenv.Buffer
 	env := &stagecmd.Env{Stdout: io.Discard, Stderr: io.Discard, Log: stagecmd.NewLogger(&logs, false)}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
@@ -146,22 +145,4 @@ func TestHealthCheckOutOfDescriptors(t *testing.T) {
 	rt.front.mu.Unlock()
 	assert.Zero(t, down, "no engine was taken out of service")
 	assert.Contains(t, logs.String(), "kiln-rollout is out of file descriptors", "checks answered: %d", checks.Load())
-}
-
-// safeBuffer is a bytes.Buffer for a logger written from other goroutines.
-type safeBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *safeBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *safeBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

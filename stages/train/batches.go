@@ -71,6 +71,9 @@ type Plan struct {
 	Optimizer       OptimizerConfig `json:"optimizer"`
 	Steps           []PlanStep      `json:"steps"`
 	DroppedRollouts int             `json:"dropped_rollouts"`
+	// Dtype is the trainer's compute dtype, an optional field
+	// (docs/train.md §9); omitted: float32.
+	Dtype string `json:"dtype,omitempty"`
 }
 
 // Batching says how segments become steps and micro-batches.

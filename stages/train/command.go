@@ -36,10 +36,11 @@ type Flags struct {
 	Trajectories, Advantages, Model, Out, ResumeFrom string
 	GlobalBatchSize, MaxTokens, NProc, Epochs        int
 	Launcher, Python, GPUDir, CacheDir, WorkDir      string
+	TrainerSocket                                    string
 	Packing                                          string
 	SCPath                                           string
 	Objective, Correction, Reduction                 string
-	OldLogprobs                                      string
+	OldLogprobs, Dtype                               string
 	EpsClip, EpsClipHigh, EpsClipC                   float64
 	CorrectionLow, CorrectionHigh                    float64
 	KLCoef, EntropyCoef, LR, WeightDecay, GradClip   float64
@@ -69,6 +70,7 @@ func (f *Flags) Flags() []cli.Flag {
 		&cli.StringFlag{Name: "packing", Value: string(FirstFit), Destination: &f.Packing, Usage: "first-fit (segments in input order) or first-fit-decreasing (longest first: fewer micro-batches; the order within a step does not change the loss)"},
 		&cli.StringFlag{Name: "launcher", Value: string(LaunchPython), Destination: &f.Launcher, Usage: "python (one process), torchrun (--nproc processes, FSDP) or srun (Slurm tasks)"},
 		&cli.IntFlag{Name: "nproc", Value: 1, Destination: &f.NProc, Usage: "processes for torchrun, tasks for srun"},
+		&cli.StringFlag{Name: "trainer-socket", EnvVars: []string{"KILN_TRAINER_SOCKET"}, Destination: &f.TrainerSocket, Usage: "run the trainer on the warm one listening on this Unix socket (python -m kiln_gpu.forkserver --socket PATH), not a new process: no interpreter start-up or torch imports per run (docs/train-stage.md §8.1); --launcher python only"},
 		&cli.StringFlag{Name: "python", Destination: &f.Python, Usage: "the trainer's interpreter (default $KILN_PYTHON, else the venv in ~/.cache/kiln/gpu-venv-current, else python3)"},
 		&cli.StringFlag{Name: "gpu-dir", Destination: &f.GPUDir, Usage: "the directory holding kiln_gpu/ (default $KILN_GPU_DIR, else gpu/ beside the binary's directory: BIN/../gpu; never one found from the working directory)"},
 		&cli.StringFlag{Name: "cache-dir", EnvVars: []string{"KILN_CHECKPOINT_CACHE"}, Destination: &f.CacheDir, Usage: "where checkpoints versions are materialized (default ~/.cache/kiln/checkpoints)"},
@@ -92,6 +94,7 @@ func (f *Flags) Flags() []cli.Flag {
 		&cli.Float64Flag{Name: "grad-clip", Value: d.Optimizer.GradClip, Destination: &f.GradClip, Usage: "gradient norm clip (0: off)"},
 		&cli.Float64Flag{Name: "temperature", Value: d.Temperature, Destination: &f.Temperature, Usage: "the sampling temperature: logprobs are of logits / T"},
 		&cli.Int64Flag{Name: "seed", Destination: &f.Seed, Usage: "the trainer's seed"},
+		&cli.StringFlag{Name: "dtype", Value: "float32", Destination: &f.Dtype, Usage: "the trainer's compute dtype: float32 (bf16 autocast on CUDA) or float64 (the on-policy identity far below 1e-5, beside an engine computing in float64: serve.py --dtype float64; CPU-sized models); the checkpoint is saved in the base's dtype"},
 		&cli.BoolFlag{Name: "dry-run", Destination: &f.DryRun, Usage: "print plan.json and the trainer command, and stop (nothing is written)"},
 		stagecmd.PrintVersionFlag(&f.PrintVersion),
 	}
@@ -117,7 +120,9 @@ directory, and the trainer runs on them:
    python    PYTHON -m kiln_gpu.train --plan DIR/plan.json
    torchrun  PYTHON -m torch.distributed.run --nproc-per-node N -m kiln_gpu.train ...
    srun      srun --ntasks N ... sh -c 'RANK=$SLURM_PROCID ...' PYTHON -m kiln_gpu.train ...
-with --gpu-dir on PYTHONPATH. Its progress is a bar on a terminal, log lines
+with --gpu-dir on PYTHONPATH; or, with --trainer-socket PATH, as a fork of
+the warm trainer listening there (python -m kiln_gpu.forkserver --socket
+PATH: torch imported once, not per run). Its progress is a bar on a terminal, log lines
 otherwise; its stderr is passed through prefixed "trainer:". When it exits 0
 having saved a complete checkpoint (weights in model-0000i-of-0000n.safetensors
 with their index, config.json, the base's tokenizer and chat template,
@@ -165,14 +170,19 @@ type Options struct {
 	Optimizer OptimizerConfig
 	Seed      int64
 	Temp      float64
-	Launcher  Launcher
-	NProc     int
-	Python    string
-	GPUDir    string
-	CacheDir  string
-	WorkDir   string
-	KeepWork  bool
-	DryRun    bool
+	// Dtype is the trainer's compute dtype (plan "dtype"); "" is float32.
+	Dtype    string
+	Launcher Launcher
+	NProc    int
+	Python   string
+	GPUDir   string
+	CacheDir string
+	WorkDir  string
+	// TrainerSocket is a warm trainer's socket (forkserver.go); "" starts
+	// a trainer process.
+	TrainerSocket string
+	KeepWork      bool
+	DryRun        bool
 }
 
 // Action runs kiln-train from parsed flags.
@@ -228,6 +238,11 @@ func (f *Flags) options(c *cli.Context) (Options, error) {
 	default:
 		return Options{}, stagecmd.Usagef("--old-logprobs %q: want recompute or rollout", f.OldLogprobs)
 	}
+	switch f.Dtype {
+	case "float32", "float64":
+	default:
+		return Options{}, stagecmd.Usagef("--dtype %q: want float32 or float64", f.Dtype)
+	}
 	scPath := ""
 	switch f.SCPath {
 	case "top-p":
@@ -265,6 +280,9 @@ func (f *Flags) options(c *cli.Context) (Options, error) {
 	case f.Model == "":
 		return Options{}, stagecmd.Usagef("--model: want a checkpoint directory or a checkpoints version")
 	}
+	if f.TrainerSocket != "" && l != LaunchPython {
+		return Options{}, stagecmd.Usagef("--trainer-socket runs the trainer in one process, --launcher %s starts several: drop one of them", l)
+	}
 	python := f.Python
 	if python == "" {
 		python = DefaultPython(os.Getenv)
@@ -287,8 +305,8 @@ func (f *Flags) options(c *cli.Context) (Options, error) {
 			KLCoef: f.KLCoef, EntropyCoef: f.EntropyCoef, ScoreCentering: f.ScoreCentering, ScoreCenteringPath: scPath,
 			OldLogprobs: f.OldLogprobs},
 		Optimizer: OptimizerConfig{LR: f.LR, WeightDecay: f.WeightDecay, Betas: d.Optimizer.Betas, Eps: d.Optimizer.Eps, GradClip: f.GradClip},
-		Seed:      f.Seed, Temp: f.Temperature, Launcher: l, NProc: f.NProc,
-		Python: python, GPUDir: gpu, CacheDir: cache, WorkDir: f.WorkDir, KeepWork: f.KeepWork, DryRun: f.DryRun,
+		Seed:      f.Seed, Temp: f.Temperature, Dtype: f.Dtype, Launcher: l, NProc: f.NProc,
+		Python: python, GPUDir: gpu, CacheDir: cache, WorkDir: f.WorkDir, TrainerSocket: f.TrainerSocket, KeepWork: f.KeepWork, DryRun: f.DryRun,
 	}, nil
 }
 
@@ -337,6 +355,9 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 	if o.Epochs > 1 { // absent at 1, so one-epoch runs keep the ids they had before --epochs
 		id.Args["epochs"] = o.Epochs
 	}
+	if o.Dtype != "" && o.Dtype != "float32" { // absent at float32, for the same reason
+		id.Args["dtype"] = o.Dtype
+	}
 	for _, m := range []struct {
 		m    *Model
 		role string
@@ -374,6 +395,9 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 	}
 	plan := &Plan{Format: PlanFormat, Model: model.Dir, Seed: o.Seed, Temperature: o.Temp,
 		GlobalBatchSize: o.GlobalBatchSize, Loss: o.Loss, Optimizer: o.Optimizer}
+	if o.Dtype != "float32" {
+		plan.Dtype = o.Dtype
+	}
 	if resume != nil {
 		plan.ResumeFrom = &resume.Dir
 	}
@@ -425,9 +449,14 @@ func Run(ctx context.Context, env *stagecmd.Env, st store.Store, out stagecmd.Ou
 			return nil, fmt.Errorf("writing the batches: %w", err)
 		}
 		argv := Command(o.Launcher, o.Python, o.NProc, filepath.Join(work, "plan.json"))
-		env.Log.Info("trainer", "command", strings.Join(argv, " "), "work", work)
+		if o.TrainerSocket != "" {
+			env.Log.Info("trainer", "socket", o.TrainerSocket, "plan", filepath.Join(work, "plan.json"), "work", work)
+		} else {
+			env.Log.Info("trainer", "command", strings.Join(argv, " "), "work", work)
+		}
 		progress := stagecmd.NewProgress(env.Stderr, env.Log, "train", "steps", int64(len(plan.Steps)))
-		tr, err := RunTrainer(ctx, argv, launchEnv(o.Launcher, os.Getenv), work, gpuDir, env.Stderr, env.Log, progress)
+		tr, err := RunTrainer(ctx, Launch{Argv: argv, Env: launchEnv(o.Launcher, os.Getenv), Dir: work, GPUDir: gpuDir,
+			Plan: filepath.Join(work, "plan.json"), Socket: o.TrainerSocket}, env.Stderr, env.Log, progress)
 		progress.Done()
 		if err != nil {
 			return nil, err

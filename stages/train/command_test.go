@@ -352,6 +352,34 @@ func TestEpochs(t *testing.T) {
 	assert.Contains(t, errs, "--epochs 0: want at least 1")
 }
 
+// --dtype reaches plan.json (the trainer's optional "dtype") and, when
+// not float32, the version id (docs/train-stage.md §7); float32 runs
+// keep the ids they had before the flag, and other dtypes are refused.
+func TestDtype(t *testing.T) {
+	w := newWorld(t)
+	plan := func(args ...string) (map[string]any, string) {
+		t.Helper()
+		out, errs, code := w.run(t, append([]string{"--trajectories", w.trajectories.String(), "--advantages", w.advantages.String(),
+			"--model", w.model, "--out", "ckpt", "--dry-run"}, args...)...)
+		require.Equal(t, 0, code, errs)
+		var p map[string]any
+		require.NoError(t, json.NewDecoder(strings.NewReader(out[strings.Index(out, "{"):])).Decode(&p))
+		return p, lastLine(out)
+	}
+	def, vdef := plan()
+	f32, v32 := plan("--dtype", "float32")
+	f64, v64 := plan("--dtype", "float64")
+	assert.NotContains(t, def, "dtype")
+	assert.NotContains(t, f32, "dtype")
+	assert.Equal(t, "float64", f64["dtype"])
+	assert.Equal(t, vdef, v32)
+	assert.NotEqual(t, vdef, v64)
+	_, errs, code := w.run(t, "--trajectories", w.trajectories.String(), "--advantages", w.advantages.String(),
+		"--model", w.model, "--out", "ckpt", "--dry-run", "--dtype", "bfloat16")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errs, `--dtype "bfloat16": want float32 or float64`)
+}
+
 var _ = cli.App{}
 
 // Cancelling kiln-train (a signal) stops the trainer's whole process

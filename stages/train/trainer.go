@@ -145,12 +145,26 @@ type TrainerRun struct {
 	Saved string           // the dir of the saved event
 }
 
-// RunTrainer runs argv in dir with gpuDir on PYTHONPATH, reporting each
-// step event to progress and passing stderr to log lines prefixed
-// "trainer: ". It fails unless the trainer exits 0 after a saved event.
-func RunTrainer(ctx context.Context, argv, extraEnv []string, dir, gpuDir string, stderr io.Writer, log *slog.Logger, progress *stagecmd.Progress) (*TrainerRun, error) {
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Dir = dir
+// Launch is how RunTrainer starts the trainer: Argv in Dir with GPUDir on
+// PYTHONPATH and Env added to kiln-train's environment, or, with Socket,
+// a run of Plan on the warm trainer listening there (forkserver.go).
+type Launch struct {
+	Argv, Env         []string
+	Dir, GPUDir, Plan string
+	Socket            string
+}
+
+// trainerProc is a started trainer: its stdout and stderr, and wait,
+// which returns once it has exited (an error for a non-zero status).
+type trainerProc struct {
+	stdout, stderr io.Reader
+	wait           func() error
+}
+
+// startExec starts l.Argv as a process group of its own.
+func startExec(ctx context.Context, l Launch) (*trainerProc, error) {
+	cmd := exec.CommandContext(ctx, l.Argv[0], l.Argv[1:]...)
+	cmd.Dir = l.Dir
 	// The trainer runs in its own process group, and cancelling (a signal
 	// to kiln-train) stops the whole group: torchrun's and srun's workers
 	// too, not only the launcher. SIGTERM first, SIGKILL 10 s later.
@@ -158,11 +172,11 @@ func RunTrainer(ctx context.Context, argv, extraEnv []string, dir, gpuDir string
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
 	env := os.Environ()
-	pp := gpuDir
+	pp := l.GPUDir
 	if old := os.Getenv("PYTHONPATH"); old != "" {
 		pp += string(os.PathListSeparator) + old
 	}
-	cmd.Env = append(append(env, "PYTHONPATH="+pp, "PYTHONUNBUFFERED=1"), extraEnv...)
+	cmd.Env = append(append(env, "PYTHONPATH="+pp, "PYTHONUNBUFFERED=1"), l.Env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -172,8 +186,25 @@ func RunTrainer(ctx context.Context, argv, extraEnv []string, dir, gpuDir string
 		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting the trainer %q: %w (set --python or KILN_PYTHON; scripts/install-gpu-deps.sh builds the environment)", argv[0], err)
+		return nil, fmt.Errorf("starting the trainer %q: %w (set --python or KILN_PYTHON; scripts/install-gpu-deps.sh builds the environment)", l.Argv[0], err)
 	}
+	return &trainerProc{stdout: out, stderr: errPipe, wait: cmd.Wait}, nil
+}
+
+// RunTrainer runs the trainer as l says, reporting each step event to
+// progress and passing stderr to log lines prefixed "trainer: ". It
+// fails unless the trainer exits 0 after a saved event.
+func RunTrainer(ctx context.Context, l Launch, stderr io.Writer, log *slog.Logger, progress *stagecmd.Progress) (*TrainerRun, error) {
+	start := startExec
+	if l.Socket != "" {
+		start = startForkserver
+	}
+	p, err := start(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	out, errPipe := p.stdout, p.stderr
+	argv := l.Argv
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -214,7 +245,7 @@ func RunTrainer(ctx context.Context, argv, extraEnv []string, dir, gpuDir string
 	}
 	io.Copy(io.Discard, out)
 	wg.Wait()
-	err = cmd.Wait()
+	err = p.wait()
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
