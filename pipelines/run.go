@@ -611,7 +611,9 @@ func (p *Plan) launchService(ctx context.Context, st *Target, o RunOptions, outM
 	return s
 }
 
-func (p *Plan) serviceLog(st *Target) string { return p.rec.prefix + "logs/" + st.Name + "/service.log" }
+func (p *Plan) serviceLog(st *Target) string {
+	return p.rec.prefix + "logs/" + st.Name + "/service.log"
+}
 
 // awaitService waits until launched service s passes its health check,
 // 2 minutes at most from its launch, and records the outcome in s.
