@@ -209,7 +209,8 @@ func TestDemo(t *testing.T) {
 		t.Errorf("the rerun changed the record:\nbefore %s\nafter  %s", before, after)
 	}
 
-	// One more step continues: only its targets (and the engine) would run.
+	// One more step continues: only its targets (and the services they use,
+	// the engine and the warm trainer) would run.
 	next := strconv.Itoa(demoSteps + 1)
 	plan, _ := kiln(with("plan", spec, "STEPS="+next)...)
 	for _, l := range strings.Split(strings.TrimSpace(plan), "\n") {
@@ -218,8 +219,9 @@ func TestDemo(t *testing.T) {
 			continue
 		}
 		name := strings.TrimSuffix(f[1], ":")
-		if fresh := strings.HasSuffix(name, "/"+next) || name == "engine"; (f[0] == "run") != fresh {
-			t.Errorf("kiln plan STEPS=%s: %q (want run for step %s's targets and the engine only)", next, l, next)
+		service := name == "engine" || name == "trainer"
+		if fresh := strings.HasSuffix(name, "/"+next) || service; (f[0] == "run") != fresh {
+			t.Errorf("kiln plan STEPS=%s: %q (want run for step %s's targets and the engine and trainer services only)", next, l, next)
 		}
 	}
 }
