@@ -88,45 +88,57 @@ func TestKeyTerms(t *testing.T) {
 // stage, with --print-version, names a version the store holds, even
 // with no record of it; one that names a version the store lacks runs.
 // Before, no test recipe was one line, and a planner that never probed
-// passed every test.
+// passed every test. shards=1 is one shard, not a sharded target: it is
+// probed as a target without the attribute is (before, no test wrote
+// shards=1, and a probe skipped for Shards >= 1 passed every test).
 func TestProbeOneLineRecipe(t *testing.T) {
-	f := newFixture(t)
-	dir := filepath.Dir(f.spec)
-	for name, row := range map[string]string{"in1.jsonl": `{"prompt":"one","label":"1","metadata":{}}`, "in2.jsonl": `{"prompt":"two","label":"2","metadata":{}}`} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(row+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	f.setSpec("IN ?= in1.jsonl\none:\n\tkiln import tasks --out one $(IN)\n")
-	if _, errs, code := f.runErr("run"); code != 0 {
-		t.Fatalf("kiln run: exit %d\n%s", code, errs)
-	}
-	e := entries(t, f.store)["one"]
-	if !strings.HasPrefix(e.Ref, "one@") {
-		t.Fatalf("one's entry %+v, want a ref of one", e)
-	}
-	// Forget the record: only the store's version says one is done.
-	st, err := store.Open(f.store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	for _, k := range []string{"rl/done/" + e.Key + ".json", "rl/targets/one.json"} {
-		if err := st.Delete(ctx, pipelines.RecordPrefix+k); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if got, want := f.plan()["one"], "done the store holds "+e.Ref+" (--print-version)"; got != want {
-		t.Errorf("plan says one: %q, want %q", got, want)
-	}
-	if _, errs, code := f.runErr("run"); code != 0 || ranOnce(errs) != "" {
-		t.Errorf("kiln run after the plan said done: exit %d, ran %q, want nothing\n%s", code, ranOnce(errs), errs)
-	}
-	// Another input: --print-version names a version the store lacks.
-	if got := f.plan("IN=in2.jsonl")["one"]; got != "run never built" {
-		t.Errorf("plan IN=in2.jsonl says one: %q, want run never built", got)
-	}
-	if _, errs, code := f.runErr("run", "IN=in2.jsonl"); code != 0 || ranOnce(errs) != "one" {
-		t.Errorf("kiln run IN=in2.jsonl: exit %d, ran %q, want one\n%s", code, ranOnce(errs), errs)
+	for _, tc := range []struct {
+		name  string
+		attrs string // after "one:"
+	}{
+		{"no attributes", ""},
+		{"shards=1", " [shards=1]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			dir := filepath.Dir(f.spec)
+			for name, row := range map[string]string{"in1.jsonl": `{"prompt":"one","label":"1","metadata":{}}`, "in2.jsonl": `{"prompt":"two","label":"2","metadata":{}}`} {
+				if err := os.WriteFile(filepath.Join(dir, name), []byte(row+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f.setSpec("IN ?= in1.jsonl\none:" + tc.attrs + "\n\tkiln import tasks --out one $(IN)\n")
+			if _, errs, code := f.runErr("run"); code != 0 {
+				t.Fatalf("kiln run: exit %d\n%s", code, errs)
+			}
+			e := entries(t, f.store)["one"]
+			if !strings.HasPrefix(e.Ref, "one@") {
+				t.Fatalf("one's entry %+v, want a ref of one", e)
+			}
+			// Forget the record: only the store's version says one is done.
+			st, err := store.Open(f.store)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			for _, k := range []string{"rl/done/" + e.Key + ".json", "rl/targets/one.json"} {
+				if err := st.Delete(ctx, pipelines.RecordPrefix+k); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got, want := f.plan()["one"], "done the store holds "+e.Ref+" (--print-version)"; got != want {
+				t.Errorf("plan says one: %q, want %q", got, want)
+			}
+			if _, errs, code := f.runErr("run"); code != 0 || ranOnce(errs) != "" {
+				t.Errorf("kiln run after the plan said done: exit %d, ran %q, want nothing\n%s", code, ranOnce(errs), errs)
+			}
+			// Another input: --print-version names a version the store lacks.
+			if got := f.plan("IN=in2.jsonl")["one"]; got != "run never built" {
+				t.Errorf("plan IN=in2.jsonl says one: %q, want run never built", got)
+			}
+			if _, errs, code := f.runErr("run", "IN=in2.jsonl"); code != 0 || ranOnce(errs) != "one" {
+				t.Errorf("kiln run IN=in2.jsonl: exit %d, ran %q, want one\n%s", code, ranOnce(errs), errs)
+			}
+		})
 	}
 }

@@ -55,3 +55,68 @@ func TestSettleLastOlder(t *testing.T) {
 		t.Errorf("kiln why rollout/2 AGENT.2=third does not compare with the last build (AGENT.2=other):\n%s", why)
 	}
 }
+
+// TestOldEntryWithoutOutputs: a done entry written before targets had
+// several outputs has a ref and no outputs field; it reads as done with
+// the one output [Ref] (Entry.Outputs), so kiln status lists that output.
+// Before, no test read an entry in the older format, and one read with
+// no outputs passed every test.
+func TestOldEntryWithoutOutputs(t *testing.T) {
+	f := newFixture(t)
+	f.setSpec(`one:
+	printf '{"prompt":"one","label":"1","metadata":{}}\n' > $$KILN_TMPDIR/in.jsonl
+	kiln import tasks --out one $$KILN_TMPDIR/in.jsonl
+`)
+	f.run("run")
+	e := entries(t, f.store)["one"]
+	if !strings.HasPrefix(e.Ref, "one@") || len(e.Outputs) != 1 {
+		t.Fatalf("one's entry %+v, want a ref of one and it as its one output", e)
+	}
+	// Rewrite its record in the older format: no outputs field.
+	st, err := store.Open(f.store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, k := range []string{"rl/done/" + e.Key + ".json", "rl/targets/one.json"} {
+		b, _, err := store.ReadAll(ctx, st, pipelines.RecordPrefix+k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		delete(m, "outputs")
+		if b, err = json.Marshal(m); err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(b, []byte(`"outputs"`)) {
+			t.Fatalf("rewritten entry still has outputs: %s", b)
+		}
+		if _, err := st.Put(ctx, pipelines.RecordPrefix+k, bytes.NewReader(b), int64(len(b))); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	if why := f.plan()["one"]; !strings.HasPrefix(why, "done recorded: built ") || !strings.HasSuffix(why, " as "+e.Ref) {
+		t.Errorf("plan says one: %q, want done, recorded as %s", why, e.Ref)
+	}
+	out, _ := f.run("status", "--json")
+	var row struct {
+		State   string `json:"state"`
+		Ref     string `json:"ref"`
+		Outputs []struct {
+			Ref string `json:"ref"`
+		} `json:"outputs"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &row); err != nil {
+		t.Fatalf("status --json %q: %v", out, err)
+	}
+	if row.State != "done" || row.Ref != e.Ref || len(row.Outputs) != 1 || row.Outputs[0].Ref != e.Ref {
+		t.Errorf("status --json of the older entry: %+v, want done with ref and one output %s", row, e.Ref)
+	}
+	if _, errs := f.run("run"); len(ran(errs)) != 0 {
+		t.Errorf("run ran %v, want nothing (one is recorded done)", ran(errs))
+	}
+}

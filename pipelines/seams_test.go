@@ -136,6 +136,46 @@ rollout/$(step):
 	}
 }
 
+// TestNoOutLastLine: a target without an output dataset has a ref only
+// when its last stdout line is a pinned ref (pipelines/README.md §3);
+// an unpinned one (a bare dataset name) or any other line leaves it
+// identified by its key, and its users' $(ref T) is key:KEY. Before, no
+// test printed an unpinned ref as such a target's last line, and reading
+// it as the target's ref passed every test.
+func TestNoOutLastLine(t *testing.T) {
+	for _, tc := range []struct {
+		name, last string
+		ref        string // the ref recorded; "" for none
+	}{
+		{"pinned ref", "tasks@v1", "tasks@v1"},
+		{"unpinned ref", "tasks", ""},
+		{"not a ref", "no ref here", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.setSpec("noout:\n\techo '" + tc.last + "'\n\nuser: noout\n\techo $(ref noout)\n")
+			if _, errs, code := f.runErr("run"); code != 0 {
+				t.Fatalf("kiln run: exit %d\n%s", code, errs)
+			}
+			e := entries(t, f.store)
+			no := e["noout"]
+			if no.Ref != tc.ref {
+				t.Errorf("noout printed %q last: recorded ref %q (outputs %q), want %q", tc.last, no.Ref, no.Outputs, tc.ref)
+			}
+			if tc.ref == "" && len(no.Outputs) != 0 {
+				t.Errorf("noout printed %q last: recorded outputs %q, want none", tc.last, no.Outputs)
+			}
+			want := tc.ref
+			if want == "" {
+				want = "key:" + no.Key
+			}
+			if got := strings.Join(e["user"].Recipe, "\n"); got != "echo "+want {
+				t.Errorf("user's recipe %q, want $(ref noout) as %s", got, want)
+			}
+		})
+	}
+}
+
 // TestServiceSeams: a service's recipe gets $(ref T) and KILN_TMPDIR, it
 // starts only after its own prerequisites (its user has none of its own,
 // so before, it started at once, with $(ref data) empty), its users and

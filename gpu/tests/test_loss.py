@@ -185,6 +185,57 @@ def test_policy_loss_applies_the_dual_clip():
     assert plain.loss.item() != pytest.approx(got.loss.item())
 
 
+@pytest.mark.parametrize(
+    "mode,w_want",
+    # rho = [1.5, 1.1, 0.5]: 1.5 is above the bound 1.2 but below the default 2.0
+    [("tis", [1.2, 1.1, 0.5]), ("mis", [0.0, 1.1, 0.5])],
+)
+def test_policy_loss_applies_a_non_default_correction_high(mode, w_want):
+    """policy_loss hands cfg.correction_high to rollout_correction (a
+    mutation survivor passed the default 2.0 instead, which every other test
+    uses): with a bound of 1.2 a rollout ratio of 1.5 is clipped (tis) or
+    dropped (mis), against values worked out by hand."""
+    rho = [1.5, 1.1, 0.5]
+    old = t([-1.0, -0.3, -2.0])
+    roll = old - torch.log(t(rho))
+    adv, mask, denom = t([1.0, 2.0, -1.0]), t([1.0, 1.0, 1.0]), t([1.0, 1.0, 1.0])
+    cfg = LossConfig(correction=mode, correction_low=0.0, correction_high=1.2)
+    out = policy_loss(old.clone(), old, roll, adv, mask, denom, 1.0, cfg)
+    # ratio 1, inside every clip: each token's loss is -A·w
+    want = sum(-a * w for a, w in zip([1.0, 2.0, -1.0], w_want))
+    assert out.loss.item() == pytest.approx(want, abs=1e-12)
+    assert out.metrics["pg_loss"] == pytest.approx(want, abs=1e-12)
+    assert out.metrics["tis"] == pytest.approx(sum(w_want), abs=1e-12)
+    assert out.metrics["tis_clipfrac"] == pytest.approx(1.0, abs=1e-12)  # only the 1.5 changed
+    at_default = policy_loss(old.clone(), old, roll, adv, mask, denom, 1.0, LossConfig(correction=mode))
+    assert at_default.metrics["tis_clipfrac"] == 0.0
+    assert at_default.loss.item() != pytest.approx(want)
+
+
+def test_policy_loss_metric_names_and_values():
+    """The metrics dict's exact keys (the trainer and kiln's Go side read
+    them by name; a mutation survivor renaming one went unseen) and their
+    values against a hand computation."""
+    lp, old = t([-1.0, -2.0, -0.5]), t([-1.5, -2.0, -0.25])
+    roll = t([-1.5, -2.0 - math.log(3.0), -0.25])  # rho = [1, 3, 1]
+    adv, mask, denom = t([1.0, -1.0, 2.0]), t([1.0, 1.0, 0.0]), t([2.0, 2.0, 2.0])
+    base = {"loss", "pg_loss", "pg_clipfrac", "ppo_kl", "train_rollout_logprob_abs_diff"}
+    plain = policy_loss(lp, old, roll, adv, mask, denom, 2.0, LossConfig())
+    assert set(plain.metrics) == base
+    out = policy_loss(lp, old, roll, adv, mask, denom, 2.0, LossConfig(correction="tis"))
+    assert set(out.metrics) == base | {"tis", "tis_clipfrac"}
+    # trained tokens 0 and 1, each scaled by 1 / (denom 2 · divisor 2) = 1/4
+    # token 0: r = e^0.5 > 1.2 with A = 1: clipped, -1.2; w = 1
+    # token 1: r = 1, A = -1: 1; rho 3 clamped to w = 2: 2
+    assert out.metrics["loss"] == pytest.approx((-1.2 + 2.0) / 4, abs=1e-12)
+    assert out.metrics["pg_loss"] == out.metrics["loss"]
+    assert out.metrics["pg_clipfrac"] == pytest.approx(1 / 4, abs=1e-12)
+    assert out.metrics["ppo_kl"] == pytest.approx((-0.5 + 0.0) / 4, abs=1e-12)
+    assert out.metrics["train_rollout_logprob_abs_diff"] == pytest.approx(math.log(3.0) / 4, abs=1e-12)
+    assert out.metrics["tis"] == pytest.approx((1.0 + 2.0) / 4, abs=1e-12)
+    assert out.metrics["tis_clipfrac"] == pytest.approx(1 / 4, abs=1e-12)
+
+
 def test_step_denominators_edges_and_errors():
     """token-mean's divisor is the step's trained tokens, 1 included (a
     survivor floored it at 2); bad input is refused by name."""

@@ -253,6 +253,35 @@ def test_differential_against_reference(seed):
     assert float((x.grad - gz).abs().max()) <= 1e-12
 
 
+@pytest.mark.parametrize("objective", ["ppo", "reinforce"])
+@pytest.mark.parametrize("corr,w_want", [("tis", [1.2, 1.1, 0.5]), ("mis", [0.0, 1.1, 0.5])])
+def test_micro_batch_loss_applies_a_non_default_correction_high(objective, corr, w_want):
+    """micro_batch_loss hands cfg.correction_high to rollout_correction (a
+    mutation survivor passed the default 2.0 instead, which every other test
+    uses): with a bound of 1.2 a rollout ratio of 1.5 is clipped (tis) or
+    dropped (mis). On-policy (old = sg(lp)), so PPO's token loss is −A·w and
+    REINFORCE's −A·w·lp. Also pins the metrics dict's exact keys."""
+    g = torch.Generator().manual_seed(5)
+    R, V = 3, 7
+    logits = torch.randn(R, V, generator=g, dtype=torch.float64)
+    target = torch.tensor([2, 5, 0])
+    lp = torch.log_softmax(logits, -1)[torch.arange(R), target]
+    roll = lp - torch.log(torch.tensor([1.5, 1.1, 0.5], dtype=torch.float64))
+    adv = torch.tensor([1.0, 2.0, -1.0], dtype=torch.float64)
+    ones = torch.ones(R, dtype=torch.float64)
+    seg = torch.zeros(R, dtype=torch.long)
+    obj = Objective(objective=objective, base=LossConfig(correction=corr, correction_low=0.0, correction_high=1.2))
+    out = micro_batch_loss(obj, logits, target, roll, adv, ones, ones, 1.0, seg, 1)
+    w = torch.tensor(w_want, dtype=torch.float64)
+    want = float((-adv * w * (lp if objective == "reinforce" else 1.0)).sum())
+    assert out.loss.item() == pytest.approx(want, abs=1e-12)
+    assert out.metrics["pg_loss"] == pytest.approx(want, abs=1e-12)
+    assert out.metrics["tis"] == pytest.approx(sum(w_want), abs=1e-12)
+    assert out.metrics["tis_clipfrac"] == pytest.approx(1.0, abs=1e-12)  # only the 1.5 changed
+    assert set(out.metrics) == {"loss", "pg_loss", "pg_clipfrac", "ppo_kl", "train_rollout_logprob_abs_diff",
+                                "kl_loss", "entropy", "tis", "tis_clipfrac"}
+
+
 def _run(plan):
     return train.main(["--plan", str(plan)])
 

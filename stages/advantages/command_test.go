@@ -412,6 +412,72 @@ func TestSelect(t *testing.T) {
 	assert.Equal(t, stagecmd.ExitBadInput, stagecmd.ExitCode(err))
 }
 
+// --min-samples at its edge: 1 is refused, 2 (one success and one
+// failure) is the least accepted and judges a two-sample task; baseline
+// grades are not samples and are counted in baseline_grades_ignored
+// (mutation survivors: minSamples <= 2, and len(grades) + len(nonBaseline)).
+func TestSelectMinSamplesAndBaseline(t *testing.T) {
+	st, err := store.NewLocal(t.TempDir())
+	require.NoError(t, err)
+	ids := []string{"pair", "single", "triple"}
+	tasks := commitTasks(t, st, "tasks", ids...)
+	var gs []records.Grade
+	id := int64(0)
+	add := func(group int64, pass, baseline bool) {
+		g := grade(id, group, ids[group], id, pass)
+		g.Baseline = baseline
+		gs = append(gs, g)
+		id++
+	}
+	add(0, true, false)
+	add(0, false, false)
+	add(1, false, false)
+	add(2, true, false)
+	add(2, false, false)
+	add(2, false, false)
+	// One baseline per task; single's passes, which would make it mixed
+	// with two samples if baseline grades counted.
+	add(0, false, true)
+	add(1, true, true)
+	add(2, false, true)
+	grades := commitGrades(t, st, []dataset.Ref{tasks}, gs)
+	for _, tc := range []struct {
+		minSamples int
+		usage      bool
+		selected   []string
+		counts     map[string]any
+	}{
+		{minSamples: 1, usage: true},
+		{minSamples: 2, selected: []string{"pair", "triple"}, counts: map[string]any{"selected": 2.0, "too_few_samples": 1.0}},
+		{minSamples: 3, selected: []string{"triple"}, counts: map[string]any{"selected": 1.0, "too_few_samples": 2.0}},
+		{minSamples: 4, counts: map[string]any{"too_few_samples": 3.0}},
+	} {
+		var stdout, stderr bytes.Buffer
+		env := &stagecmd.Env{Stdout: &stdout, Stderr: &stderr, Log: stagecmd.NewLogger(&stderr, false)}
+		res, err := Select(context.Background(), env, st, stagecmd.Output{Name: "tasks/learnable"}, grades.String(), tasks.String(), tc.minSamples)
+		if tc.usage {
+			assert.ErrorContains(t, err, "want at least 2", "min-samples %d", tc.minSamples)
+			assert.Equal(t, stagecmd.ExitUsage, stagecmd.ExitCode(err), "min-samples %d", tc.minSamples)
+			continue
+		}
+		require.NoError(t, err, "min-samples %d", tc.minSamples)
+		v, err := dataset.Open(context.Background(), st, res.Ref)
+		require.NoError(t, err)
+		var got []string
+		require.NoError(t, v.EachShard(context.Background(), func(_ int, data []byte) error {
+			return records.EachTask(data, func(t records.Task) error { got = append(got, t.TaskID); return nil })
+		}))
+		assert.Equal(t, tc.selected, got, "min-samples %d", tc.minSamples)
+		raw, err := json.Marshal(v.Metrics)
+		require.NoError(t, err)
+		var m map[string]any
+		require.NoError(t, json.Unmarshal(raw, &m))
+		assert.Equal(t, tc.counts, m["tasks"], "min-samples %d", tc.minSamples)
+		assert.Equal(t, 3.0, m["tasks_in"], "min-samples %d", tc.minSamples)
+		assert.Equal(t, 3.0, m["baseline_grades_ignored"], "min-samples %d", tc.minSamples)
+	}
+}
+
 // stats prints the summary; the golden file is the output.
 func TestStatsGolden(t *testing.T) {
 	w := newWorld(t)

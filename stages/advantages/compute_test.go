@@ -542,6 +542,42 @@ func TestPassAtK(t *testing.T) {
 	assert.Equal(t, 0.5, s.ZeroAdvantageFraction)
 }
 
+// A group with no gradeable grade (all infra_error, aborted or no_grading)
+// is listed with zero rates and enters no rate: no 0/0 NaN (mutation
+// survivor: t.Gradeable >= 0 in Summarize).
+func TestSummarizeNoGradeable(t *testing.T) {
+	noPatch := func(id, group int64, failure string) Grade {
+		return Grade{RolloutID: id, GroupIndex: group, TaskID: fmt.Sprint("t", group), Failure: failure}
+	}
+	for _, tc := range []struct {
+		name     string
+		grades   []Grade
+		tasks    []TaskStat
+		passAt1  float64
+		zeroFrac float64
+		tasksAtK []int
+	}{
+		{"only no-patch group",
+			[]Grade{noPatch(1, 0, records.FailureInfraError), noPatch(2, 0, records.FailureAborted), noPatch(3, 0, records.FailureNoGrading)},
+			[]TaskStat{{GroupIndex: 0, TaskID: "t0", Rollouts: 3}}, 0, 0, []int{}},
+		{"beside a gradeable group",
+			[]Grade{noPatch(1, 0, records.FailureInfraError),
+				{RolloutID: 2, GroupIndex: 1, TaskID: "t1", Reward: 1, Failure: records.FailureNone},
+				{RolloutID: 3, GroupIndex: 1, TaskID: "t1", Failure: records.FailureTestsFailed}},
+			[]TaskStat{{GroupIndex: 0, TaskID: "t0", Rollouts: 1}, {GroupIndex: 1, TaskID: "t1", Rollouts: 2, Gradeable: 2, Passed: 1, RewardMean: 0.5, PassRate: 0.5}},
+			0.5, 0, []int{1, 1}},
+	} {
+		s := Summarize(tc.grades)
+		assert.Equal(t, tc.tasks, s.Tasks, tc.name)
+		for _, ts := range s.Tasks {
+			assert.False(t, math.IsNaN(ts.RewardMean) || math.IsNaN(ts.PassRate), "%s: group %d: %+v", tc.name, ts.GroupIndex, ts)
+		}
+		assert.Equal(t, tc.passAt1, s.PassAt1, tc.name)
+		assert.Equal(t, tc.zeroFrac, s.ZeroAdvantageFraction, tc.name)
+		assert.Equal(t, tc.tasksAtK, s.TasksAtK, tc.name)
+	}
+}
+
 // The fan-out metric's buckets at their edges, and every estimator's name
 // parsing back to it (mutation survivors: n < 8, hi <= n, and == negated
 // in ParseEstimator, which only the CLI tests reached).

@@ -127,6 +127,37 @@ func TestMicroBatchTensors(t *testing.T) {
 	assert.Equal(t, 6, seen)
 }
 
+// A top-p micro-batch of a single response token: its top_p_offsets
+// slice is made with capacity R+1 = 2 (a mutation survivor R-1 made it
+// 0, less than its length 1, which panics only here).
+func TestMicroBatchTensorsTopPOneResponseToken(t *testing.T) {
+	segs := []Segment{{RolloutID: 7, Tokens: []int32{5, 6, 9}, ResponseLength: 1, LossMask: []uint8{1},
+		RolloutLogProbs: []float32{-0.5}, Advantage: 1.5, RolloutTrainedTokens: 1,
+		TopPOffsets: []int32{0, 2}, TopPIDs: []int32{9, 4}, TopPLogProbs: []float32{-0.25, -1.5}}}
+	st := Step{Rollouts: []int64{7}, Segments: []int{0}}
+	var ts []Tensor
+	require.NotPanics(t, func() { ts = MicroBatchTensors(segs, st, []int{0}, ReduceRollout) })
+	got := map[string]any{}
+	var names []string
+	for _, x := range ts {
+		got[x.Name] = x.Data
+		names = append(names, x.Name)
+	}
+	assert.Equal(t, []string{"tokens", "seq_offsets", "response_lengths", "loss_mask", "rollout_logprobs", "advantages",
+		"denominators", "rollout_index", "top_p_offsets", "top_p_ids", "top_p_probs"}, names)
+	assert.Equal(t, []int32{5, 6, 9}, got["tokens"])
+	assert.Equal(t, []int64{0, 3}, got["seq_offsets"])
+	assert.Equal(t, []int32{1}, got["response_lengths"])
+	assert.Equal(t, []uint8{1}, got["loss_mask"])
+	assert.Equal(t, []float32{-0.5}, got["rollout_logprobs"])
+	assert.Equal(t, []float32{1.5}, got["advantages"])
+	assert.Equal(t, []float32{1}, got["denominators"])
+	assert.Equal(t, []int32{0}, got["rollout_index"])
+	assert.Equal(t, []int64{0, 2}, got["top_p_offsets"])
+	assert.Equal(t, []int32{9, 4}, got["top_p_ids"])
+	assert.InDeltaSlice(t, []float32{0.7788008, 0.22313017}, got["top_p_probs"], 1e-6) // exp(-0.25), exp(-1.5)
+}
+
 // The Python safetensors library (the gpu venv's) reads the files as the
 // Go reader does: same names, dtypes, shapes and values.
 func TestSafetensorsPython(t *testing.T) {
