@@ -84,6 +84,30 @@ func TestKeyTerms(t *testing.T) {
 	}
 }
 
+// TestWhyInputChanged: when a prerequisite was rebuilt at a new version,
+// kiln plan names that input and both versions as the reason its user
+// reruns. Before, only the reruns were asserted, and a why that named the
+// first unchanged input (or none) passed every test.
+func TestWhyInputChanged(t *testing.T) {
+	f := newFixture(t)
+	f.setSpec(keySpec)
+	if _, errs, code := f.runErr("run"); code != 0 {
+		t.Fatalf("first kiln run: exit %d\n%s", code, errs)
+	}
+	v1 := entries(t, f.store)["up"].Ref
+	if _, errs, code := f.runErr("run", "up", "A=a2"); code != 0 {
+		t.Fatalf("kiln run up A=a2: exit %d\n%s", code, errs)
+	}
+	v2 := entries(t, f.store)["up"].Ref
+	if v1 == v2 || v2 == "" {
+		t.Fatalf("up's ref %q after A=a2, want a new version (was %q)", v2, v1)
+	}
+	want := "run input up changed: " + v1 + " -> " + v2
+	if got := f.plan("A=a2")["blind"]; got != want {
+		t.Errorf("kiln plan A=a2 says blind: %q, want %q", got, want)
+	}
+}
+
 // TestProbeOneLineRecipe: a one-line kiln-stage recipe is done when the
 // stage, with --print-version, names a version the store holds, even
 // with no record of it; one that names a version the store lacks runs.
