@@ -32,7 +32,7 @@ WORKERS=${KILN_MUTATE_WORKERS:-2}
 
 # name | package dir | files to mutate (space-separated) | go test flags
 GO_TARGETS=(
-	"advantages|stages/advantages|compute.go estimate.go select.go stats.go|-run=^(TestCompute|TestFanout|TestGroupAdvantages|TestInfraMapping|TestPassAtK|TestStatsGolden|TestSelect|TestProperties|TestDifferential|TestRunEndToEnd)"
+	"advantages|stages/advantages|compute.go estimate.go select.go stats.go|-run=^(TestCompute|TestFanout|TestGroupAdvantages|TestInfraMapping|TestPassAtK|TestSummarize|TestStatsGolden|TestSelect|TestProperties|TestDifferential|TestRunEndToEnd)"
 	"plan|pipelines|plan.go|-skip=^(TestKillAndResume|TestLockLost|TestDemo|TestDemoKillAndResume)$"
 	"train|stages/train|join.go batches.go plan.go|-run=^(TestPlanGolden|TestRepeatEpochs|TestSegmentOfTopP|TestMicroBatchTensors|TestJoin|TestSchedule|TestPack|TestDenominators|TestLayoutInvariants|TestContextCheck|TestDryRun|TestBadInputs)"
 )
@@ -44,6 +44,7 @@ GPU_TESTS=(
 	tests/test_train.py::test_score_centering_expected_gradient_is_zero
 	tests/test_train.py::test_score_centering_matching_distributions_zero_correction
 	tests/test_train.py::test_differential_against_reference
+	tests/test_train.py::test_micro_batch_loss_applies_a_non_default_correction_high
 )
 
 base=
