@@ -91,6 +91,8 @@ run_go() {
 		return
 	fi
 	local gremlins
+	[[ -f $CACHE/gremlins-current ]] ||
+		die "gremlins is not installed: run scripts/install-mutation-deps.sh (make mutate does)"
 	gremlins=$(cat "$CACHE/gremlins-current")
 	# gremlins' exclusions are paths relative to the package directory;
 	# Go's regexp has no negative look-ahead, so every other non-test file
@@ -131,6 +133,8 @@ run_gpu() {
 		return
 	fi
 	local venv
+	[[ -f $CACHE/mutmut-venv-current ]] ||
+		die "mutmut is not installed: run scripts/install-mutation-deps.sh (make mutate does)"
 	venv=$(cat "$CACHE/mutmut-venv-current")
 	[[ -d $SNAP/mod ]] || snapshot "$SNAP/mod"
 	mkdir -p "$SNAP/gpu"
