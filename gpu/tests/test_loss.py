@@ -477,3 +477,36 @@ def test_target_logprobs_equal_log_softmax_gather_value_and_gradient():
     assert float((gl - gr).abs().max()) <= 1e-12
     small = torch.randn(3, 5, generator=g, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: target_logprobs(x, torch.tensor([4, 0, 4])), (small,))
+
+
+def test_defaults_of_ppo_clip_and_rollout_correction():
+    """ppo_clip's eps_low defaults to 0.2 (and eps_high to it), and
+    rollout_correction's mode to tis with bounds [0, 2]: a caller that
+    leaves them out gets docs/train.md §3's defaults, not another clip."""
+    lr = torch.log(torch.tensor([0.5, 0.9, 1.1, 1.5], dtype=torch.float64))
+    adv = torch.tensor([-1.0, 1.0, -1.0, 1.0], dtype=torch.float64)
+    loss, frac = ppo_clip(lr, adv)
+    r = torch.exp(lr)
+    want = torch.maximum(-r * adv, -torch.clamp(r, 0.8, 1.2) * adv)
+    assert torch.allclose(loss, want, rtol=0, atol=1e-15)
+    assert frac.tolist() == [1.0, 0.0, 0.0, 1.0]
+    old = torch.log(torch.tensor([0.5, 1.0, 3.0], dtype=torch.float64))
+    roll = torch.zeros(3, dtype=torch.float64)
+    w, changed = rollout_correction(old, roll)
+    assert torch.allclose(w, torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64), rtol=0, atol=1e-15)
+    assert changed.tolist() == [0.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: ppo_clip(torch.zeros(1), torch.ones(1), eps_c=1.0), "dual clip constant must be > 1, got 1.0"),
+        (lambda: rollout_correction(torch.zeros(1), torch.zeros(1), mode="TIS"), "unknown rollout correction 'TIS'"),
+        (lambda: LossConfig(reduction="mean"), "unknown reduction 'mean'"),
+        (lambda: LossConfig(correction="clip"), "unknown rollout correction 'clip'"),
+    ],
+)
+def test_loss_errors_name_the_bad_value(call, message):
+    with pytest.raises(ValueError) as e:
+        call()
+    assert message in str(e.value)
