@@ -41,6 +41,8 @@ GPU_FILES=(kiln_gpu/loss.py kiln_gpu/objectives.py)
 # each on two cores): only its objective tests run.
 GPU_TESTS=(
 	tests/test_loss.py
+	tests/test_policy_logprobs.py
+	tests/test_micro_batch_loss.py
 	tests/test_train.py::test_score_centering_expected_gradient_is_zero
 	tests/test_train.py::test_score_centering_matching_distributions_zero_correction
 	tests/test_train.py::test_differential_against_reference
