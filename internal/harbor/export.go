@@ -13,6 +13,8 @@ import (
 
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/internal/gitdiff"
+	"github.com/kilnrl/kiln/internal/ojson"
+	"github.com/kilnrl/kiln/internal/shlex"
 )
 
 // kiln export --format harbor writes kiln tasks as Harbor task directories
@@ -225,7 +227,7 @@ func writeConvertedTask(dir string, t *records.Task, g *exportGrading, o ExportO
 	var notes []string
 	tests := map[string]string{}
 	var body strings.Builder
-	wd := shq(workdir)
+	wd := shlex.Quote(workdir)
 	pre, err := preCommands(t, g)
 	if err != nil {
 		return nil, err
@@ -238,7 +240,7 @@ func writeConvertedTask(dir string, t *records.Task, g *exportGrading, o ExportO
 		tests["eval_cmd.sh"] = g.EvalCmd
 		fmt.Fprintf(&body, "# eval_cmd (kiln-grade: docs/data-and-grading.md §5.3): the task's command,\n# run in the workdir as %s; exit 0 is reward 1.\n", evalUser)
 		fmt.Fprintf(&body, "cd %s || exit 97\n", wd)
-		fmt.Fprintf(&body, "kiln_as %s bash -c \"$(cat /tests/eval_cmd.sh)\"\n", shq(evalUser))
+		fmt.Fprintf(&body, "kiln_as %s bash -c \"$(cat /tests/eval_cmd.sh)\"\n", shlex.Quote(evalUser))
 		body.WriteString("rc=$?\nif [ $rc -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; fi\nexit $rc\n")
 	case "f2p":
 		if strings.TrimSpace(g.F2PScript) == "" {
@@ -248,7 +250,7 @@ func writeConvertedTask(dir string, t *records.Task, g *exportGrading, o ExportO
 		body.WriteString("# f2p (kiln-grade: docs/data-and-grading.md §5.1): the task's pytest file, run\n# with python in the workdir as agent; exit 0 is reward 1.\n")
 		body.WriteString("kiln_user agent\ncp /tests/f2p.py /tmp/__cagent_f2p__.py && chmod 644 /tmp/__cagent_f2p__.py || exit 97\n")
 		fmt.Fprintf(&body, "cd %s || exit 97\n", wd)
-		fmt.Fprintf(&body, "kiln_as agent bash -c %s\n", shq("cd "+wd+" && if command -v python >/dev/null 2>&1; then python /tmp/__cagent_f2p__.py; else python3 /tmp/__cagent_f2p__.py; fi"))
+		fmt.Fprintf(&body, "kiln_as agent bash -c %s\n", shlex.Quote("cd "+wd+" && if command -v python >/dev/null 2>&1; then python /tmp/__cagent_f2p__.py; else python3 /tmp/__cagent_f2p__.py; fi"))
 		body.WriteString("rc=$?\nif [ $rc -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; fi\nexit $rc\n")
 	case "swebench":
 		if !pytestParsers[g.LogParser] {
@@ -356,7 +358,7 @@ func preCommands(t *records.Task, g *exportGrading) (any, error) {
 	// kiln-grade runs before_repo_set_cmd as agent in the workdir under
 	// set -e, ignoring its failure, then pre_commands (§5.1 step 4-5):
 	// one list keeps that order and those semantics.
-	list := []any{"bash -ec " + shq(g.SWEPro.BeforeRepoSetCmd) + " || true"}
+	list := []any{"bash -ec " + shlex.Quote(g.SWEPro.BeforeRepoSetCmd) + " || true"}
 	switch x := pre.(type) {
 	case string:
 		list = append(list, strings.ReplaceAll(x, `\n`, "\n"))
@@ -371,7 +373,7 @@ func preCommands(t *records.Task, g *exportGrading) (any, error) {
 // runs it as (creating kiln's agent user where the image has none).
 func verifierPrologue(id, kind string) string {
 	return `#!/bin/bash
-# The verifier of kiln task ` + shq(id) + ` (grading kind ` + kind + `), written by
+# The verifier of kiln task ` + shlex.Quote(id) + ` (grading kind ` + kind + `), written by
 # kiln export --format harbor (kiln's docs/data-and-grading.md §7.5): it does
 # what kiln-grade does for that kind and writes its reward, 1 or 0, to
 # /logs/verifier/reward.txt. Run it as root.
@@ -398,15 +400,15 @@ kiln_as() {
 func swebenchScript(workdir string, g *exportGrading) string {
 	var b strings.Builder
 	b.WriteString("# swebench (kiln-grade: docs/data-and-grading.md §5.5), as root.\n")
-	fmt.Fprintf(&b, "cd %s || exit 97\n", shq(workdir))
+	fmt.Fprintf(&b, "cd %s || exit 97\n", shlex.Quote(workdir))
 	b.WriteString("cp /tests/test.patch /tmp/__kiln_tests__.patch || exit 97\n")
 	ref := "HEAD"
 	if g.BaseCommit != "" {
-		fmt.Fprintf(&b, "R=%s; git cat-file -e \"$R^{commit}\" 2>/dev/null || R=HEAD\n", shq(g.BaseCommit))
+		fmt.Fprintf(&b, "R=%s; git cat-file -e \"$R^{commit}\" 2>/dev/null || R=HEAD\n", shlex.Quote(g.BaseCommit))
 		ref = "$R"
 	}
 	for _, p := range gitdiff.Paths(g.TestPatch) {
-		q := shq(p)
+		q := shlex.Quote(p)
 		fmt.Fprintf(&b, "if git cat-file -e \"%s\":%s 2>/dev/null; then git checkout \"%s\" -- %s; else git rm -f --cached -- %s >/dev/null 2>&1 || true; rm -f -- %s; fi\n",
 			ref, q, ref, q, q, q)
 	}
@@ -415,7 +417,7 @@ func swebenchScript(workdir string, g *exportGrading) string {
 	}
 	var files []string
 	for _, p := range swebenchTestFiles(g) {
-		files = append(files, shq(p))
+		files = append(files, shlex.Quote(p))
 	}
 	b.WriteString("set --\n")
 	if len(files) > 0 {
@@ -458,17 +460,18 @@ func swebenchTestFiles(g *exportGrading) []string {
 // script as agent (exit ignored), the parser, then every required test
 // PASSED in result.json.
 func sweproScript(workdir string, selected []string) string {
-	arg, _ := json.Marshal(strings.Join(selected, ","))
+	// The reference passes json.dumps of the list joined by commas.
+	arg := string(ojson.AppendPy(nil, strings.Join(selected, ","), true))
 	var b strings.Builder
 	b.WriteString("# swepro (kiln-grade: docs/data-and-grading.md §5.4).\n")
-	d := shq(SWEProDir)
+	d := shlex.Quote(SWEProDir)
 	fmt.Fprintf(&b, "kiln_user agent\nmkdir -p %s && chmod 777 %s || exit 97\n", d, d)
 	fmt.Fprintf(&b, "for f in run_script.sh parser.py; do if [ -s /tests/$f ]; then cp /tests/$f %s/$f || exit 97; fi; done\n", d)
 	fmt.Fprintf(&b, "chmod 755 %s/* && chown -R agent:agent %s || exit 97\n", d, d)
-	fmt.Fprintf(&b, "kiln_as agent bash -c %s\n", shq(fmt.Sprintf("cd %s && bash %s/run_script.sh %s > %s/stdout.log 2> %s/stderr.log || true",
-		shq(workdir), d, asciiJSON(arg), d, d)))
+	fmt.Fprintf(&b, "kiln_as agent bash -c %s\n", shlex.Quote(fmt.Sprintf("cd %s && bash %s/run_script.sh %s > %s/stdout.log 2> %s/stderr.log || true",
+		shlex.Quote(workdir), d, arg, d, d)))
 	fmt.Fprintf(&b, "cat %s/stdout.log; cat %s/stderr.log >&2\n", d, d)
-	fmt.Fprintf(&b, "kiln_as agent bash -c %s || exit 97\n", shq(fmt.Sprintf("cd %s && python3 parser.py stdout.log stderr.log result.json", d)))
+	fmt.Fprintf(&b, "kiln_as agent bash -c %s || exit 97\n", shlex.Quote(fmt.Sprintf("cd %s && python3 parser.py stdout.log stderr.log result.json", d)))
 	b.WriteString(pythonVerdict("swepro /tests/required.json " + SWEProDir + "/result.json"))
 	return b.String()
 }
@@ -483,11 +486,11 @@ func pythonVerdict(args string) string {
 // the way kiln-grade applies a patch (docs/data-and-grading.md §5.2).
 func solveScript(id, workdir string) string {
 	return `#!/bin/bash
-# The oracle of kiln task ` + shq(id) + `, written by kiln export --format harbor:
+# The oracle of kiln task ` + shlex.Quote(id) + `, written by kiln export --format harbor:
 # it applies the gold patch (solution/gold.patch) in the workdir with
 # git apply, else git apply --3way, else patch -p1, as kiln-grade applies a patch.
 P="$(cd "$(dirname "$0")" && pwd)/gold.patch"
-cd ` + shq(workdir) + ` || exit 1
+cd ` + shlex.Quote(workdir) + ` || exit 1
 git apply --whitespace=nowarn "$P" && exit 0
 git apply --3way --whitespace=nowarn "$P" && exit 0
 git checkout -- . 2>/dev/null
@@ -628,49 +631,4 @@ func tomlValue(v any) any {
 		return x
 	}
 	return v
-}
-
-// shq quotes s for bash like Python's shlex.quote (as kiln-grade does).
-func shq(s string) string {
-	if s == "" {
-		return "''"
-	}
-	safe := true
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("_@%+=:,./-", r)) {
-			safe = false
-			break
-		}
-	}
-	if safe {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'"'"'`) + "'"
-}
-
-// asciiJSON is a JSON string as Python's json.dumps writes it
-// (ensure_ascii), as kiln-grade passes SWE-bench Pro's argument.
-func asciiJSON(b []byte) string {
-	var s string
-	_ = json.Unmarshal(b, &s)
-	var out strings.Builder
-	out.WriteByte('"')
-	for _, r := range s {
-		switch {
-		case r == '"' || r == '\\':
-			out.WriteByte('\\')
-			out.WriteRune(r)
-		case r < 0x20 || r >= 0x7f:
-			if r > 0xffff {
-				r -= 0x10000
-				fmt.Fprintf(&out, `\u%04x\u%04x`, 0xd800+(r>>10), 0xdc00+(r&0x3ff))
-			} else {
-				fmt.Fprintf(&out, `\u%04x`, r)
-			}
-		default:
-			out.WriteRune(r)
-		}
-	}
-	out.WriteByte('"')
-	return out.String()
 }

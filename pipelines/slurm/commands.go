@@ -16,6 +16,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/kilnrl/kiln/internal/shlex"
 	"github.com/kilnrl/kiln/internal/stagecmd"
 )
 
@@ -497,13 +498,13 @@ func (o Options) jobs(c *cli.Context, file string, targets []Target, vars map[st
 			}
 		}
 		runLine = func(file, store string, t Target, vars map[string]string) string {
-			args := []string{shq(kiln), "--store", shq(store), "run", shq(file), "--only", shq(t.Name)}
+			args := []string{shlex.Quote(kiln), "--store", shlex.Quote(store), "run", shlex.Quote(file), "--only", shlex.Quote(t.Name)}
 			if t.Shards > 0 {
 				// Each array task runs its own shard (the task ID).
 				args = append(args, "--shard", `"$KILN_SHARD"`)
 			}
 			for _, k := range sortedKeys(vars) {
-				args = append(args, shq(k+"="+vars[k]))
+				args = append(args, shlex.Quote(k+"="+vars[k]))
 			}
 			return strings.Join(args, " ")
 		}

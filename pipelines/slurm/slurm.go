@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kilnrl/kiln/internal/shlex"
 	"github.com/kilnrl/kiln/pipelines"
 )
 
@@ -197,7 +198,7 @@ func compile(jobs []Job, o CompileOptions, known func(string) bool) ([]Script, e
 func stopText(name string, o CompileOptions) string {
 	stopFile := filepath.Join(o.Dir, "services", strings.ReplaceAll(name, "/", "--")+".stop")
 	return fmt.Sprintf("#!/bin/bash\n#SBATCH --job-name=%s%s\n#SBATCH --output=/dev/null\nset -euo pipefail\n# after every user of service %s has ended, however it ended\ntouch %s\n",
-		name, stopSuffix, name, shq(stopFile))
+		name, stopSuffix, name, shlex.Quote(stopFile))
 }
 
 func scriptText(j Job, byName map[string]Job, o CompileOptions) string {
@@ -241,8 +242,8 @@ func scriptText(j Job, byName map[string]Job, o CompileOptions) string {
 		w("#SBATCH --time=%s\n", j.Time)
 	}
 	w("set -euo pipefail\n")
-	w("export KILN_SLURM_DIR=%s\n", shq(o.Dir))
-	w("export KILN_TARGET=%s\n", shq(j.Name))
+	w("export KILN_SLURM_DIR=%s\n", shlex.Quote(o.Dir))
+	w("export KILN_TARGET=%s\n", shlex.Quote(j.Name))
 	if j.Shards > 0 {
 		w("export KILN_SHARD=\"$SLURM_ARRAY_TASK_ID\" KILN_SHARDS=%d\n", j.Shards)
 	}
@@ -257,15 +258,15 @@ func scriptText(j Job, byName map[string]Job, o CompileOptions) string {
 		hostFile := filepath.Join(o.Dir, "services", strings.ReplaceAll(d, "/", "--")+".host")
 		w("# service %s: wait for its host file (written once it is healthy)\n", d)
 		w("kiln_deadline=$((SECONDS + %d))\n", o.HealthTimeout)
-		w("until [ -s %s ]; do (( SECONDS < kiln_deadline )) || { echo \"kiln: service %s not healthy within %ds\" >&2; exit 75; }; sleep 1; done\n", shq(hostFile), d, o.HealthTimeout)
-		w("export KILN_SERVICE_%s_HOST=\"$(cat %s)\"\n", v, shq(hostFile))
+		w("until [ -s %s ]; do (( SECONDS < kiln_deadline )) || { echo \"kiln: service %s not healthy within %ds\" >&2; exit 75; }; sleep 1; done\n", shlex.Quote(hostFile), d, o.HealthTimeout)
+		w("export KILN_SERVICE_%s_HOST=\"$(cat %s)\"\n", v, shlex.Quote(hostFile))
 	}
 	switch {
 	case j.Service:
 		hostFile := filepath.Join(o.Dir, "services", strings.ReplaceAll(j.Name, "/", "--")+".host")
 		stopFile := filepath.Join(o.Dir, "services", strings.ReplaceAll(j.Name, "/", "--")+".stop")
 		w("# service: run the recipe in the background on this node, check its health\n# here (where the service is reachable), then publish this node's name for\n# the users; stop when the stop job (after the last user) touches the stop file.\n")
-		w("mkdir -p %s\nrm -f %s\n", shq(filepath.Dir(hostFile)), shq(stopFile))
+		w("mkdir -p %s\nrm -f %s\n", shlex.Quote(filepath.Dir(hostFile)), shlex.Quote(stopFile))
 		w("export KILN_SERVICE_%s_HOST=\"$(hostname -s)\"\n", pipelines.EnvName(j.Name))
 		w("( %s\n) &\nkiln_pid=$!\n", body(j.Script))
 		if j.Health != "" {
@@ -275,16 +276,16 @@ func scriptText(j Job, byName map[string]Job, o CompileOptions) string {
 			w("\t(( SECONDS < kiln_deadline )) || { echo \"kiln: service %s not healthy within %ds\" >&2; kill \"$kiln_pid\" 2>/dev/null || true; exit 75; }\n", j.Name, o.HealthTimeout)
 			w("\tsleep 1\ndone\n")
 		}
-		w("echo \"$KILN_SERVICE_%s_HOST\" > %s.tmp && mv %s.tmp %s\n", pipelines.EnvName(j.Name), shq(hostFile), shq(hostFile), shq(hostFile))
-		w("while [ ! -e %s ]; do\n\tkill -0 \"$kiln_pid\" 2>/dev/null || { wait \"$kiln_pid\"; echo \"kiln: service %s exited before it was stopped\" >&2; exit 1; }\n\tsleep 1\ndone\n", shq(stopFile), j.Name)
-		w("kill \"$kiln_pid\" 2>/dev/null || true\nwait \"$kiln_pid\" || true\nrm -f %s\n", shq(hostFile))
+		w("echo \"$KILN_SERVICE_%s_HOST\" > %s.tmp && mv %s.tmp %s\n", pipelines.EnvName(j.Name), shlex.Quote(hostFile), shlex.Quote(hostFile), shlex.Quote(hostFile))
+		w("while [ ! -e %s ]; do\n\tkill -0 \"$kiln_pid\" 2>/dev/null || { wait \"$kiln_pid\"; echo \"kiln: service %s exited before it was stopped\" >&2; exit 1; }\n\tsleep 1\ndone\n", shlex.Quote(stopFile), j.Name)
+		w("kill \"$kiln_pid\" 2>/dev/null || true\nwait \"$kiln_pid\" || true\nrm -f %s\n", shlex.Quote(hostFile))
 	case nodes > 1:
 		// One launcher per node (docs: torchrun pattern A); the recipe
 		// uses $KILN_LAUNCH in front of its trainer.
 		w("kiln_head=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1)\n")
 		w("export KILN_NNODES=\"$SLURM_NNODES\" KILN_HEAD=\"$kiln_head\"\n")
 		w("export KILN_LAUNCH=\"torchrun --nnodes=$SLURM_NNODES --nproc-per-node=%d --rdzv-id=$SLURM_JOB_ID --rdzv-backend=c10d --rdzv-endpoint=$kiln_head:29500\"\n", max(j.GPUs, 1))
-		w("srun --nodes=%d --ntasks-per-node=1 bash -euo pipefail -c %s\n", nodes, shq(body(j.Script)))
+		w("srun --nodes=%d --ntasks-per-node=1 bash -euo pipefail -c %s\n", nodes, shlex.Quote(body(j.Script)))
 	default:
 		w("%s\n", body(j.Script))
 	}
@@ -292,14 +293,6 @@ func scriptText(j Job, byName map[string]Job, o CompileOptions) string {
 }
 
 func body(s string) string { return strings.TrimRight(s, "\n") }
-
-// shq quotes s for bash.
-func shq(s string) string {
-	if s != "" && !strings.ContainsAny(s, " \t\n'\"\\$`!*?[]{}()<>|&;#~%") {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
 
 // WriteScripts writes the compiled scripts into dir (kiln slurm --dry-run)
 // and returns them; nothing is submitted. A file "submit.order" lists the

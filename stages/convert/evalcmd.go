@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/kilnrl/kiln/internal/shlex"
 )
 
 // errEscapes is the reference's error text for a test patch naming a path
@@ -107,37 +109,11 @@ func escapes(p string) bool {
 	return false
 }
 
-// shellSafe are the bytes shlex.quote leaves unquoted: [A-Za-z0-9_@%+=:,./-].
-var shellSafe = func() (t [256]bool) {
-	for _, c := range []byte("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_@%+=:,./-") {
-		t[c] = true
-	}
-	return t
-}()
-
-// shellQuote quotes like Python's shlex.quote, byte for byte.
-func shellQuote(s string) string {
-	if s == "" {
-		return "''"
-	}
-	safe := true
-	for i := 0; i < len(s); i++ {
-		if !shellSafe[s[i]] {
-			safe = false
-			break
-		}
-	}
-	if safe {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'"'"'`) + "'"
-}
-
 // evalCmd builds the MiMo grading command (docs/data-and-grading.md §1.4): under a
 // login bash with set -e, reset every path the test patch touches to HEAD
 // (or delete it when HEAD lacks it), apply the test patch, run the test
 // command. Its exit status is the verdict. The result is
-// "bash -lc " + shellQuote(script), written in one pass: the script always
+// "bash -lc " + shlex.Quote(script), written in one pass: the script always
 // needs quoting (it has spaces), so it goes between single quotes with each
 // ' written as '"'"'.
 func evalCmd(testPatch, testCommand string) (string, error) {
@@ -152,13 +128,13 @@ func evalCmd(testPatch, testCommand string) (string, error) {
 	q := quotedWriter{&b}
 	q.WriteString("set -e\n")
 	for _, p := range paths {
-		qp := shellQuote(p)
+		qp := shlex.Quote(p)
 		q.WriteString("if git cat-file -e HEAD:" + qp + " 2>/dev/null; then git checkout HEAD -- " + qp +
 			"; else git rm -f --cached -- " + qp + " >/dev/null 2>&1 || true; rm -f -- " + qp + "; fi\n")
 	}
 	q.WriteString("printf %s ")
 	if testPatch == "" {
-		q.WriteString(shellQuote(""))
+		q.WriteString(shlex.Quote(""))
 	} else {
 		// The base64 alphabet is all shell-safe: unquoted, as shlex.quote
 		// leaves it, and free of single quotes.

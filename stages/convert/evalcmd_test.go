@@ -8,21 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestShellQuoteMatchesShlex(t *testing.T) {
-	cases := map[string]string{
-		"":                   "''",
-		"tests/test_x.py":    "tests/test_x.py",
-		"a-b_c@d%e+f=g:h,i.": "a-b_c@d%e+f=g:h,i.",
-		"x y":                "'x y'",
-		"echo 'hi'":          `'echo '"'"'hi'"'"''`,
-		"é":                  "'é'",
-		"$HOME":              "'$HOME'",
-	}
-	for in, want := range cases {
-		assert.Equal(t, want, shellQuote(in), "%q", in)
-	}
-}
-
 func TestSplitLinesMatchesPython(t *testing.T) {
 	cases := []struct {
 		in   string

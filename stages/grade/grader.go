@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/kilnrl/kiln/formats/records"
+	"github.com/kilnrl/kiln/internal/ojson"
 	"github.com/kilnrl/kiln/internal/sandbox"
+	"github.com/kilnrl/kiln/internal/shlex"
 	"github.com/kilnrl/kiln/internal/workspace"
 )
 
@@ -354,7 +356,7 @@ func (r *run) grade(ctx context.Context, patch string) Outcome {
 
 // setup re-creates the base the agent started from (docs/data-and-grading.md §5.1 steps 3-5).
 func (r *run) setup(ctx context.Context) error {
-	t, wd := r.t, shellQuote(r.t.Workdir)
+	t, wd := r.t, shlex.Quote(r.t.Workdir)
 	// ensure_agent_user (docs/data-and-grading.md §3.2): the workspace is the agent's and git
 	// accepts it.
 	r.sb.step = "ensure_agent_user"
@@ -364,7 +366,7 @@ func (r *run) setup(ctx context.Context) error {
 	if sp := t.Grading.SWEPro; t.Grading.Kind == KindSWEPro {
 		dir := r.g.sweproDir()
 		if _, err := r.check(ctx, "swepro_assets", sandbox.Root,
-			"mkdir -p "+shellQuote(dir)+" && chmod 777 "+shellQuote(dir), userSetupTimeout); err != nil {
+			"mkdir -p "+shlex.Quote(dir)+" && chmod 777 "+shlex.Quote(dir), userSetupTimeout); err != nil {
 			return err
 		}
 		for _, f := range []struct{ name, body string }{{"run_script.sh", sp.RunScript}, {"parser.py", sp.ParserScript}} {
@@ -375,7 +377,7 @@ func (r *run) setup(ctx context.Context) error {
 			}
 		}
 		if _, err := r.check(ctx, "swepro_assets_owner", sandbox.Root,
-			"chmod 755 "+shellQuote(dir)+"/* && chown -R agent:agent "+shellQuote(dir), userSetupTimeout); err != nil {
+			"chmod 755 "+shlex.Quote(dir)+"/* && chown -R agent:agent "+shlex.Quote(dir), userSetupTimeout); err != nil {
 			return err
 		}
 		if sp.BeforeRepoSetCmd != "" {
@@ -456,12 +458,12 @@ func (r *run) apply(ctx context.Context, patch string) Outcome {
 func applyScript(workdir, patchFile, saveDir string, paths []string) string {
 	var quoted, cleanup []string
 	for _, p := range paths {
-		quoted = append(quoted, shellQuote(p))
-		cleanup = append(cleanup, shellQuote(p), shellQuote(p+".rej"), shellQuote(p+".orig"))
+		quoted = append(quoted, shlex.Quote(p))
+		cleanup = append(cleanup, shlex.Quote(p), shlex.Quote(p+".rej"), shlex.Quote(p+".orig"))
 	}
-	s, pf := shellQuote(saveDir), shellQuote(patchFile)
+	s, pf := shlex.Quote(saveDir), shlex.Quote(patchFile)
 	var b strings.Builder
-	fmt.Fprintf(&b, "cd %s || exit 97\n", shellQuote(workdir))
+	fmt.Fprintf(&b, "cd %s || exit 97\n", shlex.Quote(workdir))
 	fmt.Fprintf(&b, "if git apply --whitespace=nowarn %s; then echo '%s%s'; exit 0; fi\n", pf, appliedMarker, ApplyGit)
 	fmt.Fprintf(&b, "rm -rf %s && mkdir -p %s || exit 97\n", s, s)
 	b.WriteString("GI=$(git rev-parse --git-path index 2>/dev/null)\n")
@@ -500,7 +502,7 @@ func (r *run) evalCmd(ctx context.Context) Outcome {
 	if user == "" {
 		user = sandbox.Agent
 	}
-	res, err := r.exec(ctx, "eval_cmd", user, "cd "+shellQuote(r.t.Workdir)+" && "+r.t.Grading.EvalCmd, r.g.limit(r.g.Timeout, DefaultTimeout))
+	res, err := r.exec(ctx, "eval_cmd", user, "cd "+shlex.Quote(r.t.Workdir)+" && "+r.t.Grading.EvalCmd, r.g.limit(r.g.Timeout, DefaultTimeout))
 	if err != nil {
 		return infra(err)
 	}
@@ -516,7 +518,7 @@ func (r *run) f2p(ctx context.Context) Outcome {
 	}
 	// Images name their interpreter python (the reference runs that);
 	// Debian-like ones only have python3.
-	script := "cd " + shellQuote(r.t.Workdir) + " && if command -v python >/dev/null 2>&1; then python " + f + "; else python3 " + f + "; fi"
+	script := "cd " + shlex.Quote(r.t.Workdir) + " && if command -v python >/dev/null 2>&1; then python " + f + "; else python3 " + f + "; fi"
 	res, err := r.exec(ctx, "f2p", sandbox.Agent, script, r.g.limit(r.g.Timeout, DefaultTimeout))
 	if err != nil {
 		return infra(err)
@@ -544,14 +546,14 @@ func (r *run) swebench(ctx context.Context) Outcome {
 		return infra(err)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "cd %s || exit 97\n", shellQuote(r.t.Workdir))
+	fmt.Fprintf(&b, "cd %s || exit 97\n", shlex.Quote(r.t.Workdir))
 	ref := "HEAD"
 	if gr.BaseCommit != "" {
-		fmt.Fprintf(&b, "R=%s; git cat-file -e \"$R^{commit}\" 2>/dev/null || R=HEAD\n", shellQuote(gr.BaseCommit))
+		fmt.Fprintf(&b, "R=%s; git cat-file -e \"$R^{commit}\" 2>/dev/null || R=HEAD\n", shlex.Quote(gr.BaseCommit))
 		ref = "$R"
 	}
 	for _, p := range patchPaths(gr.TestPatch) {
-		q := shellQuote(p)
+		q := shlex.Quote(p)
 		fmt.Fprintf(&b, "if git cat-file -e \"%s\":%s 2>/dev/null; then git checkout \"%s\" -- %s; else git rm -f --cached -- %s >/dev/null 2>&1 || true; rm -f -- %s; fi\n",
 			ref, q, ref, q, q, q)
 	}
@@ -560,7 +562,7 @@ func (r *run) swebench(ctx context.Context) Outcome {
 	}
 	var files []string
 	for _, p := range testFiles(gr) {
-		files = append(files, shellQuote(p))
+		files = append(files, shlex.Quote(p))
 	}
 	b.WriteString("set --\n")
 	if len(files) > 0 {
@@ -636,9 +638,10 @@ func requiredPassed(statuses map[string]string, f2p, p2p []string, passed func(s
 // run script's exit code is ignored.
 func (r *run) swepro(ctx context.Context) Outcome {
 	sp, dir := r.t.Grading.SWEPro, r.g.sweproDir()
-	arg, _ := json.Marshal(strings.Join(sp.SelectedTestFiles, ","))
+	// The reference passes json.dumps of the list joined by commas.
+	arg := string(ojson.AppendPy(nil, strings.Join(sp.SelectedTestFiles, ","), true))
 	res, err := r.exec(ctx, "swepro_run", sandbox.Agent, fmt.Sprintf("cd %s && bash %s/run_script.sh %s > %s/stdout.log 2> %s/stderr.log || true",
-		shellQuote(r.t.Workdir), dir, asciiJSON(arg), dir, dir), r.g.limit(r.g.Timeout, DefaultTimeout))
+		shlex.Quote(r.t.Workdir), dir, arg, dir, dir), r.g.limit(r.g.Timeout, DefaultTimeout))
 	if err != nil {
 		return infra(err)
 	}
@@ -690,31 +693,4 @@ func (r *run) swepro(ctx context.Context) Outcome {
 	out := verdict(res, ok)
 	out.Tests = tests
 	return out
-}
-
-// asciiJSON is a JSON string as Python's json.dumps writes it
-// (ensure_ascii: non-ASCII as \uXXXX), for the SWE-bench Pro argument.
-func asciiJSON(b []byte) string {
-	var s string
-	_ = json.Unmarshal(b, &s)
-	var out strings.Builder
-	out.WriteByte('"')
-	for _, r := range s {
-		switch {
-		case r == '"' || r == '\\':
-			out.WriteByte('\\')
-			out.WriteRune(r)
-		case r < 0x20 || r >= 0x7f:
-			if r > 0xffff {
-				r -= 0x10000
-				fmt.Fprintf(&out, `\u%04x\u%04x`, 0xd800+(r>>10), 0xdc00+(r&0x3ff))
-			} else {
-				fmt.Fprintf(&out, `\u%04x`, r)
-			}
-		default:
-			out.WriteRune(r)
-		}
-	}
-	out.WriteByte('"')
-	return out.String()
 }

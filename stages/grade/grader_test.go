@@ -16,6 +16,7 @@ import (
 
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/internal/sandbox"
+	"github.com/kilnrl/kiln/internal/shlex"
 )
 
 // mimoEvalCmd builds a MiMo grading command as docs/data-and-grading.md §1.4 describes
@@ -24,12 +25,12 @@ import (
 func mimoEvalCmd(testPatch, testCommand string) string {
 	lines := []string{"set -e"}
 	for _, p := range patchPaths(testPatch) {
-		q := shellQuote(p)
+		q := shlex.Quote(p)
 		lines = append(lines, "if git cat-file -e HEAD:"+q+" 2>/dev/null; then git checkout HEAD -- "+q+"; else git rm -f --cached -- "+q+" >/dev/null 2>&1 || true; rm -f -- "+q+"; fi")
 	}
-	lines = append(lines, "printf %s "+shellQuote(base64.StdEncoding.EncodeToString([]byte(testPatch)))+" | base64 -d > /tmp/mimo-tests.patch",
+	lines = append(lines, "printf %s "+shlex.Quote(base64.StdEncoding.EncodeToString([]byte(testPatch)))+" | base64 -d > /tmp/mimo-tests.patch",
 		"git apply --verbose /tmp/mimo-tests.patch", testCommand)
-	return "bash -lc " + shellQuote(strings.Join(lines, "\n"))
+	return "bash -lc " + shlex.Quote(strings.Join(lines, "\n"))
 }
 
 func evalTarget(workdir, cmd string) *Target {
@@ -181,8 +182,8 @@ func TestGradeSWEPro(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			g, boots := hostGrader(t, time.Minute)
-			sp := &SWEPro{FailToPass: c.f2p, PassToPass: c.p2p, SelectedTestFiles: []string{"t1.py", "t2.py"},
-				RunScript:    "printf '%s' " + shellQuote(c.result) + "\necho \"$1\" > \"$(dirname \"$0\")/arg\"\nexit 3\n",
+			sp := &SWEPro{FailToPass: c.f2p, PassToPass: c.p2p, SelectedTestFiles: []string{"t1.py", "té.py"},
+				RunScript:    "printf '%s' " + shlex.Quote(c.result) + "\necho \"$1\" > \"$(dirname \"$0\")/arg\"\nexit 3\n",
 				ParserScript: "import sys\nopen(sys.argv[3], 'w').write(open(sys.argv[1]).read())\n"}
 			tg := &Target{TaskID: "p", Workdir: repo, Grading: &Grading{Kind: KindSWEPro, SWEPro: sp}}
 			out := g.Grade(context.Background(), tg, "")
@@ -193,7 +194,9 @@ func TestGradeSWEPro(t *testing.T) {
 			}
 			arg, err := os.ReadFile(filepath.Join(g.SWEProDir, "arg"))
 			require.NoError(t, err)
-			assert.Equal(t, "t1.py,t2.py\n", string(arg))
+			// json.dumps of the joined list, as the reference passes it
+			// (ensure_ascii), inside the shell command's double quotes.
+			assert.Equal(t, `t1.py,t\u00e9.py`+"\n", string(arg))
 			run, _ := userOf(boots.last.commands(), "run_script.sh")
 			assert.Equal(t, sandbox.Agent, run)
 			var tests map[string]any

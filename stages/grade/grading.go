@@ -102,24 +102,6 @@ func ParseGrading(col *string) (*Grading, error) {
 	return &g, nil
 }
 
-// shellQuote quotes s for bash like Python's shlex.quote.
-func shellQuote(s string) string {
-	if s == "" {
-		return "''"
-	}
-	safe := true
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("_@%+=:,./-", r)) {
-			safe = false
-			break
-		}
-	}
-	if safe {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'"'"'`) + "'"
-}
-
 // patchPaths returns the repository paths a unified diff touches
 // (gitdiff.Paths: shared with kiln export's Harbor verifiers).
 func patchPaths(diff string) []string { return gitdiff.Paths(diff) }

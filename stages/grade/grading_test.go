@@ -82,11 +82,3 @@ func TestPreCommandsBody(t *testing.T) {
 		})
 	}
 }
-
-func TestShellQuoteAndASCIIJSON(t *testing.T) {
-	assert.Equal(t, "''", shellQuote(""))
-	assert.Equal(t, "/testbed", shellQuote("/testbed"))
-	assert.Equal(t, `'it'"'"'s'`, shellQuote("it's"))
-	assert.Equal(t, `'a b'`, shellQuote("a b"))
-	assert.Equal(t, `"a.py,b \u00e9\"\\ \ud83d\ude00"`, asciiJSON([]byte(`"a.py,b é\"\\ 😀"`)))
-}

@@ -9,6 +9,7 @@ import (
 	"github.com/kilnrl/kiln/formats/records"
 	"github.com/kilnrl/kiln/internal/harbor"
 	"github.com/kilnrl/kiln/internal/sandbox"
+	"github.com/kilnrl/kiln/internal/shlex"
 )
 
 // upload unpacks a packed directory (a tasks version's attachment) at dir
@@ -24,7 +25,7 @@ func (r *run) upload(ctx context.Context, rel, dir string) error {
 	if err := r.sb.WriteFile(ctx, tarFile, data, 0o600, sandbox.Root); err != nil {
 		return fmt.Errorf("writing %s in the sandbox: %w", tarFile, err)
 	}
-	d := shellQuote(dir)
+	d := shlex.Quote(dir)
 	_, err := r.check(ctx, "upload "+dir, sandbox.Root,
 		fmt.Sprintf("rm -rf %s && mkdir -p %s && tar -xf %s -C %s --no-same-owner && rm -f %s && chmod -R a+rX %s",
 			d, d, tarFile, d, tarFile, d), userSetupTimeout)
@@ -54,7 +55,7 @@ func (r *run) solution(ctx context.Context) Outcome {
 		return infra(err)
 	}
 	r.sb.step = "solution"
-	res, err := r.sb.Exec(ctx, sandbox.Cmd{Shell: "cd " + shellQuote(r.t.Workdir) + " && bash " + harbor.SolveDir + "/solve.sh",
+	res, err := r.sb.Exec(ctx, sandbox.Cmd{Shell: "cd " + shlex.Quote(r.t.Workdir) + " && bash " + harbor.SolveDir + "/solve.sh",
 		User: sandbox.Root, Env: envList(h.SolutionEnv), Timeout: r.g.limit(r.g.Timeout, DefaultTimeout)})
 	if err != nil {
 		return infra(fmt.Errorf("solution: %w", err))
@@ -83,9 +84,9 @@ func (r *run) harbor(ctx context.Context) Outcome {
 	if err := r.upload(ctx, h.Tests, harbor.TestsDir); err != nil {
 		return infra(err)
 	}
-	logs := shellQuote(harbor.LogsDir)
+	logs := shlex.Quote(harbor.LogsDir)
 	if _, err := r.check(ctx, "verifier_logs", sandbox.Root,
-		fmt.Sprintf("rm -rf %s && mkdir -p %s && chown %s %s", logs, logs, shellQuote(user), logs), userSetupTimeout); err != nil {
+		fmt.Sprintf("rm -rf %s && mkdir -p %s && chown %s %s", logs, logs, shlex.Quote(user), logs), userSetupTimeout); err != nil {
 		return infra(err)
 	}
 	timeout := r.g.limit(r.g.Timeout, DefaultTimeout)
@@ -93,7 +94,7 @@ func (r *run) harbor(ctx context.Context) Outcome {
 		timeout = time.Duration(h.VerifierTimeoutSec * float64(time.Second))
 	}
 	r.sb.step = "verifier"
-	res, err := r.sb.Exec(ctx, sandbox.Cmd{Shell: "cd " + shellQuote(r.t.Workdir) + " && bash " + harbor.TestsDir + "/test.sh",
+	res, err := r.sb.Exec(ctx, sandbox.Cmd{Shell: "cd " + shlex.Quote(r.t.Workdir) + " && bash " + harbor.TestsDir + "/test.sh",
 		User: user, Env: envList(h.VerifierEnv), Timeout: timeout})
 	if err != nil {
 		return infra(fmt.Errorf("verifier: %w", err))
