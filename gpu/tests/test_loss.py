@@ -241,7 +241,7 @@ def test_step_denominators_edges_and_errors():
     survivor floored it at 2); bad input is refused by name."""
     assert step_denominators([7], [1], [1], "token-mean") == ([1.0], 1.0)
     assert step_denominators([7], [0], [0], "token-mean") == ([1.0], 1.0)
-    with pytest.raises(ValueError, match="differ in length"):
+    with pytest.raises(ValueError, match="^rollout_ids, segment_tokens and rollout_tokens differ in length$"):
         step_denominators([1, 2], [1], [1], "rollout")
     with pytest.raises(ValueError, match="unknown reduction 'mean'"):
         step_denominators([1], [1], [1], "mean")
