@@ -286,6 +286,10 @@ func TestComputeBadInput(t *testing.T) {
 		// marks the rollout for the duplicate scan (a mutation survivor).
 		{"adjacent duplicate segment", func(s []Segment, g []Grade) ([]Segment, []Grade) { return slices.Insert(s, 1, s[0]), g },
 			"rollout 10: segment 0 appears twice"},
+		// The duplicate last, no segment after it to mark the rollout
+		// out of order (kills <= negated to >).
+		{"adjacent duplicate of a one-segment rollout", func(s []Segment, g []Grade) ([]Segment, []Grade) { return slices.Insert(s, 3, s[2]), g },
+			"rollout 11: segment 0 appears twice"},
 		{"unknown failure", func(s []Segment, g []Grade) ([]Segment, []Grade) { g[1].Failure = "preempted"; return s, g },
 			"unknown failure class \"preempted\""},
 		{"baseline grade", func(s []Segment, g []Grade) ([]Segment, []Grade) { g[0].Baseline = true; return s, g },
