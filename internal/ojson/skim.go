@@ -3,8 +3,7 @@ package ojson
 import "bytes"
 
 // Skimming: walking JSON text by structure without decoding it — where a
-// value starts and ends, an object's keys and raw values, an array's raw
-// elements. The hot paths of the agent runtime read large JSON (request
+// value starts and ends, an object's keys and raw values. The hot paths of the agent runtime read large JSON (request
 // histories, engine replies, recorded messages) for a few fields each; these
 // find them at memory speed and leave decoding (and the wording of errors)
 // to Decode or the callers' encoding/json fallbacks.
@@ -118,20 +117,6 @@ func ValueEnd(b []byte, i int) int {
 	return i
 }
 
-// EachElem calls fn with every raw element of the JSON array b, in order,
-// without allocating; fn returns false to stop, and EachElem then returns
-// false. It returns false when b is not one array.
-func EachElem(b []byte, fn func(val []byte) bool) bool {
-	end := WalkArray(b, Space(b, 0), func(v int) int {
-		e := ValueEnd(b, v)
-		if e < 0 || !fn(b[v:e]) {
-			return -1
-		}
-		return e
-	})
-	return end >= 0 && Space(b, end) == len(b)
-}
-
 // WalkObject walks the JSON object that starts at b[i] (a '{'), calling fn with
 // each key (the text between its quotes, escapes not undone) and the index
 // where its value starts; fn reads the value where it stands — parsing it,
@@ -162,28 +147,6 @@ func WalkObject(b []byte, i int, fn func(key []byte, v int) int) int {
 		}
 		var closed bool
 		if i, closed = skimNext(b, i, '}'); i < 0 || closed {
-			return i
-		}
-	}
-}
-
-// WalkArray walks the JSON array that starts at b[i] (a '[') as WalkObject walks an
-// object: fn gets the index where each element starts and returns the index
-// after it, or -1.
-func WalkArray(b []byte, i int, fn func(v int) int) int {
-	if i >= len(b) || b[i] != '[' {
-		return -1
-	}
-	i = Space(b, i+1)
-	if i < len(b) && b[i] == ']' {
-		return i + 1
-	}
-	for {
-		if i = fn(i); i < 0 {
-			return -1
-		}
-		var closed bool
-		if i, closed = skimNext(b, i, ']'); i < 0 || closed {
 			return i
 		}
 	}

@@ -32,32 +32,6 @@ func TestValueEnd(t *testing.T) {
 	}
 }
 
-// On valid JSON, EachElem sees what encoding/json sees.
-func TestEachElemAgreesWithEncodingJSON(t *testing.T) {
-	var elems []json.RawMessage
-	arr := `[ {"a":[1]} , "x" , 3 , [] ]`
-	if err := json.Unmarshal([]byte(arr), &elems); err != nil {
-		t.Fatal(err)
-	}
-	var seen []string
-	if !EachElem([]byte(arr), func(v []byte) bool { seen = append(seen, string(v)); return true }) {
-		t.Fatal("EachElem refused a valid array")
-	}
-	if len(seen) != len(elems) {
-		t.Fatalf("%d elements, want %d", len(seen), len(elems))
-	}
-	for i := range elems {
-		if seen[i] != string(elems[i]) {
-			t.Errorf("element %d = %s, want %s", i, seen[i], elems[i])
-		}
-	}
-	for _, bad := range []string{`{"a":1}`, `[1,]`, `[1 2]`, `[1] x`, `[`} {
-		if EachElem([]byte(bad), func(v []byte) bool { return true }) {
-			t.Errorf("%s accepted", bad)
-		}
-	}
-}
-
 // plainString is String's definition, a byte at a time: the index after the
 // first quote not escaped by a backslash, or -1.
 func plainString(b []byte, i int) int {

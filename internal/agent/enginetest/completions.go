@@ -115,7 +115,7 @@ func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request, body 
 			return
 		}
 	}
-	e.writeJSON(w, 200, ojson.Obj("id", id, "object", "text_completion", "created", e.opts.Created, "model", e.opts.ModelName,
+	writeJSONResponse(w, 200, ojson.Obj("id", id, "object", "text_completion", "created", e.opts.Created, "model", e.opts.ModelName,
 		"choices", choices,
 		"usage", ojson.Obj("prompt_tokens", promptTotal, "total_tokens", promptTotal+completionTotal, "completion_tokens", completionTotal, "prompt_tokens_details", nil),
 		"kv_transfer_params", nil))

@@ -58,10 +58,7 @@
 // calls and bytes per path (Stats); faults can be injected (Fault,
 // InjectFault) and latency added (Options.Latency).
 //
-// Cost: the load benchmarks run the engine on the cores kiln runs on, so
-// its CPU is taken from what they measure (docs/rollout.md §6.2). It reads
-// bodies with encoding/json, writes replies into pooled buffers, tokenizes
-// into pooled lists and parses chat messages through a cache by their
-// bytes (TestRenderCache holds the cache to the plain render).
-// BenchmarkEngineTurn is one agent turn's handler CPU.
+// It is a test fake, written plainly: encoding/json in, ojson out, no
+// pools or caches. BenchmarkEngineTurn is one agent turn's handler CPU,
+// for reading the load benchmarks, which run it on kiln's cores.
 package enginetest

@@ -138,12 +138,6 @@ type Engine struct {
 	inflight int
 	aborted  int
 	ids      int // response ids handed out
-
-	bufs sync.Pool // *[]byte reply buffers (writeJSON)
-	ints sync.Pool // *[]int /tokenize id lists (encode)
-
-	msgMu sync.Mutex
-	msgs  map[string]tmplMessage // parsed chat messages by their JSON (render)
 }
 
 // New returns an engine; serve it with httptest.NewServer(New(opts)).
@@ -172,7 +166,6 @@ func New(opts Options) *Engine {
 		turns:   map[string]int{},
 		history: map[string][][]int{},
 		healthy: true,
-		msgs:    map[string]tmplMessage{},
 	}
 }
 
@@ -271,7 +264,7 @@ func (w *countingWriter) Write(p []byte) (int, error) {
 
 // ServeHTTP implements http.Handler.
 func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, _ := readBody(r)
+	body, _ := io.ReadAll(r.Body)
 	e.mu.Lock()
 	seq := e.seq
 	e.seq++
@@ -387,35 +380,11 @@ func writeJSONResponse(w http.ResponseWriter, status int, v any) {
 	writeRaw(w, status, ojson.Marshal(v))
 }
 
-// writeJSON is writeJSONResponse through a buffer of e's pool: the large
-// replies (generations, /tokenize's id lists) are written without a
-// buffer grown from nothing and copied out per reply. The buffer is reused
-// once Write returns; http.ResponseWriter does not keep it.
-func (e *Engine) writeJSON(w http.ResponseWriter, status int, v any) {
-	bp, _ := e.bufs.Get().(*[]byte)
-	if bp == nil {
-		bp = new([]byte)
-	}
-	*bp = ojson.Append((*bp)[:0], v)
-	writeRaw(w, status, *bp)
-	e.bufs.Put(bp)
-}
-
 func writeRaw(w http.ResponseWriter, status int, body []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
-}
-
-// readBody reads r's body whole, in one allocation when its length is known.
-func readBody(r *http.Request) ([]byte, error) {
-	if r.ContentLength <= 0 || r.ContentLength > 1<<30 {
-		return io.ReadAll(r.Body)
-	}
-	body := make([]byte, r.ContentLength)
-	n, err := io.ReadFull(r.Body, body)
-	return body[:n], err
 }
 
 // decodeBody decodes a JSON object body into raw fields (the last of

@@ -449,7 +449,7 @@ func (e *Engine) handleGenerate(w http.ResponseWriter, r *http.Request, body []b
 	if writeFaultResponse(w, f) {
 		return
 	}
-	e.writeJSON(w, 200, e.generateResponse(res, prompt, reqID, returnTokenIDs, f))
+	writeJSONResponse(w, 200, e.generateResponse(res, prompt, reqID, returnTokenIDs, f))
 }
 
 func (e *Engine) nextID() string {

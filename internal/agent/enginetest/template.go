@@ -105,12 +105,6 @@ func (t ChatTemplate) Render(messages, tools []byte, o RenderOptions) (string, e
 	if err != nil {
 		return "", err
 	}
-	return t.renderParsed(msgs, tools, o)
-}
-
-// renderParsed is Render past the options check and the parsing of the
-// messages.
-func (t ChatTemplate) renderParsed(msgs []tmplMessage, tools []byte, o RenderOptions) (string, error) {
 	toolList, err := parseTools(tools)
 	if err != nil {
 		return "", err

@@ -49,12 +49,12 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, body []byte) {
 			writeError(w, badRequest(untrustedTemplateMsg))
 			return
 		}
-		text, err := e.render(rawMsgs, m["tools"], RenderOptions{AddGenerationPrompt: addGen, ContinueFinalMessage: contFinal, Kwargs: kw})
+		text, err := e.opts.Template.Render(rawMsgs, m["tools"], RenderOptions{AddGenerationPrompt: addGen, ContinueFinalMessage: contFinal, Kwargs: kw})
 		if err != nil {
 			writeError(w, badRequest("%v", err))
 			return
 		}
-		ids = e.encode(text)
+		ids = Encode(text)
 	} else {
 		raw, ok := m["prompt"]
 		var prompt string
@@ -62,9 +62,8 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, body []byte) {
 			writeError(w, schemaError("prompt", "1 validation error:\n  prompt: Field required (a string)"))
 			return
 		}
-		ids = e.encode(prompt)
+		ids = Encode(prompt)
 	}
-	defer e.ints.Put(&ids)
 	var strs any
 	if retStrs {
 		s := make([]string, len(ids))
@@ -73,62 +72,7 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, body []byte) {
 		}
 		strs = s
 	}
-	e.writeJSON(w, 200, ojson.Obj("count", len(ids), "max_model_len", e.opts.MaxModelLen, "tokens", ids, "token_strs", strs))
-}
-
-// render is e's template's Render with the messages parsed through e's
-// cache of messages by their bytes: every turn resends the conversation,
-// and parsing each message again was a third of a render
-// (docs/rollout.md §6.2). Only a list whose every message is cached is
-// taken from it; any other goes through parseMessages whole (which words
-// the errors), and its messages are cached when it succeeds. A parsed
-// message is read-only, so renders share it.
-func (e *Engine) render(messages, tools []byte, o RenderOptions) (string, error) {
-	if o.AddGenerationPrompt && o.ContinueFinalMessage {
-		return e.opts.Template.Render(messages, tools, o) // its error
-	}
-	var elems [][]byte
-	if !ojson.EachElem(messages, func(v []byte) bool { elems = append(elems, v); return true }) {
-		return e.opts.Template.Render(messages, tools, o)
-	}
-	msgs := make([]tmplMessage, len(elems))
-	e.msgMu.Lock()
-	hit := true
-	for i, v := range elems {
-		if msgs[i], hit = e.msgs[string(v)]; !hit {
-			break
-		}
-	}
-	e.msgMu.Unlock()
-	if !hit {
-		var err error
-		if msgs, err = parseMessages(messages); err != nil {
-			return "", err
-		}
-		e.msgMu.Lock()
-		if len(e.msgs)+len(elems) > maxCachedMessages {
-			clear(e.msgs)
-		}
-		for i, v := range elems {
-			e.msgs[string(v)] = msgs[i]
-		}
-		e.msgMu.Unlock()
-	}
-	return e.opts.Template.renderParsed(msgs, tools, o)
-}
-
-// maxCachedMessages bounds Engine.msgs; past it the cache starts over.
-const maxCachedMessages = 1 << 14
-
-// encode is Encode into a list from e's pool; handleTokenize returns it
-// once the reply is written (a prompt's ids were a third of its reading
-// and tokenizing of a render, allocated and collected per call).
-func (e *Engine) encode(text string) []int {
-	p, _ := e.ints.Get().(*[]int)
-	if p == nil {
-		return Encode(text)
-	}
-	return appendEncode((*p)[:0], text)
+	writeJSONResponse(w, 200, ojson.Obj("count", len(ids), "max_model_len", e.opts.MaxModelLen, "tokens", ids, "token_strs", strs))
 }
 
 // handleDetokenize serves POST /detokenize (docs/engine-wire.md §3): special tokens are kept;
@@ -148,5 +92,5 @@ func (e *Engine) handleDetokenize(w http.ResponseWriter, body []byte) {
 		writeError(w, aerr)
 		return
 	}
-	e.writeJSON(w, 200, ojson.Obj("prompt", Decode(ids)))
+	writeJSONResponse(w, 200, ojson.Obj("prompt", Decode(ids)))
 }

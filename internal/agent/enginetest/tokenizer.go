@@ -1,7 +1,6 @@
 package enginetest
 
 import (
-	"slices"
 	"sort"
 	"strings"
 )
@@ -72,27 +71,10 @@ func IsSpecial(id int) bool { return id >= 256 && id < VocabSize && addedTokens[
 // Encode tokenizes text: at each position the longest added-token string
 // that matches is emitted as its id, otherwise the byte itself. There is no
 // BOS or any other token added (Qwen3 adds none either).
-func Encode(text string) []int { return appendEncode(make([]int, 0, len(text)), text) }
-
-// appendEncode appends Encode(text) to ids.
-func appendEncode(ids []int, text string) []int {
-	ids = slices.Grow(ids, len(text)) // at most a token a byte
+func Encode(text string) []int {
+	ids := make([]int, 0, len(text)) // at most a token a byte
 	for i := 0; i < len(text); {
-		// The bytes up to the next '<' are their own ids, copied in one
-		// loop; only at a '<' can an added token start.
-		j := strings.IndexByte(text[i:], '<')
-		if j < 0 {
-			j = len(text) - i
-		}
-		n := len(ids)
-		ids = ids[:n+j]
-		for k, c := range []byte(text[i : i+j]) {
-			ids[n+k] = int(c)
-		}
-		if i += j; i == len(text) {
-			break
-		}
-		id, size := int('<'), 1
+		id, size := int(text[i]), 1
 		for _, t := range matchOrder {
 			if strings.HasPrefix(text[i:], t.Content) {
 				id, size = t.ID, len(t.Content)
