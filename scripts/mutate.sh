@@ -7,14 +7,22 @@
 #                       stages/train join.go, batches.go, plan.go (join, packing)
 #   Python, with mutmut: gpu/kiln_gpu/loss.py, objectives.py
 #
-#   scripts/mutate.sh [--changed BASE] [--rev REV] [TARGET...]
+#   scripts/mutate.sh [--changed BASE] [--budget SECONDS] [--rev REV] [TARGET...]
 #
 # TARGET is one of advantages, plan, train, gpu (default: all). --changed
 # BASE runs only the targets with a file to mutate that differs from the git
-# revision BASE (CI's use); none differing is a no-op. --rev REV mutates
-# the committed tree REV instead of the working tree. Each target prints its
-# score (killed / (killed + lived), timed-out counting as killed) and its
-# survivors; reports go to $KILN_MUTATE_OUT (default ~/.cache/kiln/mutate).
+# revision BASE (CI's use); none differing is a no-op. --budget SECONDS
+# skips, with a line saying so, each target whose measured wall time
+# (MINUTES below, a quiet 2-core machine) does not fit in what is left of
+# SECONDS. --rev REV mutates the committed tree REV instead of the working
+# tree. The testers are installed (scripts/install-mutation-deps.sh) when
+# a target is to run. Each target prints its score (killed / (killed +
+# lived), timed-out counting as killed) and its survivors; reports go to
+# $KILN_MUTATE_OUT (default ~/.cache/kiln/mutate).
+#
+# Exit status: 1 when a target's score falls below its FLOOR (the score
+# MUTATION.md records, less a point): a new survivor is then to be killed
+# by a test or explained in MUTATION.md, with the floor moved to match.
 #
 # Bounds: every Go mutant runs only its package's fast unit tests (GOFLAGS
 # -run/-skip below, never the end-to-end tests that start a trainer), with
@@ -36,6 +44,10 @@ GO_TARGETS=(
 	"plan|pipelines|plan.go|-skip=^(TestKillAndResume|TestLockLost|TestDemo|TestDemoKillAndResume)$"
 	"train|stages/train|join.go batches.go plan.go|-run=^(TestPlanGolden|TestRepeatEpochs|TestSegmentOfTopP|TestMicroBatchTensors|TestJoin|TestSchedule|TestPack|TestDenominators|TestLayoutInvariants|TestContextCheck|TestDryRun|TestBadInputs)"
 )
+# Per target: the floor of its score (%) and its wall time in minutes on a
+# quiet 2-core machine (MUTATION.md, 2026-12-04/05).
+declare -A FLOOR=([advantages]=94 [plan]=90 [train]=88 [gpu]=92.5)
+declare -A MINUTES=([advantages]=5 [plan]=9 [train]=6 [gpu]=13)
 GPU_FILES=(kiln_gpu/loss.py kiln_gpu/objectives.py)
 # test_train.py's other tests train the tiny model end to end (minutes
 # each on two cores): only its objective tests run.
@@ -50,17 +62,21 @@ GPU_TESTS=(
 )
 
 base=
+budget=
 rev=
 targets=()
 while (($#)); do
 	case $1 in
 	--changed) base=$2; shift 2 ;;
+	--budget) budget=$2; shift 2 ;;
 	--rev) rev=$2; shift 2 ;;
 	-*) die "unknown flag $1" ;;
 	*) targets+=("$1"); shift ;;
 	esac
 done
 ((${#targets[@]})) || targets=(advantages plan train gpu)
+[[ -z $base ]] || git -C "$REPO" rev-parse --verify -q "$base^{commit}" >/dev/null ||
+	die "--changed $base: not a commit of this repository (a shallow clone lacks the parent: fetch it, or name another base)"
 
 # changed FILE...: whether any FILE (repo-relative) differs from $base.
 changed() {
@@ -86,12 +102,6 @@ snapshot() {
 
 run_go() {
 	local name=$1 dir=$2 files=$3 flags=$4
-	local f want=()
-	for f in $files; do want+=("$dir/$f"); done
-	if ! changed "${want[@]}"; then
-		log "    $name: no file to mutate changed since $base"
-		return
-	fi
 	local gremlins
 	[[ -f $CACHE/gremlins-current ]] ||
 		die "gremlins is not installed: run scripts/install-mutation-deps.sh (make mutate does)"
@@ -108,7 +118,7 @@ run_go() {
 	(cd "$SNAP/mod" && GOFLAGS="${GOFLAGS:-} $flags" "$gremlins" unleash --workers "$WORKERS" \
 		--timeout-coefficient 5 "${ex[@]}" -o "$OUT/$name.json" "./$dir") >"$OUT/$name.log" 2>&1 ||
 		{ tail -20 "$OUT/$name.log" >&2; die "gremlins failed on $dir (log: $OUT/$name.log)"; }
-	python3 - "$OUT/$name.json" "$name" $((SECONDS - t0)) <<-'EOF'
+	python3 - "$OUT/$name.json" "$name" $((SECONDS - t0)) "${FLOOR[$name]}" <<-'EOF' || failed+=("$name")
 		import json, sys
 		r = json.load(open(sys.argv[1]))
 		st = {}
@@ -124,16 +134,12 @@ run_go() {
 		      f"{st.get('NOT COVERED', 0)} not covered, {st.get('NOT VIABLE', 0)} not viable) in {sys.argv[3]}s")
 		for s in surv:
 		    print(f"      LIVED {s}")
+		if score < float(sys.argv[4]):
+		    sys.exit(f"    {sys.argv[2]}: score {score:.1f}% is below its floor {sys.argv[4]}% (scripts/mutate.sh FLOOR): kill the new survivors or explain them in MUTATION.md")
 	EOF
 }
 
 run_gpu() {
-	local want=() f
-	for f in "${GPU_FILES[@]}"; do want+=("gpu/$f"); done
-	if ! changed "${want[@]}"; then
-		log "    gpu: no file to mutate changed since $base"
-		return
-	fi
 	local venv
 	[[ -f $CACHE/mutmut-venv-current ]] ||
 		die "mutmut is not installed: run scripts/install-mutation-deps.sh (make mutate does)"
@@ -157,7 +163,7 @@ run_gpu() {
 	(cd "$SNAP/gpu" && CI= "$venv/bin/mutmut" run --max-children "$WORKERS") >"$OUT/gpu.log" 2>&1 ||
 		{ tail -30 "$OUT/gpu.log" >&2; die "mutmut failed (log: $OUT/gpu.log)"; }
 	(cd "$SNAP/gpu" && "$venv/bin/mutmut" results --all true) >"$OUT/gpu-results.txt" 2>&1 || true
-	python3 - "$OUT/gpu-results.txt" $((SECONDS - t0)) <<-'EOF'
+	python3 - "$OUT/gpu-results.txt" $((SECONDS - t0)) "${FLOOR[gpu]}" <<-'EOF' || failed+=(gpu)
 		import collections, sys
 		st = collections.Counter()
 		surv = []
@@ -174,26 +180,61 @@ run_gpu() {
 		      f"{st['no tests']} no tests) in {sys.argv[2]}s")
 		for s in surv:
 		    print(f"      LIVED {s}")
+		if score < float(sys.argv[3]):
+		    sys.exit(f"    gpu: score {score:.1f}% is below its floor {sys.argv[3]}% (scripts/mutate.sh FLOOR): kill the new survivors or explain them in MUTATION.md")
 	EOF
 }
 
 need git "install git"
 need python3 "install python3"
-snapped=
-for t in "${targets[@]}"; do
-	case $t in
-	advantages | plan | train)
-		if [[ -z $snapped ]]; then
-			# gremlins copies what it is pointed at once per worker.
-			snapshot "$SNAP/mod"
-			snapped=1
+
+# files_of TARGET: the repo-relative files TARGET mutates.
+files_of() {
+	local spec name dir files flags f
+	if [[ $1 == gpu ]]; then
+		for f in "${GPU_FILES[@]}"; do echo "gpu/$f"; done
+		return
+	fi
+	for spec in "${GO_TARGETS[@]}"; do
+		IFS='|' read -r name dir files flags <<<"$spec"
+		if [[ $name == "$1" ]]; then
+			for f in $files; do echo "$dir/$f"; done
 		fi
-		for spec in "${GO_TARGETS[@]}"; do
-			IFS='|' read -r name dir files flags <<<"$spec"
-			[[ $name == "$t" ]] && step "gremlins $name ($dir: $files)" run_go "$name" "$dir" "$files" "$flags"
-		done
-		;;
-	gpu) step "mutmut gpu (${GPU_FILES[*]})" run_gpu ;;
-	*) die "unknown target $t (advantages, plan, train, gpu)" ;;
-	esac
+	done
+}
+
+run=()
+for t in "${targets[@]}"; do
+	[[ -v "MINUTES[$t]" ]] || die "unknown target $t (advantages, plan, train, gpu)"
+	mapfile -t want < <(files_of "$t")
+	if changed "${want[@]}"; then
+		run+=("$t")
+	else
+		log "==> $t: no file to mutate changed since $base"
+	fi
 done
+((${#run[@]})) || exit 0
+"$REPO/scripts/install-gpu-deps.sh" >/dev/null
+"$REPO/scripts/install-mutation-deps.sh"
+
+failed=()
+start=$SECONDS
+for t in "${run[@]}"; do
+	left=$((budget - (SECONDS - start)))
+	if [[ -n $budget ]] && ((MINUTES[$t] * 60 > left)); then
+		log "==> $t: skipped: its ~${MINUTES[$t]} min do not fit in the ${left}s left of --budget"
+		continue
+	fi
+	if [[ $t == gpu ]]; then
+		step "mutmut gpu (${GPU_FILES[*]})" run_gpu
+		continue
+	fi
+	[[ -d $SNAP/mod ]] || snapshot "$SNAP/mod" # gremlins copies it once per worker
+	for spec in "${GO_TARGETS[@]}"; do
+		IFS='|' read -r name dir files flags <<<"$spec"
+		if [[ $name == "$t" ]]; then
+			step "gremlins $name ($dir: $files)" run_go "$name" "$dir" "$files" "$flags"
+		fi
+	done
+done
+((${#failed[@]} == 0)) || die "below their floors: ${failed[*]} (MUTATION.md)"
