@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/urfave/cli/v2"
@@ -42,13 +43,15 @@ Per distinct build context, with buildah (Debian's package; no daemon):
       digests: when BUILD-CACHE/<key>/layout is complete the image is reused
       and nothing is built (a changed context, or a FROM that now names
       another manifest, builds again);
-   3. otherwise each FROM image is handed to buildah as an OCI layout (buildah
-      pull, tagged with the name the Dockerfile uses), then
+   3. otherwise the FROM images go into the build's OCI layout (their blobs
+      hard-linked from an oci: source where the file system allows), buildah
+      pulls them from it (tagged with the name the Dockerfile uses), then
       buildah bud --isolation chroot --pull-never, as root, with buildah
       storage of its own under BUILD-CACHE/buildah (removed after), bounded
       by the task's [environment].build_timeout_sec (else --build-timeout);
-      the result is pushed to BUILD-CACHE/<key>/layout and imported from
-      there.
+      the result is pushed into the same layout (blobs it holds are not
+      written again), which becomes BUILD-CACHE/<key>/layout, and is
+      imported from there.
 Builds sharing one BUILD-CACHE may run at once (several tasks versions, or
 nodes on a shared disk): a lock per cache key builds each context once (a
 second build waits, then reuses it), and separate storage keeps the builds of
@@ -302,18 +305,36 @@ func (b *builder) build(ctx context.Context, v *dataset.Version, res *resolver, 
 	logPath := filepath.Join(b.cache, key+".log")
 	var log bytes.Buffer
 	tag := "kiln-build-" + key[:32]
+	// The build's OCI layout, BUILD-CACHE/<key>/layout once complete:
+	// the FROM images go in first (their blobs hard-linked from an OCI
+	// layout source where the file system allows, else written), buildah
+	// pulls them from it and pushes the result into it. A blob the
+	// layout holds already is not written again, so where the base's
+	// layers are stored as buildah pushes them (uncompressed, as the
+	// fixtures'), the push writes only the new layers: 0.1 s, not the
+	// 9 s of a whole 390 MB image (BenchmarkBuildHarbor, 2026-12-05).
+	tmp := filepath.Join(b.cache, key, ".layout.tmp")
+	os.RemoveAll(tmp) // a killed build's; the lock is ours
+	if err := os.MkdirAll(filepath.Dir(tmp), 0o755); err != nil {
+		return "", false, err
+	}
+	p, err := layout.Write(tmp, empty.Index)
+	if err != nil {
+		return "", false, err
+	}
+	// buildah names an oci: image after its path, so the path must be a
+	// valid repository name: a link under a fresh temp dir.
+	link := filepath.Join(work, "layout")
+	if err := os.Symlink(tmp, link); err != nil {
+		return "", false, err
+	}
 	for i, r := range bases {
-		// buildah names an oci: image after its path, so the path must be
-		// a valid repository name: a fresh directory under the temp dir.
-		dir := filepath.Join(work, fmt.Sprintf("from%d", i))
-		p, err := layout.Write(dir, empty.Index)
-		if err != nil {
-			return "", false, err
-		}
-		if err := p.AppendImage(r.img, layout.WithAnnotations(map[string]string{refNameAnnotation: "base"})); err != nil {
+		ref := fmt.Sprintf("base%d", i)
+		linkBlobs(tmp, r)
+		if err := p.AppendImage(r.img, layout.WithAnnotations(map[string]string{refNameAnnotation: ref})); err != nil {
 			return "", false, fmt.Errorf("task %q: FROM %s: writing it for buildah: %w", s.task, r.image, err)
 		}
-		out, err := b.buildahCmd(bctx, bs.dir, &log, "pull", "--quiet", "oci:"+dir+":base")
+		out, err := b.buildahCmd(bctx, bs.dir, &log, "pull", "--quiet", "oci:"+link+":"+ref)
 		if err != nil {
 			return "", false, fmt.Errorf("task %q: buildah pull of FROM %s (%s): %w", s.task, r.image, logTail(log.String(), 20), err)
 		}
@@ -332,12 +353,7 @@ func (b *builder) build(ctx context.Context, v *dataset.Version, res *resolver, 
 		return "", false, stagecmd.BadInputf("task %q: environment/Dockerfile: step %q failed: %v; the end of buildah's log:\n%s\n(the whole log: %q)",
 			s.task, failedStep(log.String()), err, logTail(log.String(), 30), logPath)
 	}
-	tmp := filepath.Join(b.cache, key, ".layout.tmp")
-	os.RemoveAll(tmp) // a killed build's; the lock is ours
-	if err := os.MkdirAll(filepath.Dir(tmp), 0o755); err != nil {
-		return "", false, err
-	}
-	if _, err := b.buildahCmd(bctx, bs.dir, &log, "push", "--quiet", "--disable-compression", tag, "oci:"+tmp+":"+tagOf(s.image)); err != nil {
+	if _, err := b.buildahCmd(bctx, bs.dir, &log, "push", "--quiet", "--disable-compression", tag, "oci:"+link+":"+tagOf(s.image)); err != nil {
 		return "", false, fmt.Errorf("task %q: buildah push: %w: %s", s.task, err, logTail(log.String(), 20))
 	}
 	_ = os.WriteFile(logPath, log.Bytes(), 0o644)
@@ -349,6 +365,27 @@ func (b *builder) build(ctx context.Context, v *dataset.Version, res *resolver, 
 		return "", false, err
 	}
 	return final, true, nil
+}
+
+// linkBlobs hard-links the blobs of r's image from its source layout into
+// the OCI layout at dir, where AppendImage then finds them and copies
+// nothing. A blob it cannot link (another file system, a registry or
+// docker-archive source) AppendImage writes.
+func linkBlobs(dir string, r *resolved) {
+	m, err := r.img.Manifest()
+	if r.layoutDir == "" || err != nil {
+		return
+	}
+	blobs := []v1.Hash{r.digest, m.Config.Digest}
+	for _, l := range m.Layers {
+		blobs = append(blobs, l.Digest)
+	}
+	for _, h := range blobs {
+		dst := filepath.Join(dir, "blobs", h.Algorithm, h.Hex)
+		if os.MkdirAll(filepath.Dir(dst), 0o755) == nil {
+			_ = os.Link(filepath.Join(r.layoutDir, "blobs", h.Algorithm, h.Hex), dst)
+		}
+	}
 }
 
 // buildStorage is one build's buildah storage, BUILD-CACHE/buildah/<random>,

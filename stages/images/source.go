@@ -74,6 +74,9 @@ type resolved struct {
 	// uncompressed: read layers uncompressed and check only their diff ids
 	// (docker-archive, whose manifest go-containerregistry synthesizes).
 	uncompressed bool
+	// layoutDir is the OCI layout on disk whose blobs/ hold img's blobs
+	// (oci: and unpacked oci-archive: sources), else "".
+	layoutDir string
 }
 
 // resolver finds images in the configured sources; safe for concurrent use.
@@ -268,13 +271,13 @@ func fromLayout(image string, src Source, dir, tail string) (*resolved, *v1.Hash
 		if err != nil {
 			return nil, nil, fmt.Errorf("image %q: OCI layout %q: %w", image, src.Path, err)
 		}
-		return &resolved{image: image, source: where, img: img}, &plat.Digest, nil
+		return &resolved{image: image, source: where, img: img, layoutDir: dir}, &plat.Digest, nil
 	}
 	img, err := idx.Image(pick.Digest)
 	if err != nil {
 		return nil, nil, fmt.Errorf("image %q: OCI layout %q: %w", image, src.Path, err)
 	}
-	return &resolved{image: image, source: where, img: img}, &pick.Digest, nil
+	return &resolved{image: image, source: where, img: img, layoutDir: dir}, &pick.Digest, nil
 }
 
 // unpackArchive extracts an oci-archive (a tar of a layout) once per run.
