@@ -15,8 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Cancellation by context (the adapter's Watch returns its context as it
-// is, so calls under it are plain calls): a call whose context ends is aborted (the engine
+// Cancellation by context: a call whose context ends is aborted (the engine
 // sees its connection close) and fails with the context's error, and its
 // connection is never reused; calls that finish leave their connection for
 // the next.
@@ -52,14 +51,13 @@ func TestCancellation(t *testing.T) {
 		_, err := c.do(ctx, http.MethodPost, path, []byte(`{}`), nil)
 		return err
 	}
-	// watched starts a server and a client, and a Watch on a context the
-	// test ends with cancel.
-	watched := func(t *testing.T) (s *server, c *Client, ctx context.Context, cancel context.CancelFunc) {
+	// started starts a server and a client, and a context the test ends
+	// with cancel.
+	started := func(t *testing.T) (s *server, c *Client, ctx context.Context, cancel context.CancelFunc) {
 		s = start(t)
 		c = engineClient(t, s.url)
-		parent, cancel := context.WithCancel(context.Background())
-		ctx, stop := Watch(parent)
-		t.Cleanup(func() { stop(); cancel() })
+		ctx, cancel = context.WithCancel(context.Background())
+		t.Cleanup(cancel)
 		return s, c, ctx, cancel
 	}
 	waitClosed := func(t *testing.T, s *server) {
@@ -72,7 +70,7 @@ func TestCancellation(t *testing.T) {
 	}
 
 	t.Run("calls one after another share a connection", func(t *testing.T) {
-		s, c, ctx, _ := watched(t)
+		s, c, ctx, _ := started(t)
 		for range 5 {
 			require.NoError(t, call(ctx, c, "/fast"))
 		}
@@ -80,7 +78,7 @@ func TestCancellation(t *testing.T) {
 	})
 
 	t.Run("the context ending aborts the call in flight", func(t *testing.T) {
-		s, c, ctx, cancel := watched(t)
+		s, c, ctx, cancel := started(t)
 		require.NoError(t, call(ctx, c, "/fast"))
 		errc := make(chan error, 1)
 		go func() { errc <- call(ctx, c, "/slow") }()
@@ -95,7 +93,7 @@ func TestCancellation(t *testing.T) {
 	})
 
 	t.Run("a call after the context ended sends nothing", func(t *testing.T) {
-		s, c, ctx, cancel := watched(t)
+		s, c, ctx, cancel := started(t)
 		require.NoError(t, call(ctx, c, "/fast")) // leaves an idle connection
 		cancel()
 		err := call(ctx, c, "/fast")
@@ -104,8 +102,8 @@ func TestCancellation(t *testing.T) {
 		assert.EqualValues(t, 1, s.requests.Load(), "the engine got a request after its context ended")
 	})
 
-	t.Run("concurrent calls under one watch are all aborted", func(t *testing.T) {
-		s, c, ctx, cancel := watched(t)
+	t.Run("concurrent calls under one context are all aborted", func(t *testing.T) {
+		s, c, ctx, cancel := started(t)
 		const n = 3
 		var wg sync.WaitGroup
 		errs := make([]error, n)
@@ -125,8 +123,8 @@ func TestCancellation(t *testing.T) {
 		}
 	})
 
-	t.Run("a context under the watch that ends on its own aborts its call", func(t *testing.T) {
-		s, c, ctx, _ := watched(t)
+	t.Run("a derived context that ends on its own aborts its call", func(t *testing.T) {
+		s, c, ctx, _ := started(t)
 		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		defer cancel()
 		err := call(short, c, "/slow")
@@ -134,13 +132,11 @@ func TestCancellation(t *testing.T) {
 		waitClosed(t, s)
 	})
 
-	t.Run("after stop the context's end leaves connections alone", func(t *testing.T) {
+	t.Run("a context that ends after its call leaves the connection alone", func(t *testing.T) {
 		s := start(t)
 		c := engineClient(t, s.url)
-		parent, cancel := context.WithCancel(context.Background())
-		ctx, stop := Watch(parent)
+		ctx, cancel := context.WithCancel(context.Background())
 		require.NoError(t, call(ctx, c, "/fast"))
-		stop()
 		cancel()
 		require.NoError(t, call(context.Background(), c, "/fast"))
 		assert.EqualValues(t, 1, s.conns.Load(), "the idle connection was closed")

@@ -289,20 +289,6 @@ func (c *Client) roundTrip(ctx context.Context, method, path string, body []byte
 	if resp.ContentLength > maxResponse {
 		return nil, fmt.Errorf("reply larger than %d bytes", maxResponse)
 	}
-	if n := resp.ContentLength; n >= 0 {
-		// vLLM's replies carry their length (net/http's body then ends
-		// there, or fails short of it): read them into one buffer of that
-		// size. io.ReadAll's doubling allocated about twice each reply,
-		// 40% of the adapter's allocation (the load benchmark's
-		// KILN_LOAD_MEMPROFILE). net/http's body returns io.EOF with
-		// its last bytes, so the connection goes back to the pool
-		// without a further read (TestTransport "request and reuse").
-		b := make([]byte, n)
-		if _, err := io.ReadFull(resp.Body, b); err != nil {
-			return nil, fmt.Errorf("reading reply: %w", err)
-		}
-		return &httpReply{status: resp.StatusCode, body: b}, nil
-	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse+1))
 	if err != nil {
 		return nil, fmt.Errorf("reading reply: %w", err)
@@ -311,16 +297,6 @@ func (c *Client) roundTrip(ctx context.Context, method, path string, body []byte
 		return nil, fmt.Errorf("reply larger than %d bytes", maxResponse)
 	}
 	return &httpReply{status: resp.StatusCode, body: b}, nil
-}
-
-// Watch returns ctx unchanged and a stop function that does nothing.
-//
-// Deprecated: it shared one cancellation registration among a run of calls
-// on kiln's own HTTP/1.1 transport. On net/http's Transport each call is
-// cancelled through its own context (see Client.do), so there is nothing
-// to share; callers may drop Watch.
-func Watch(ctx context.Context) (_ context.Context, stop func()) {
-	return ctx, func() {}
 }
 
 // httpError builds the HTTPError for a non-2xx reply (docs/engine-wire.md §1: decide
