@@ -110,9 +110,6 @@ type Server struct {
 	// end-of-message token is the same few ids on every turn, and the
 	// tokenizer never changes under a running server.
 	blankTails sync.Map // string(ids as bytes) -> bool
-	// decoded holds the translations of the request parts clients resend
-	// unchanged every turn (Anthropic's system prompt and tools).
-	decoded *protocol.Cache
 	// histories carry each Anthropic session's parsed and translated
 	// history to its next request (protocol.History), by session id.
 	histories sync.Map // string -> *protocol.History
@@ -150,7 +147,7 @@ func New(opts Options) *Server {
 	if opts.IDs == nil {
 		opts.IDs = protocol.RandomIDs()
 	}
-	s := &Server{opts: opts, toolFmt: f, decoded: protocol.NewCache(), sessions: map[string]*session{}, closed: map[string]bool{},
+	s := &Server{opts: opts, toolFmt: f, sessions: map[string]*session{}, closed: map[string]bool{},
 		specials: map[int32]bool{}}
 	for _, id := range opts.Special.AllSpecialIDs {
 		s.specials[id] = true
@@ -202,10 +199,9 @@ func writeError(w http.ResponseWriter, p protocol.Protocol, e *protocol.Error) {
 	writeJSON(w, e.Status, e.Body(p))
 }
 
-// decodeAnthropic decodes with the server's cache and the session's
-// history.
+// decodeAnthropic decodes with the session's history.
 func (s *Server) decodeAnthropic(h http.Header, body []byte) (protocol.Request, error) {
-	return s.decoded.DecodeAnthropicHistory(h, body, s.history(protocol.AnthropicSessionID(h)))
+	return protocol.DecodeAnthropicHistory(h, body, s.history(protocol.AnthropicSessionID(h)))
 }
 
 // decodeResponses decodes with the session's history — the session named
@@ -213,7 +209,7 @@ func (s *Server) decodeAnthropic(h http.Header, body []byte) (protocol.Request, 
 // known before decoding (protocol.OpenAISessionID); otherwise without.
 func (s *Server) decodeResponses(h http.Header, body []byte) (protocol.Request, error) {
 	if id, ok := protocol.OpenAISessionID(h, body); ok {
-		return s.decoded.DecodeResponsesHistory(h, body, s.history(id))
+		return protocol.DecodeResponsesHistory(h, body, s.history(id))
 	}
 	return protocol.DecodeResponses(h, body)
 }
@@ -221,7 +217,7 @@ func (s *Server) decodeResponses(h http.Header, body []byte) (protocol.Request, 
 // decodeChat is decodeResponses for Chat Completions requests.
 func (s *Server) decodeChat(h http.Header, body []byte) (protocol.Request, error) {
 	if id, ok := protocol.OpenAISessionID(h, body); ok {
-		return s.decoded.DecodeChatHistory(h, body, s.history(id))
+		return protocol.DecodeChatHistory(h, body, s.history(id))
 	}
 	return protocol.DecodeChat(h, body)
 }

@@ -16,25 +16,9 @@ func DecodeAnthropic(header http.Header, body []byte) (Request, error) {
 	return decodeAnthropic(header, body, nil)
 }
 
-// DecodeAnthropic is the package's DecodeAnthropic, taking the system
-// prompt's and the tool list's translations from c when their bytes were
-// seen before.
-func (c *Cache) DecodeAnthropic(header http.Header, body []byte) (Request, error) {
-	return decodeAnthropic(header, body, newCachedParts(c, "anthropic", "system", "tools"))
-}
-
-// anthropicSystem is the cached translation of a system prompt: the
-// system message, nil when the prompt is empty.
-type anthropicSystem struct{ msg json.RawMessage }
-
-func decodeAnthropic(header http.Header, body []byte, cp *cachedParts) (Request, error) {
-	return decodeAnthropicWith(header, body, cp, nil)
-}
-
-// decodeAnthropicWith decodes with the cache's parts (cp) and a session's
-// history (hd), either nil.
-func decodeAnthropicWith(header http.Header, body []byte, cp *cachedParts, hd *historyDecode) (Request, error) {
-	b, err := decodeBodyCached(body, historyTop("messages", cp, hd))
+// decodeAnthropic decodes with a session's history (hd), or without (nil).
+func decodeAnthropic(header http.Header, body []byte, hd *historyDecode) (Request, error) {
+	b, err := decodeBodyCached(body, historyTop("messages", hd))
 	if err != nil {
 		return Request{}, err
 	}
@@ -45,12 +29,9 @@ func decodeAnthropicWith(header http.Header, body []byte, cp *cachedParts, hd *h
 			return Request{}, err
 		}
 	}
-	toolsV, toolsHit := cp.hit("tools")
-	var tools []any
-	if !toolsHit {
-		if tools, err = listField(b, "tools"); err != nil {
-			return Request{}, err
-		}
+	tools, err := listField(b, "tools")
+	if err != nil {
+		return Request{}, err
 	}
 	s, err := sampling(b, []string{"max_tokens"}, "stop_sequences")
 	if err != nil {
@@ -63,14 +44,9 @@ func decodeAnthropicWith(header http.Header, body []byte, cp *cachedParts, hd *h
 		Stream:    wantsStream(header, b),
 	}
 	r.Model, _ = b.Str("model")
-	var sys anthropicSystem
-	if v, ok := cp.hit("system"); ok {
-		sys = v.(anthropicSystem)
-	} else {
-		if v := b.Val("system"); truthy(v) {
-			sys.msg = ojson.Marshal(ojson.Obj("role", "system", "content", flatten(v)))
-		}
-		cp.store("system", sys)
+	var sys json.RawMessage
+	if v := b.Val("system"); truthy(v) {
+		sys = ojson.Marshal(ojson.Obj("role", "system", "content", flatten(v)))
 	}
 	if hist != nil {
 		if r.Messages, err = hd.translateAnthropic(body, hist); err != nil {
@@ -81,13 +57,8 @@ func decodeAnthropicWith(header http.Header, body []byte, cp *cachedParts, hd *h
 		t.translate(foldSystem(msgs))
 		r.Messages = rawAll(t.out)
 	}
-	if sys.msg != nil {
-		r.Messages = append([]json.RawMessage{sys.msg}, r.Messages...)
-	}
-	if toolsHit {
-		ct := toolsV.(cachedTools)
-		r.Tools, r.Specs = ct.tools, ct.specs
-		return r, nil
+	if sys != nil {
+		r.Messages = append([]json.RawMessage{sys}, r.Messages...)
 	}
 	for _, e := range tools {
 		to, ok := e.(*ojson.Object)
@@ -105,7 +76,6 @@ func decodeAnthropicWith(header http.Header, body []byte, cp *cachedParts, hd *h
 		r.Tools = append(r.Tools, ojson.Marshal(functionSchema(name, to.Val("description"), params)))
 		r.Specs = append(r.Specs, ToolSpec{SchemaName: name, Name: name, Kind: FunctionTool})
 	}
-	cp.store("tools", cachedTools{tools: r.Tools, specs: r.Specs})
 	return r, nil
 }
 

@@ -11,11 +11,10 @@ import (
 // BenchmarkDecodeClaudeCode decodes a request Claude Code 2.1.328 sent
 // (--tools Bash,Read,Edit; recorded with shared/tools/wire_recorder.py): a
 // 7 KB system prompt and 7 KB of tools that every turn resends, plus the
-// history, here grown to 20 turns of tool calls and results: uncached;
-// with the Cache the adapter uses, after the first turn of a run (system
-// prompt and tools cached); and with the session's History as well, as
-// the adapter decodes a session's every request after its first (the
-// history up to the last assistant message taken from the request before).
+// history, here grown to 20 turns of tool calls and results: plain, and
+// with the session's History, as the adapter decodes a session's every
+// request after its first (the history up to the last assistant message
+// taken from the request before).
 //
 //	go test ./internal/agent/protocol -run '^$' -bench DecodeClaudeCode
 func BenchmarkDecodeClaudeCode(b *testing.B) {
@@ -51,7 +50,7 @@ func BenchmarkDecodeClaudeCode(b *testing.B) {
 	for _, c := range []struct {
 		name string
 		dec  func(http.Header, []byte) (Request, error)
-	}{{"uncached", DecodeAnthropic}, {"cached", NewCache().DecodeAnthropic}, {"cached+history", historyDecoder()}} {
+	}{{"plain", DecodeAnthropic}, {"history", historyDecoder()}} {
 		b.Run(c.name, func(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
@@ -64,11 +63,11 @@ func BenchmarkDecodeClaudeCode(b *testing.B) {
 	}
 }
 
-// historyDecoder decodes with a Cache and one History, as the adapter does
-// for one session.
+// historyDecoder decodes with one History, as the adapter does for one
+// session.
 func historyDecoder() func(http.Header, []byte) (Request, error) {
-	c, h := NewCache(), &History{}
-	return func(hd http.Header, body []byte) (Request, error) { return c.DecodeAnthropicHistory(hd, body, h) }
+	h := &History{}
+	return func(hd http.Header, body []byte) (Request, error) { return DecodeAnthropicHistory(hd, body, h) }
 }
 
 // BenchmarkDecodeCodex decodes a request Codex 0.169.0 sent (recorded with
@@ -102,12 +101,12 @@ func BenchmarkDecodeCodex(b *testing.B) {
 		b.Fatal(err)
 	}
 	h := http.Header{"Authorization": {"Bearer s"}}
-	c, hist := NewCache(), &History{}
+	hist := &History{}
 	for _, tc := range []struct {
 		name string
 		dec  func(http.Header, []byte) (Request, error)
-	}{{"uncached", DecodeResponses}, {"history", func(hd http.Header, body []byte) (Request, error) {
-		return c.DecodeResponsesHistory(hd, body, hist)
+	}{{"plain", DecodeResponses}, {"history", func(hd http.Header, body []byte) (Request, error) {
+		return DecodeResponsesHistory(hd, body, hist)
 	}}} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.SetBytes(int64(len(body)))
@@ -124,7 +123,7 @@ func BenchmarkDecodeCodex(b *testing.B) {
 // BenchmarkDecodeChatSession decodes a Chat Completions session as an
 // adapter receives it: 40 requests, each the history so far plus an
 // assistant tool call and its tool result (~60 KB by the end), in order,
-// uncached and with a Cache and one History per session. Reported: time
+// plain and with one History per session. Reported: time
 // per request, averaged over the session.
 //
 //	go test ./internal/agent/protocol -run '^$' -bench DecodeChatSession
@@ -150,15 +149,14 @@ func BenchmarkDecodeChatSession(b *testing.B) {
 				"content": "def f(x):\n    return x * 2\n\n# ... 40 more lines of code of the module under test ...\n"})
 	}
 	h := http.Header{"Authorization": {"Bearer s"}}
-	c := NewCache()
 	for _, tc := range []struct {
 		name    string
 		session func() func(http.Header, []byte) (Request, error)
 	}{
-		{"uncached", func() func(http.Header, []byte) (Request, error) { return DecodeChat }},
+		{"plain", func() func(http.Header, []byte) (Request, error) { return DecodeChat }},
 		{"history", func() func(http.Header, []byte) (Request, error) {
 			hist := &History{}
-			return func(hd http.Header, body []byte) (Request, error) { return c.DecodeChatHistory(hd, body, hist) }
+			return func(hd http.Header, body []byte) (Request, error) { return DecodeChatHistory(hd, body, hist) }
 		}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {

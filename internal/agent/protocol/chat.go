@@ -12,23 +12,19 @@ import (
 // reordering), assistant tool calls lose their ids and get docs/adapter.md §5.7 argument
 // coercion.
 func DecodeChat(header http.Header, body []byte) (Request, error) {
-	return decodeChat(header, body, nil, nil)
+	return decodeChat(header, body, nil)
 }
 
 // DecodeChatHistory is DecodeChat that reuses what h holds of the
 // session's previous request (see History) and leaves in h what the next
-// one can reuse, with the tool list's translation from c. Each message is
-// translated on its own, so every boundary is clean: the checkpoint is the
-// whole list. A nil c or h decodes without.
-func (c *Cache) DecodeChatHistory(header http.Header, body []byte, h *History) (Request, error) {
-	if c == nil || h == nil {
-		return DecodeChat(header, body)
-	}
-	return decodeChat(header, body, newCachedParts(c, "chat", "tools"), &historyDecode{c: c, h: h, ck: h.load()})
+// one can reuse. Each message is translated on its own, so every boundary
+// is clean: the checkpoint is the whole list. A nil h decodes without.
+func DecodeChatHistory(header http.Header, body []byte, h *History) (Request, error) {
+	return decodeChat(header, body, h.decode())
 }
 
-func decodeChat(header http.Header, body []byte, cp *cachedParts, hd *historyDecode) (Request, error) {
-	b, err := decodeBodyCached(body, historyTop("messages", cp, hd))
+func decodeChat(header http.Header, body []byte, hd *historyDecode) (Request, error) {
+	b, err := decodeBodyCached(body, historyTop("messages", hd))
 	if err != nil {
 		return Request{}, err
 	}
@@ -37,12 +33,9 @@ func decodeChat(header http.Header, body []byte, cp *cachedParts, hd *historyDec
 	if !ok && hist == nil {
 		return Request{}, badRequest("messages must be a list")
 	}
-	toolsV, toolsHit := cp.hit("tools")
-	var tools []any
-	if !toolsHit {
-		if tools, err = listField(b, "tools"); err != nil {
-			return Request{}, err
-		}
+	tools, err := listField(b, "tools")
+	if err != nil {
+		return Request{}, err
 	}
 	s, err := sampling(b, openAIMaxKeys(), "stop")
 	if err != nil {
@@ -59,11 +52,6 @@ func decodeChat(header http.Header, body []byte, cp *cachedParts, hd *historyDec
 		r.Messages = hd.translateChat(body, hist)
 	} else {
 		r.Messages = rawAll(chatMessages(msgs))
-	}
-	if toolsHit {
-		ct := toolsV.(cachedTools)
-		r.Tools, r.Specs = ct.tools, ct.specs
-		return r, nil
 	}
 	for _, e := range tools {
 		to, ok := e.(*ojson.Object)
@@ -87,7 +75,6 @@ func decodeChat(header http.Header, body []byte, cp *cachedParts, hd *historyDec
 		r.Tools = append(r.Tools, ojson.Marshal(functionSchema(name, fn.Val("description"), fn.Val("parameters"))))
 		r.Specs = append(r.Specs, ToolSpec{SchemaName: name, Name: name, Kind: FunctionTool})
 	}
-	cp.store("tools", cachedTools{tools: r.Tools, specs: r.Specs})
 	return r, nil
 }
 

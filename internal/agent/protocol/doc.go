@@ -29,12 +29,11 @@
 //   - Chat Completions (§5.6): developer -> system, no reordering, §5.7
 //     argument coercion.
 //
-// A Cache (Cache.DecodeAnthropic, Cache.DecodeAnthropicHistory,
-// Cache.DecodeResponsesHistory) decodes exactly as these functions do,
-// faster: the translations of system prompts and tool lists are shared by
-// fingerprint, and a session's History skips the part of its history the
+// DecodeAnthropicHistory, DecodeResponsesHistory and DecodeChatHistory
+// decode exactly as these functions do, in time that does not grow with
+// the session: a session's History skips the part of its history the
 // previous request already translated (history.go states when that is
-// sound). Tests hold every cached decode equal to the plain one.
+// sound). Fuzz tests hold each equal to the plain decode.
 //
 // Every decoding failure is an *Error with status 400 and a message naming
 // the problem; Error.Body renders it in the protocol's envelope

@@ -70,10 +70,9 @@ func FuzzDecodeChat(f *testing.F) {
 		`{"messages":"x"}`, `null`)
 }
 
-// A cached decode gives what an uncached one gives, whatever the cache
-// holds: each body is decoded with a cache that has seen the previous
-// bodies (hits on resent parts, misses on new ones) and without a cache.
-func FuzzCachedDecodeAnthropic(f *testing.F) {
+// A decode with a History gives what a plain one gives, whatever the
+// History holds: a session of requests (a, b, a, b, b) decoded both ways.
+func FuzzHistoryDecodeAnthropic(f *testing.F) {
 	if b, err := os.ReadFile(filepath.Join("testdata", "requests", "claude_code_full_turn2.json")); err == nil {
 		f.Add(b, []byte(`{"system":"other","tools":[],"messages":[{"role":"user","content":"x"}]}`))
 	}
@@ -85,26 +84,7 @@ func FuzzCachedDecodeAnthropic(f *testing.F) {
 	f.Add([]byte(turn1), []byte(turn2))
 	f.Add([]byte(turn2), []byte(turn1))
 	f.Add([]byte(turn1), []byte(turn2[:len(turn2)-3]+`,{"role":"system","content":"late"}]}`))
-	h := http.Header{"Authorization": {"Bearer s"}}
-	f.Fuzz(func(t *testing.T, a, b []byte) {
-		c := NewCache()
-		var hist History
-		for _, body := range [][]byte{a, b, a, b, b} {
-			want, wantErr := DecodeAnthropic(h, body)
-			for name, dec := range map[string]func() (Request, error){
-				"cached":  func() (Request, error) { return c.DecodeAnthropic(h, body) },
-				"history": func() (Request, error) { return c.DecodeAnthropicHistory(h, body, &hist) },
-			} {
-				got, gotErr := dec()
-				if (wantErr == nil) != (gotErr == nil) {
-					t.Fatalf("%s: uncached err %v, err %v", name, wantErr, gotErr)
-				}
-				if wantErr == nil && !reflect.DeepEqual(want, got) {
-					t.Fatalf("%s:\nuncached %+v\ngot      %+v", name, want, got)
-				}
-			}
-		}
-	})
+	f.Fuzz(fuzzWithHistory(DecodeAnthropic, DecodeAnthropicHistory))
 }
 
 // The same for Responses requests decoded with a History.
@@ -117,7 +97,7 @@ func FuzzHistoryDecodeResponses(f *testing.F) {
 	f.Add([]byte(turn1), []byte(turn2))
 	f.Add([]byte(turn2), []byte(turn1))
 	f.Add([]byte(turn1), []byte(strings.Replace(turn2, `"store":false`, `"store":false,"instructions":"i"`, 1)))
-	f.Fuzz(fuzzWithHistory(DecodeResponses, (*Cache).DecodeResponsesHistory))
+	f.Fuzz(fuzzWithHistory(DecodeResponses, DecodeResponsesHistory))
 }
 
 // The same for Chat Completions requests decoded with a History.
@@ -127,25 +107,24 @@ func FuzzHistoryDecodeChat(f *testing.F) {
 	f.Add([]byte(turn1), []byte(turn2))
 	f.Add([]byte(turn2), []byte(turn1))
 	f.Add([]byte(turn1), []byte(strings.Replace(turn2, `},{"role"`, `}, {"role"`, -1)))
-	f.Fuzz(fuzzWithHistory(DecodeChat, (*Cache).DecodeChatHistory))
+	f.Fuzz(fuzzWithHistory(DecodeChat, DecodeChatHistory))
 }
 
 // fuzzWithHistory decodes a session of requests (a, b, a, b, b) with a
 // History and without: the same requests, the same errors.
 func fuzzWithHistory(plain func(http.Header, []byte) (Request, error),
-	withHistory func(*Cache, http.Header, []byte, *History) (Request, error)) func(*testing.T, []byte, []byte) {
+	withHistory func(http.Header, []byte, *History) (Request, error)) func(*testing.T, []byte, []byte) {
 	h := http.Header{"Authorization": {"Bearer s"}}
 	return func(t *testing.T, a, b []byte) {
-		c := NewCache()
 		var hist History
 		for _, body := range [][]byte{a, b, a, b, b} {
 			want, wantErr := plain(h, body)
-			got, gotErr := withHistory(c, h, body, &hist)
+			got, gotErr := withHistory(h, body, &hist)
 			if fmt.Sprint(wantErr) != fmt.Sprint(gotErr) {
-				t.Fatalf("uncached err %v, err %v", wantErr, gotErr)
+				t.Fatalf("plain err %v, err %v", wantErr, gotErr)
 			}
 			if wantErr == nil && !reflect.DeepEqual(want, got) {
-				t.Fatalf("uncached %+v\nwith history %+v", want, got)
+				t.Fatalf("plain %+v\nwith history %+v", want, got)
 			}
 		}
 	}

@@ -34,9 +34,14 @@ import (
 // requests with the same instructions. Safe for concurrent use; the zero
 // History is ready.
 type History struct {
-	mu sync.Mutex
-	ck *historyCheckpoint
+	mu    sync.Mutex
+	ck    *historyCheckpoint
+	seeds *[2]maphash.Seed // the fingerprints', drawn at first use
 }
+
+// skippedValue stands for a value the parser skipped at the History's
+// word (a message of the checkpoint's prefix).
+type skippedValue struct{}
 
 // historyCheckpoint is the state after the source messages [0, k) of a
 // request and a flush: immutable once stored.
@@ -61,10 +66,19 @@ type historyCheckpoint struct {
 
 type rawSum [2]uint64
 
-func (h *History) load() *historyCheckpoint {
+// decode starts a request's use of h; nil h, nil (no history). The seeds
+// are drawn per History, so no client can aim a collision at its
+// fingerprints.
+func (h *History) decode() *historyDecode {
+	if h == nil {
+		return nil
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.ck
+	if h.seeds == nil {
+		h.seeds = &[2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
+	}
+	return &historyDecode{h: h, ck: h.ck, seeds: *h.seeds}
 }
 
 func (h *History) store(ck *historyCheckpoint) {
@@ -73,34 +87,30 @@ func (h *History) store(ck *historyCheckpoint) {
 	h.mu.Unlock()
 }
 
-// DecodeAnthropicHistory is c.DecodeAnthropic that also reuses what h holds
+// DecodeAnthropicHistory is DecodeAnthropic that also reuses what h holds
 // of the session's previous request, and leaves in h what the next one can
-// reuse. h nil is c.DecodeAnthropic.
-func (c *Cache) DecodeAnthropicHistory(header http.Header, body []byte, h *History) (Request, error) {
-	if c == nil || h == nil {
-		return c.DecodeAnthropic(header, body)
-	}
-	return decodeAnthropicWith(header, body, newCachedParts(c, "anthropic", "system", "tools"), &historyDecode{c: c, h: h, ck: h.load()})
+// reuse. A nil h decodes without.
+func DecodeAnthropicHistory(header http.Header, body []byte, h *History) (Request, error) {
+	return decodeAnthropic(header, body, h.decode())
 }
 
 // historyTop is the parser hook of a decode with a History: the list at
-// key goes through hd, the other top-level values through cp. Both nil:
-// no hook.
-func historyTop(key string, cp *cachedParts, hd *historyDecode) ojson.TopHook {
-	if cp == nil && hd == nil {
+// key goes through hd. hd nil: no hook.
+func historyTop(key string, hd *historyDecode) ojson.TopHook {
+	if hd == nil {
 		return nil
 	}
 	return func(p *ojson.Decoder, k string) (any, bool, error) {
-		if k == key && hd != nil {
+		if k == key {
 			return hd.messages(p)
 		}
-		return cp.top(p, k)
+		return nil, false, nil
 	}
 }
 
 // historyDecode is one request's use of a History.
 type historyDecode struct {
-	c      *Cache
+	seeds  [2]maphash.Seed
 	h      *History
 	ck     *historyCheckpoint // what the previous request left; nil: nothing
 	reused int                // source messages taken from ck (for tests)
@@ -121,13 +131,13 @@ type historyList struct {
 	spanEnd int
 }
 
-// spanHash fingerprints a span of bytes as Cache.key does, written in
-// pieces.
+// spanHash fingerprints a span of bytes as historyDecode.sum does,
+// written in pieces.
 type spanHash [2]maphash.Hash
 
-func (h *spanHash) start(c *Cache) {
+func (h *spanHash) start(seeds [2]maphash.Seed) {
 	for k := range h {
-		h[k].SetSeed(c.seeds[k])
+		h[k].SetSeed(seeds[k])
 	}
 }
 
@@ -148,7 +158,7 @@ func (d *historyDecode) checkpointSpan(body []byte, l *historyList, k int) (int,
 	}
 	start, end := l.extents[0][0], l.extents[k-1][1]
 	if l.spanEnd == 0 || l.spanEnd > end {
-		l.span.start(d.c)
+		l.span.start(d.seeds)
 		l.spanEnd = start
 	}
 	l.span.write(body[l.spanEnd:end])
@@ -174,9 +184,9 @@ func (l *historyList) parsePrefix(body []byte) error {
 	return nil
 }
 
+// sum is b's 128-bit fingerprint: two maphashes under the History's seeds.
 func (d *historyDecode) sum(b []byte) rawSum {
-	k := d.c.key("", b)
-	return k.sum
+	return rawSum{maphash.Bytes(d.seeds[0], b), maphash.Bytes(d.seeds[1], b)}
 }
 
 // messages is the parser's hook for the top-level "messages": a list is
@@ -191,7 +201,7 @@ func (d *historyDecode) messages(p *ojson.Decoder) (any, bool, error) {
 	if ck := d.ck; ck != nil && len(ck.sums) > 0 && ck.span > 0 {
 		// The prefix as one span: the same bytes are the same messages.
 		if i := ojson.Space(b, p.Offset()+1); i+ck.span <= len(b) {
-			l.span.start(d.c)
+			l.span.start(d.seeds)
 			l.span.write(b[i : i+ck.span])
 			l.spanEnd = i + ck.span
 			if l.span.sum() == ck.spanSum {

@@ -12,11 +12,10 @@ import (
 
 // A session's requests, each resending the history plus a turn: from the
 // second on, everything up to and including the previous request's last
-// assistant message is taken from the History, and every decode equals the uncached one. A
+// assistant message is taken from the History, and every decode equals the plain one. A
 // request that rewrites the history (compaction) or folds a late system
 // message decodes whole, and the next one reuses again.
 func TestHistoryReuse(t *testing.T) {
-	c := NewCache()
 	var hist History
 	h := http.Header{"Authorization": {"Bearer s"}}
 	msgs := []any{map[string]any{"role": "user", "content": "fix the build"}}
@@ -27,7 +26,7 @@ func TestHistoryReuse(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return decodeWithHistory(t, c, &hist, h, body)
+		return decodeWithHistory(t, &hist, h, body)
 	}
 	prevLast := 0 // how far the previous request reaches: through its last assistant message (0: none)
 	for k := range 30 {
@@ -76,7 +75,7 @@ func TestHistoryReuse(t *testing.T) {
 	if _, hd := decode(late); hd.reused != 0 {
 		t.Fatalf("system message folding into the prefix: reused %d", hd.reused)
 	}
-	if hist.load() != nil {
+	if hist.decode().ck != nil {
 		t.Fatal("a request whose folding crosses its last assistant message left a checkpoint")
 	}
 	// A session shaped like Claude Code's (a system message at index 1).
@@ -93,14 +92,14 @@ func TestHistoryReuse(t *testing.T) {
 // decodeWithHistory decodes an Anthropic request body with hist and
 // checks it decodes as without: what the adapter does with a session's
 // request, and what it must come to.
-func decodeWithHistory(t *testing.T, c *Cache, hist *History, h http.Header, body []byte) (Request, *historyDecode) {
+func decodeWithHistory(t *testing.T, hist *History, h http.Header, body []byte) (Request, *historyDecode) {
 	t.Helper()
 	want, err := DecodeAnthropic(h, body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hd := &historyDecode{c: c, h: hist, ck: hist.load()}
-	got, err := decodeAnthropicWith(h, body, newCachedParts(c, "anthropic", "system", "tools"), hd)
+	hd := hist.decode()
+	got, err := decodeAnthropic(h, body, hd)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +128,6 @@ func TestHistoryRandomSessions(t *testing.T) {
 	reused := 0
 	for seed := range 300 {
 		r := rand.New(rand.NewPCG(uint64(seed), 11))
-		c := NewCache()
 		var hist History
 		var msgs []any
 		calls := 0
@@ -164,8 +162,8 @@ func TestHistoryRandomSessions(t *testing.T) {
 				t.Fatal(err)
 			}
 			want, wantErr := DecodeAnthropic(h, body)
-			hd := &historyDecode{c: c, h: &hist, ck: hist.load()}
-			got, gotErr := decodeAnthropicWith(h, body, newCachedParts(c, "anthropic", "system", "tools"), hd)
+			hd := hist.decode()
+			got, gotErr := decodeAnthropic(h, body, hd)
 			if (wantErr == nil) != (gotErr == nil) || !reflect.DeepEqual(want, got) {
 				t.Fatalf("seed %d turn %d (reused %d): with history %v\n%s\nwithout %v\n%s", seed, turn, hd.reused, gotErr, dump(got), wantErr, dump(want))
 			}
@@ -208,7 +206,6 @@ func TestHistoryRandomResponsesSessions(t *testing.T) {
 	reused := 0
 	for seed := range 300 {
 		r := rand.New(rand.NewPCG(uint64(seed), 13))
-		c := NewCache()
 		var hist History
 		var items []any
 		calls := 0
@@ -259,8 +256,8 @@ func TestHistoryRandomResponsesSessions(t *testing.T) {
 				t.Fatal(err)
 			}
 			want, wantErr := DecodeResponses(h, body)
-			hd := &historyDecode{c: c, h: &hist, ck: hist.load()}
-			got, gotErr := decodeResponses(h, body, newCachedParts(c, "responses", "tools"), hd)
+			hd := hist.decode()
+			got, gotErr := decodeResponses(h, body, hd)
 			if fmt.Sprint(wantErr) != fmt.Sprint(gotErr) || !reflect.DeepEqual(want, got) {
 				t.Fatalf("seed %d turn %d (reused %d): with history %v\n%s\nwithout %v\n%s", seed, turn, hd.reused, gotErr, dump(got), wantErr, dump(want))
 			}
@@ -277,7 +274,6 @@ func TestHistoryRandomResponsesSessions(t *testing.T) {
 // then rounds of reasoning, a call and its output): each request reuses
 // everything up to the previous request's last answered call.
 func TestHistoryResponsesCodexShape(t *testing.T) {
-	c := NewCache()
 	var hist History
 	h := http.Header{"Authorization": {"Bearer s"}}
 	items := []any{
@@ -292,8 +288,8 @@ func TestHistoryResponsesCodexShape(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		hd := &historyDecode{c: c, h: &hist, ck: hist.load()}
-		got, err := decodeResponses(h, body, newCachedParts(c, "responses", "tools"), hd)
+		hd := hist.decode()
+		got, err := decodeResponses(h, body, hd)
 		if err != nil || !reflect.DeepEqual(want, got) {
 			t.Fatalf("turn %d: %v\n%s\nwant\n%s", k, err, dump(got), dump(want))
 		}
@@ -320,7 +316,6 @@ func TestHistoryResponsesCodexShape(t *testing.T) {
 // re-serializes its list differently) are not the previous span, and are
 // told message by message; an edit inside the span is caught by both.
 func TestHistorySpanAndSeparators(t *testing.T) {
-	c := NewCache()
 	var hist History
 	h := http.Header{"Authorization": {"Bearer s"}}
 	var msgs []string
@@ -330,7 +325,7 @@ func TestHistorySpanAndSeparators(t *testing.T) {
 	}
 	decode := func(sep string) *historyDecode {
 		t.Helper()
-		_, hd := decodeWithHistory(t, c, &hist, h, []byte(`{"max_tokens":100,"messages":[`+strings.Join(msgs, sep)+`]}`))
+		_, hd := decodeWithHistory(t, &hist, h, []byte(`{"max_tokens":100,"messages":[`+strings.Join(msgs, sep)+`]}`))
 		return hd
 	}
 	add("user", "task")
@@ -350,7 +345,7 @@ func TestHistorySpanAndSeparators(t *testing.T) {
 		}
 	}
 	// An edit inside the span: nothing reused, and the decode is still
-	// the uncached one (checked in decode).
+	// the plain one (checked in decode).
 	msgs[1] = strings.Replace(msgs[1], "step 0", "step O", 1)
 	add("assistant", "more")
 	add("user", "ok")
@@ -368,7 +363,6 @@ func TestHistoryRandomChatSessions(t *testing.T) {
 	reused, bySpan := 0, 0
 	for seed := range 300 {
 		r := rand.New(rand.NewPCG(uint64(seed), 13))
-		c := NewCache()
 		var hist History
 		var msgs []any
 		for turn := range 15 {
@@ -412,8 +406,8 @@ func TestHistoryRandomChatSessions(t *testing.T) {
 				body = []byte(strings.ReplaceAll(string(body), `},{"content"`, `}, {"content"`))
 			}
 			want, wantErr := DecodeChat(h, body)
-			hd := &historyDecode{c: c, h: &hist, ck: hist.load()}
-			got, gotErr := decodeChat(h, body, newCachedParts(c, "chat", "tools"), hd)
+			hd := hist.decode()
+			got, gotErr := decodeChat(h, body, hd)
 			if (wantErr == nil) != (gotErr == nil) || !reflect.DeepEqual(want, got) {
 				t.Fatalf("seed %d turn %d (reused %d): with history %v\n%s\nwithout %v\n%s", seed, turn, hd.reused, gotErr, dump(got), wantErr, dump(want))
 			}
@@ -435,7 +429,6 @@ func TestHistoryRandomChatSessions(t *testing.T) {
 // add them to the checkpoint's call positions, or a later request reusing
 // the same checkpoint would sort its tool results by a call it never made.
 func TestHistoryCheckpointImmutable(t *testing.T) {
-	c := NewCache()
 	var hist History
 	h := http.Header{"Authorization": {"Bearer s"}}
 	const u0 = `{"role":"user","content":"go"}`
@@ -443,7 +436,7 @@ func TestHistoryCheckpointImmutable(t *testing.T) {
 	const u2 = `{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"one"}]}`
 	decode := func(msgs ...string) *historyDecode {
 		t.Helper()
-		_, hd := decodeWithHistory(t, c, &hist, h, []byte(`{"max_tokens":10,"messages":[`+strings.Join(msgs, ",")+`]}`))
+		_, hd := decodeWithHistory(t, &hist, h, []byte(`{"max_tokens":10,"messages":[`+strings.Join(msgs, ",")+`]}`))
 		return hd
 	}
 	decode(u0, a1, u2) // checkpoint through a1

@@ -21,21 +21,18 @@ func openAIMaxKeys() []string {
 // not implemented. Fields that change nothing here (include, reasoning,
 // tool_choice, parallel_tool_calls, text, prompt_cache_key, ...) are ignored.
 func DecodeResponses(header http.Header, body []byte) (Request, error) {
-	return decodeResponses(header, body, nil, nil)
+	return decodeResponses(header, body, nil)
 }
 
 // DecodeResponsesHistory is DecodeResponses that reuses what h holds of the
 // session's previous request (see History) and leaves in h what the next
-// one can reuse. A nil c or h decodes without.
-func (c *Cache) DecodeResponsesHistory(header http.Header, body []byte, h *History) (Request, error) {
-	if c == nil || h == nil {
-		return DecodeResponses(header, body)
-	}
-	return decodeResponses(header, body, newCachedParts(c, "responses", "tools"), &historyDecode{c: c, h: h, ck: h.load()})
+// one can reuse. A nil h decodes without.
+func DecodeResponsesHistory(header http.Header, body []byte, h *History) (Request, error) {
+	return decodeResponses(header, body, h.decode())
 }
 
-func decodeResponses(header http.Header, body []byte, cp *cachedParts, hd *historyDecode) (Request, error) {
-	b, err := decodeBodyCached(body, historyTop("input", cp, hd))
+func decodeResponses(header http.Header, body []byte, hd *historyDecode) (Request, error) {
+	b, err := decodeBodyCached(body, historyTop("input", hd))
 	if err != nil {
 		return Request{}, err
 	}
@@ -59,18 +56,12 @@ func decodeResponses(header http.Header, body []byte, cp *cachedParts, hd *histo
 		Stream:    wantsStream(header, b),
 	}
 	r.Model, _ = b.Str("model")
-	if v, ok := cp.hit("tools"); ok {
-		ct := v.(cachedTools)
-		r.Tools, r.Specs = ct.tools, ct.specs
-	} else {
-		tools, err := listField(b, "tools")
-		if err != nil {
-			return Request{}, err
-		}
-		if err := r.responsesTools(tools, ""); err != nil {
-			return Request{}, err
-		}
-		cp.store("tools", cachedTools{tools: r.Tools, specs: r.Specs})
+	tools, err := listField(b, "tools")
+	if err != nil {
+		return Request{}, err
+	}
+	if err := r.responsesTools(tools, ""); err != nil {
+		return Request{}, err
 	}
 	var instr *ojson.Object
 	if in := b.Val("instructions"); truthy(in) {
