@@ -133,12 +133,9 @@ func (b *builder) run(c *cli.Context, f *importFlags) error {
 	if err != nil {
 		return err
 	}
-	v, err := dataset.Open(ctx, st, inputs[0])
+	v, err := dataset.OpenKind(ctx, st, inputs[0], records.TasksKind(), "build: --tasks")
 	if err != nil {
 		return err
-	}
-	if v.Kind().Name != records.TasksKind().Name {
-		return stagecmd.Usagef("build: --tasks %s is a %s dataset, want tasks", inputs[0], v.Kind().Name)
 	}
 	var specs []buildSpec
 	seen := map[string]bool{}

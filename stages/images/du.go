@@ -97,12 +97,13 @@ func runDU(c *cli.Context, f *duFlags) error {
 			return err
 		}
 		for _, ref := range f.images.Value() {
-			v, err := dataset.OpenString(c.Context, st, ref)
+			r, err := dataset.ParseRef(ref)
 			if err != nil {
 				return err
 			}
-			if v.Kind().Name != records.ImagesKind().Name {
-				return stagecmd.Usagef("du: --images %s is a %s dataset, want images", ref, v.Kind().Name)
+			v, err := dataset.OpenKind(c.Context, st, r, records.ImagesKind(), "du: --images")
+			if err != nil {
+				return err
 			}
 			name := v.Ref().String()
 			order = append(order, name)

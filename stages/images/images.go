@@ -284,12 +284,9 @@ func runImport(c *cli.Context, env *stagecmd.Env, f *importFlags) error {
 	if err != nil {
 		return err
 	}
-	v, err := dataset.Open(ctx, st, inputs[0])
+	v, err := dataset.OpenKind(ctx, st, inputs[0], records.TasksKind(), "import: --tasks")
 	if err != nil {
 		return err
-	}
-	if v.Kind().Name != records.TasksKind().Name {
-		return stagecmd.Usagef("import: --tasks %s is a %s dataset, want tasks", inputs[0], v.Kind().Name)
 	}
 	tasks, err := readTaskImages(ctx, v)
 	if err != nil {
@@ -581,12 +578,13 @@ func runGC(c *cli.Context, env *stagecmd.Env, f *gcFlags) error {
 	}
 	keep := map[string]bool{}
 	for _, ref := range f.keep.Value() {
-		v, err := dataset.OpenString(c.Context, st, ref)
+		r, err := dataset.ParseRef(ref)
 		if err != nil {
 			return err
 		}
-		if v.Kind().Name != records.ImagesKind().Name {
-			return stagecmd.Usagef("gc: --keep %s is a %s dataset, want images", ref, v.Kind().Name)
+		v, err := dataset.OpenKind(c.Context, st, r, records.ImagesKind(), "gc: --keep")
+		if err != nil {
+			return err
 		}
 		err = v.EachShard(c.Context, func(_ int, data []byte) error {
 			return records.EachImage(data, func(im records.Image) error {

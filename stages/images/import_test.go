@@ -84,6 +84,23 @@ func TestImportRecordsImagesAndExportsMap(t *testing.T) {
 	require.True(t, strings.HasPrefix(ref, "images/x@"), ref)
 	assert.Contains(t, stderr, "unpacked=2")
 
+	// Each input of another kind is a usage error naming it (exit 2).
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"import", "--tasks", ref, "--bundles", f.root}, "import: --tasks " + ref + " holds images records, not tasks"},
+		{[]string{"build", "--tasks", ref, "--bundles", f.root}, "build: --tasks " + ref + " holds images records, not tasks"},
+		{[]string{"verify", "--tasks", ref, "--images", ref, "--bundles", f.root}, "verify: --tasks " + ref + " holds images records, not tasks"},
+		{[]string{"verify", "--tasks", f.tasks, "--images", f.tasks, "--bundles", f.root}, "verify: --images " + f.tasks + " holds tasks records, not images"},
+		{[]string{"du", "--images", f.tasks, "--bundles", f.root}, "du: --images " + f.tasks + " holds tasks records, not images"},
+		{[]string{"gc", "--keep", f.tasks, "--bundles", f.root}, "gc: --keep " + f.tasks + " holds tasks records, not images"},
+	} {
+		r := kiln(t, append(append([]string{"images"}, c.args[0], "--store", f.store), c.args[1:]...)...)
+		assert.Equal(t, 2, r.Code, "%v: %s", c.args, r.Stderr)
+		assert.Contains(t, r.Stderr, c.want, c.args)
+	}
+
 	got := exportRows(t, f.store, ref)
 	require.Len(t, got, 2)
 	alphaHex := strings.TrimPrefix(f.digests["alpha"], "sha256:")

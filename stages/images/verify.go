@@ -211,12 +211,9 @@ type taskList struct {
 
 // verifyTasks reads the tasks and their metadata gold patches.
 func verifyTasks(ctx context.Context, st store.Store, ref dataset.Ref) (*taskList, error) {
-	v, err := dataset.Open(ctx, st, ref)
+	v, err := dataset.OpenKind(ctx, st, ref, records.TasksKind(), "verify: --tasks")
 	if err != nil {
 		return nil, err
-	}
-	if v.Kind().Name != records.TasksKind().Name {
-		return nil, stagecmd.Usagef("verify: --tasks %s is a %s dataset, want tasks", ref, v.Kind().Name)
 	}
 	tl := &taskList{ref: v.Ref(), byID: map[string]*verifyTask{}}
 	err = v.EachShard(ctx, func(_ int, data []byte) error {
@@ -289,12 +286,9 @@ func readGold(path string, tasks *taskList) error {
 
 // imageDigests maps each image of an images version to its digest.
 func imageDigests(ctx context.Context, st store.Store, ref dataset.Ref) (map[string]string, error) {
-	v, err := dataset.Open(ctx, st, ref)
+	v, err := dataset.OpenKind(ctx, st, ref, records.ImagesKind(), "verify: --images")
 	if err != nil {
 		return nil, err
-	}
-	if v.Kind().Name != records.ImagesKind().Name {
-		return nil, stagecmd.Usagef("verify: --images %s is a %s dataset, want images", ref, v.Kind().Name)
 	}
 	out := map[string]string{}
 	err = v.EachShard(ctx, func(_ int, data []byte) error {
