@@ -20,6 +20,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/urfave/cli/v2"
 
 	"github.com/kilnrl/kiln/formats/dataset"
@@ -327,8 +328,7 @@ func (b *builder) build(ctx context.Context, v *dataset.Version, res *resolver, 
 	}
 	for i, r := range bases {
 		ref := fmt.Sprintf("base%d", i)
-		linkBlobs(tmp, r)
-		if err := p.AppendImage(r.img, layout.WithAnnotations(map[string]string{refNameAnnotation: ref})); err != nil {
+		if err := writeBase(p, r, ref); err != nil {
 			return "", false, fmt.Errorf("task %q: FROM %s: writing it for buildah: %w", s.task, r.image, err)
 		}
 		out, err := b.buildahCmd(bctx, bs.dir, &log, "pull", "--quiet", "oci:"+link+":"+ref)
@@ -364,25 +364,74 @@ func (b *builder) build(ctx context.Context, v *dataset.Version, res *resolver, 
 	return final, true, nil
 }
 
-// linkBlobs hard-links the blobs of r's image from its source layout into
-// the OCI layout at dir, where AppendImage then finds them and copies
-// nothing. A blob it cannot link (another file system, a registry or
-// docker-archive source) AppendImage writes.
-func linkBlobs(dir string, r *resolved) {
+// writeBase puts r's image into the build's layout p, named ref, with its
+// layers uncompressed (named by their diff ids), as buildah pushes them:
+// the push of the result then finds the base's layers in p and writes only
+// the new ones. Layers stored uncompressed in an OCI layout source are
+// hard-linked where the file system allows; compressed ones (a registry's)
+// are decompressed once, which buildah's pull would do anyway.
+func writeBase(p layout.Path, r *resolved, ref string) error {
 	m, err := r.img.Manifest()
-	if r.layoutDir == "" || err != nil {
-		return
+	if err != nil {
+		return err
 	}
-	blobs := []v1.Hash{r.digest, m.Config.Digest}
-	for _, l := range m.Layers {
-		blobs = append(blobs, l.Digest)
+	cf, err := r.img.ConfigFile()
+	if err != nil {
+		return err
 	}
-	for _, h := range blobs {
-		dst := filepath.Join(dir, "blobs", h.Algorithm, h.Hex)
-		if os.MkdirAll(filepath.Dir(dst), 0o755) == nil {
-			_ = os.Link(filepath.Join(r.layoutDir, "blobs", h.Algorithm, h.Hex), dst)
+	layers, err := r.img.Layers()
+	if err != nil {
+		return err
+	}
+	if len(layers) != len(cf.RootFS.DiffIDs) || len(layers) != len(m.Layers) {
+		return fmt.Errorf("%d layers, %d diff ids in its config", len(layers), len(cf.RootFS.DiffIDs))
+	}
+	man := v1.Manifest{SchemaVersion: 2, MediaType: types.OCIManifestSchema1}
+	for i, l := range layers {
+		diff := cf.RootFS.DiffIDs[i]
+		blob := filepath.Join(string(p), "blobs", diff.Algorithm, diff.Hex)
+		if m.Layers[i].Digest == diff && r.layoutDir != "" && os.MkdirAll(filepath.Dir(blob), 0o755) == nil {
+			_ = os.Link(filepath.Join(r.layoutDir, "blobs", diff.Algorithm, diff.Hex), blob)
 		}
+		if _, err := os.Stat(blob); err != nil {
+			rc, err := l.Uncompressed()
+			if err != nil {
+				return err
+			}
+			if err := p.WriteBlob(diff, rc); err != nil {
+				return err
+			}
+		}
+		st, err := os.Stat(blob)
+		if err != nil {
+			return err
+		}
+		man.Layers = append(man.Layers, v1.Descriptor{MediaType: types.OCIUncompressedLayer, Size: st.Size(), Digest: diff})
 	}
+	cfg, err := r.img.RawConfigFile()
+	if err != nil {
+		return err
+	}
+	put := func(data []byte) (v1.Hash, error) {
+		sum := sha256.Sum256(data)
+		h := v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(sum[:])}
+		return h, p.WriteBlob(h, io.NopCloser(bytes.NewReader(data)))
+	}
+	cfgDigest, err := put(cfg)
+	if err != nil {
+		return err
+	}
+	man.Config = v1.Descriptor{MediaType: types.OCIConfigJSON, Size: int64(len(cfg)), Digest: cfgDigest}
+	raw, err := json.Marshal(man)
+	if err != nil {
+		return err
+	}
+	manDigest, err := put(raw)
+	if err != nil {
+		return err
+	}
+	return p.AppendDescriptor(v1.Descriptor{MediaType: types.OCIManifestSchema1, Size: int64(len(raw)), Digest: manDigest,
+		Annotations: map[string]string{refNameAnnotation: ref}})
 }
 
 // buildStorage is one build's buildah storage, BUILD-CACHE/buildah/<random>,

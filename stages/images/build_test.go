@@ -1,6 +1,7 @@
 package images_test
 
 import (
+	"compress/gzip"
 	"context"
 	"fmt"
 	"os"
@@ -9,6 +10,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -97,6 +102,75 @@ func TestBuildHarborDockerfile(t *testing.T) {
 	assert.Contains(t, stderr, `step "RUN echo kiln-step-output && exit 7" failed`)
 	assert.Contains(t, stderr, "kiln-step-output", "the step's log")
 	assert.Contains(t, stderr, `task "duration-dockerfile"`)
+}
+
+// gzipBase writes the Dockerfile fixture's base (the fixtures' image, whose
+// layers are stored uncompressed) to a new OCI layout under dir with gzip
+// layers, as a registry serves images, under the same ref name; it returns
+// the layout.
+func gzipBase(t testing.TB, set *fixtures.Set, dir string) string {
+	t.Helper()
+	idx, err := layout.ImageIndexFromPath(set.Layout)
+	require.NoError(t, err)
+	im, err := idx.IndexManifest()
+	require.NoError(t, err)
+	const tag = "fixture-duration-001"
+	for _, d := range im.Manifests {
+		if d.Annotations["org.opencontainers.image.ref.name"] != tag {
+			continue
+		}
+		img, err := idx.Image(d.Digest)
+		require.NoError(t, err)
+		ls, err := img.Layers()
+		require.NoError(t, err)
+		cf, err := img.ConfigFile()
+		require.NoError(t, err)
+		out := empty.Image
+		for _, l := range ls {
+			gz, err := tarball.LayerFromOpener(l.Uncompressed, tarball.WithCompressionLevel(gzip.BestSpeed))
+			require.NoError(t, err)
+			out, err = mutate.AppendLayers(out, gz)
+			require.NoError(t, err)
+		}
+		out, err = mutate.ConfigFile(out, cf)
+		require.NoError(t, err)
+		lay := filepath.Join(dir, "gzip-base")
+		p, err := layout.Write(lay, empty.Index)
+		require.NoError(t, err)
+		require.NoError(t, p.AppendImage(out, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": tag})))
+		return lay
+	}
+	t.Fatalf("the fixtures' layout has no %s", tag)
+	return ""
+}
+
+// TestBuildFromGzipBase builds the Dockerfile fixture FROM a base whose
+// layers are gzip-compressed (a registry's kind): kiln hands buildah the
+// base decompressed, and the image it builds runs the RUN step on it.
+func TestBuildFromGzipBase(t *testing.T) {
+	needTool(t, "buildah")
+	if os.Geteuid() != 0 {
+		testenv.SkipOrFail(t, "kiln-images build runs buildah as root (chroot isolation)")
+	}
+	if testing.Short() {
+		t.Skip("compresses the fixture image and builds on it (about 30 s)")
+	}
+	set, err := fixtures.Load(context.Background())
+	require.NoError(t, err)
+	store, root := t.TempDir(), t.TempDir()
+	lay := gzipBase(t, set, t.TempDir())
+	r := kiln(t, "convert", "harbor", "--store", store, harborDockerfileTask(t))
+	require.Equal(t, 0, r.Code, r.Stderr)
+	r = kiln(t, "images", "build", "--store", store, "--tasks", r.LastLine(), "--bundles", root,
+		"--source", set.Repository+"=oci:"+lay, "--out", "images/harbor")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	assert.Contains(t, r.Stderr, "build: 1 image(s) built, 0 reused")
+	rows := exportRows(t, store, r.LastLine())
+	require.Len(t, rows, 1)
+	rootfs := rootfsOf(t, filepath.Join(root, rows[0]["bundle"].(string)))
+	run, err := os.ReadFile(filepath.Join(rootfs, "etc", "kiln-fixture-run-step"))
+	require.NoError(t, err, "the RUN step's output is in the image")
+	assert.True(t, strings.HasPrefix(string(run), "3\n"), "%q", run)
 }
 
 // A docker-compose environment is refused with what is unsupported.
