@@ -44,9 +44,9 @@ Per distinct build context, with buildah (Debian's package; no daemon):
       digests: when BUILD-CACHE/<key>/layout is complete the image is reused
       and nothing is built (a changed context, or a FROM that now names
       another manifest, builds again);
-   3. otherwise the FROM images go into the build's OCI layout (their blobs
-      hard-linked from an oci: source where the file system allows), buildah
-      pulls them from it (tagged with the name the Dockerfile uses), then
+   3. otherwise the FROM images go into the build's OCI layout, layers
+      uncompressed (hard-linked from an oci: source that stores them so),
+      buildah pulls them from it (tagged with the name the Dockerfile uses), then
       buildah bud --isolation chroot --pull-never, as root, with buildah
       storage of its own under BUILD-CACHE/buildah (removed after), bounded
       by the task's [environment].build_timeout_sec (else --build-timeout);
@@ -304,13 +304,11 @@ func (b *builder) build(ctx context.Context, v *dataset.Version, res *resolver, 
 	var log bytes.Buffer
 	tag := "kiln-build-" + key[:32]
 	// The build's OCI layout, BUILD-CACHE/<key>/layout once complete:
-	// the FROM images go in first (their blobs hard-linked from an OCI
-	// layout source where the file system allows, else written), buildah
-	// pulls them from it and pushes the result into it. A blob the
-	// layout holds already is not written again, so where the base's
-	// layers are stored as buildah pushes them (uncompressed, as the
-	// fixtures'), the push writes only the new layers: 0.1 s, not the
-	// 9 s of a whole 390 MB image (BenchmarkBuildHarbor, 2026-12-05).
+	// the FROM images go in first, layers uncompressed (writeBase),
+	// buildah pulls them from it and pushes the result into it. A blob
+	// the layout holds already is not written again, so the push writes
+	// only the new layers: 0.1 s, not the 9 s of a whole 390 MB image
+	// (BenchmarkBuildHarbor, 2026-12-05).
 	tmp := filepath.Join(b.cache, key, ".layout.tmp")
 	os.RemoveAll(tmp) // a killed build's; the lock is ours
 	if err := os.MkdirAll(filepath.Dir(tmp), 0o755); err != nil {
