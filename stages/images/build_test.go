@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -107,8 +108,10 @@ func TestBuildHarborDockerfile(t *testing.T) {
 // gzipBase writes the Dockerfile fixture's base (the fixtures' image, whose
 // layers are stored uncompressed) to a new OCI layout under dir with gzip
 // layers, as a registry serves images, under the same ref name; it returns
-// the layout.
-func gzipBase(t testing.TB, set *fixtures.Set, dir string) string {
+// the layout. With oci the manifest, config and layers have OCI media types
+// (buildah's oci: transport finds no other kind in an index), else Docker's
+// (what Docker Hub serves, and what kiln must read too).
+func gzipBase(t testing.TB, set *fixtures.Set, dir string, oci bool) string {
 	t.Helper()
 	idx, err := layout.ImageIndexFromPath(set.Layout)
 	require.NoError(t, err)
@@ -125,9 +128,12 @@ func gzipBase(t testing.TB, set *fixtures.Set, dir string) string {
 		require.NoError(t, err)
 		cf, err := img.ConfigFile()
 		require.NoError(t, err)
-		out := empty.Image
+		out, layerType := empty.Image, types.DockerLayer
+		if oci {
+			out, layerType = mutate.ConfigMediaType(mutate.MediaType(out, types.OCIManifestSchema1), types.OCIConfigJSON), types.OCILayer
+		}
 		for _, l := range ls {
-			gz, err := tarball.LayerFromOpener(l.Uncompressed, tarball.WithCompressionLevel(gzip.BestSpeed))
+			gz, err := tarball.LayerFromOpener(l.Uncompressed, tarball.WithCompressionLevel(gzip.BestSpeed), tarball.WithMediaType(layerType))
 			require.NoError(t, err)
 			out, err = mutate.AppendLayers(out, gz)
 			require.NoError(t, err)
@@ -146,31 +152,62 @@ func gzipBase(t testing.TB, set *fixtures.Set, dir string) string {
 
 // TestBuildFromGzipBase builds the Dockerfile fixture FROM a base whose
 // layers are gzip-compressed (a registry's kind): kiln hands buildah the
-// base decompressed, and the image it builds runs the RUN step on it.
+// base decompressed, and the image it builds runs the RUN step on it. A
+// second context FROM the same base reuses the base decompressed once
+// (BUILD-CACHE/.bases: the same file, hard-linked, in both builds'
+// layouts). The paths are relative, as a user types them: buildah runs
+// elsewhere and must still find the build's layout.
 func TestBuildFromGzipBase(t *testing.T) {
 	needTool(t, "buildah")
 	if os.Geteuid() != 0 {
 		testenv.SkipOrFail(t, "kiln-images build runs buildah as root (chroot isolation)")
 	}
 	if testing.Short() {
-		t.Skip("compresses the fixture image and builds on it (about 30 s)")
+		t.Skip("compresses the fixture image and builds on it twice (about 40 s)")
 	}
 	set, err := fixtures.Load(context.Background())
 	require.NoError(t, err)
-	store, root := t.TempDir(), t.TempDir()
-	lay := gzipBase(t, set, t.TempDir())
-	r := kiln(t, "convert", "harbor", "--store", store, harborDockerfileTask(t))
-	require.Equal(t, 0, r.Code, r.Stderr)
-	r = kiln(t, "images", "build", "--store", store, "--tasks", r.LastLine(), "--bundles", root,
-		"--source", set.Repository+"=oci:"+lay, "--out", "images/harbor")
+	lay := gzipBase(t, set, t.TempDir(), false)
+	task := harborDockerfileTask(t)
+	t.Chdir(t.TempDir())
+	build := func() stagetest.Result {
+		r := kiln(t, "convert", "harbor", "--store", "store", task)
+		require.Equal(t, 0, r.Code, r.Stderr)
+		return kiln(t, "images", "build", "--store", "store", "--tasks", r.LastLine(), "--bundles", "bundles",
+			"--source", set.Repository+"=oci:"+lay, "--out", "images/harbor")
+	}
+	r := build()
 	require.Equal(t, 0, r.Code, r.Stderr)
 	assert.Contains(t, r.Stderr, "build: 1 image(s) built, 0 reused")
-	rows := exportRows(t, store, r.LastLine())
+	rows := exportRows(t, "store", r.LastLine())
 	require.Len(t, rows, 1)
-	rootfs := rootfsOf(t, filepath.Join(root, rows[0]["bundle"].(string)))
+	rootfs := rootfsOf(t, filepath.Join("bundles", rows[0]["bundle"].(string)))
 	run, err := os.ReadFile(filepath.Join(rootfs, "etc", "kiln-fixture-run-step"))
 	require.NoError(t, err, "the RUN step's output is in the image")
 	assert.True(t, strings.HasPrefix(string(run), "3\n"), "%q", run)
+
+	df := filepath.Join(task, "environment", "Dockerfile")
+	b, err := os.ReadFile(df)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(df, append(b, []byte("RUN echo second > /etc/kiln-second\n")...), 0o644))
+	r = build()
+	require.Equal(t, 0, r.Code, r.Stderr)
+	assert.Contains(t, r.Stderr, "build: 1 image(s) built, 0 reused")
+	shared, err := filepath.Glob(filepath.Join("bundles", "harbor-build", ".bases", "blobs", "sha256", "*"))
+	require.NoError(t, err)
+	require.NotEmpty(t, shared, "the decompressed base's layers")
+	layouts, err := filepath.Glob(filepath.Join("bundles", "harbor-build", "*", "layout"))
+	require.NoError(t, err)
+	require.Len(t, layouts, 2, "one layout a context")
+	for _, one := range shared {
+		si, err := os.Stat(one)
+		require.NoError(t, err)
+		for _, l := range layouts {
+			li, err := os.Stat(filepath.Join(l, "blobs", "sha256", filepath.Base(one)))
+			require.NoError(t, err)
+			assert.True(t, os.SameFile(si, li), "%s holds its own copy of the base's layer %s", l, filepath.Base(one))
+		}
+	}
 }
 
 // A docker-compose environment is refused with what is unsupported.
