@@ -156,6 +156,14 @@ func TestMiMoSmokeOnSlurm(t *testing.T) {
 		time.Sleep(2 * time.Second)
 	}
 	t.Logf("mimo-smoke done on Slurm in %v", time.Since(start).Round(time.Second))
+	// The engine service outlives its last user only until its stop job
+	// runs: then its job ends and takes its host file with it.
+	c.WaitIdle(t, 2*time.Minute)
+	stops, _ := filepath.Glob(filepath.Join(runDir, "services", "*.stop"))
+	hosts, _ := filepath.Glob(filepath.Join(runDir, "services", "*.host"))
+	if len(stops) == 0 || len(hosts) != 0 {
+		t.Errorf("after the queue emptied, services holds stop files %q and host files %q: want a stop file per service and no host file", stops, hosts)
+	}
 	if got := submitted(); len(got) != 0 {
 		t.Errorf("a second kiln slurm submitted %v, want nothing", got)
 	}

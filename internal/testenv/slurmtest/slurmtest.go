@@ -138,6 +138,28 @@ func (c *Cluster) Command(ctx context.Context, name string, args ...string) *exe
 	return cmd
 }
 
+// WaitIdle waits until squeue lists no job, failing the test after limit.
+// A pipeline's targets can all be done while jobs that are not targets
+// still run: a service's stop job, and the service's own job winding down.
+// A test calls it before it returns, so that nothing a job writes lands in a
+// directory the test's cleanup is removing.
+func (c *Cluster) WaitIdle(t testing.TB, limit time.Duration) {
+	t.Helper()
+	var last string
+	deadline := time.Now().Add(limit)
+	for {
+		out, err := c.Command(context.Background(), "squeue", "-h", "-o", "%i %j %T").Output()
+		last = strings.TrimSpace(string(out))
+		if err == nil && last == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slurmtest: jobs still queued or running after %v (err %v):\n%s", limit, err, last)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // Logs returns the daemons' log files, for a failing test's message.
 func (c *Cluster) Logs() string {
 	var b strings.Builder
