@@ -245,4 +245,5 @@ func TestKilnSlurmPipeline(t *testing.T) {
 	if s := read("engine.up"); s != "" {
 		t.Errorf("the engine is still up after its last user: %q", s)
 	}
+	c.WaitIdle(t, time.Minute)
 }

@@ -336,7 +336,7 @@ func (b *builder) build(ctx context.Context, v *dataset.Version, res *resolver, 
 	shared := layout.Path(filepath.Join(b.cache, ".bases"))
 	for i, r := range bases {
 		ref := fmt.Sprintf("base%d", i)
-		if err := writeBase(p, shared, r, ref); err != nil {
+		if err := writeBase(p, shared, bs.dir, r, ref); err != nil {
 			return "", false, fmt.Errorf("task %q: FROM %s: writing it for buildah: %w", s.task, r.image, err)
 		}
 		out, err := b.buildahCmd(bctx, bs.dir, &log, "pull", "--quiet", "oci:"+link+":"+ref)
@@ -381,8 +381,11 @@ func (b *builder) build(ctx context.Context, v *dataset.Version, res *resolver, 
 // id, and hard-linked from there: every later build FROM the same
 // base (a dataset's tasks share a few) neither decompresses it again (1.8 s
 // of a 390 MB base, BenchmarkBuildHarbor with KILN_BENCH_BUILD_GZIP=1) nor
-// stores another copy of it.
-func writeBase(p, shared layout.Path, r *resolved, ref string) error {
+// stores another copy of it. A layer is decompressed into scratch (the
+// build's own storage) and renamed into shared complete, so a build killed
+// mid-way leaves no partial layer in shared, and its scratch file goes with
+// its storage when the next build sweeps it (newStorage).
+func writeBase(p, shared layout.Path, scratch string, r *resolved, ref string) error {
 	m, err := r.img.Manifest()
 	if err != nil {
 		return err
@@ -411,7 +414,7 @@ func writeBase(p, shared layout.Path, r *resolved, ref string) error {
 		if _, err := os.Stat(blob); err != nil {
 			one := filepath.Join(string(shared), "blobs", diff.Algorithm, diff.Hex)
 			if _, err := os.Stat(one); err != nil {
-				if err := decompressInto(one, l); err != nil {
+				if err := decompressInto(one, scratch, l); err != nil {
 					return err
 				}
 			}
@@ -452,9 +455,10 @@ func writeBase(p, shared layout.Path, r *resolved, ref string) error {
 }
 
 // decompressInto writes l's uncompressed bytes to path by way of a
-// temporary file beside it, renamed into place complete: a build killed
-// mid-write, or two writing at once, leave no torn blob under the name.
-func decompressInto(path string, l v1.Layer) error {
+// temporary file in scratch (on path's file system), renamed into place
+// complete: a build killed mid-write, or two writing at once, leave no torn
+// blob under the name.
+func decompressInto(path, scratch string, l v1.Layer) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
@@ -463,7 +467,7 @@ func decompressInto(path string, l v1.Layer) error {
 		return err
 	}
 	defer rc.Close()
-	f, err := os.CreateTemp(filepath.Dir(path), ".tmp-")
+	f, err := os.CreateTemp(scratch, "base-layer-")
 	if err != nil {
 		return err
 	}

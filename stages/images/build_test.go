@@ -156,7 +156,9 @@ func gzipBase(t testing.TB, set *fixtures.Set, dir string, oci bool) string {
 // second context FROM the same base reuses the base decompressed once
 // (BUILD-CACHE/.bases: the same file, hard-linked, in both builds'
 // layouts). The paths are relative, as a user types them: buildah runs
-// elsewhere and must still find the build's layout.
+// elsewhere and must still find the build's layout. A build killed while
+// decompressing leaves its partial layer in its own storage, which the next
+// build removes with it.
 func TestBuildFromGzipBase(t *testing.T) {
 	needTool(t, "buildah")
 	if os.Geteuid() != 0 {
@@ -190,12 +192,24 @@ func TestBuildFromGzipBase(t *testing.T) {
 	b, err := os.ReadFile(df)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(df, append(b, []byte("RUN echo second > /etc/kiln-second\n")...), 0o644))
+	// What a build killed mid-decompression leaves: its storage, its lock
+	// file (the lock went with the process) and a partial layer in it.
+	killed := filepath.Join("bundles", "harbor-build", "buildah", "s-killed")
+	require.NoError(t, os.MkdirAll(filepath.Join(killed, "root"), 0o700))
+	require.NoError(t, os.WriteFile(killed+".lock", nil, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(killed, "base-layer-1234"), make([]byte, 1<<20), 0o600))
 	r = build()
 	require.Equal(t, 0, r.Code, r.Stderr)
 	assert.Contains(t, r.Stderr, "build: 1 image(s) built, 0 reused")
+	left, err := os.ReadDir(filepath.Join("bundles", "harbor-build", "buildah"))
+	require.NoError(t, err)
+	assert.Empty(t, left, "the killed build's storage and partial layer, and this build's own storage, are removed")
 	shared, err := filepath.Glob(filepath.Join("bundles", "harbor-build", ".bases", "blobs", "sha256", "*"))
 	require.NoError(t, err)
 	require.NotEmpty(t, shared, "the decompressed base's layers")
+	for _, one := range shared {
+		assert.Regexp(t, `^[0-9a-f]{64}$`, filepath.Base(one), "only complete layers, named by diff id")
+	}
 	layouts, err := filepath.Glob(filepath.Join("bundles", "harbor-build", "*", "layout"))
 	require.NoError(t, err)
 	require.Len(t, layouts, 2, "one layout a context")
