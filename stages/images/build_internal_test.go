@@ -1,6 +1,7 @@
 package images
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"os"
@@ -23,7 +24,7 @@ func TestDecompressIntoScratch(t *testing.T) {
 	var during []string
 	failing := readerLayer{open: func() io.ReadCloser {
 		return io.NopCloser(io.MultiReader(
-			&chunk{n: 1 << 16},
+			bytes.NewReader(make([]byte, 1<<16)),
 			readFunc(func([]byte) (int, error) {
 				for _, dir := range []string{filepath.Dir(path), scratch} {
 					ents, _ := os.ReadDir(dir)
@@ -44,7 +45,7 @@ func TestDecompressIntoScratch(t *testing.T) {
 		assert.Empty(t, ents, "%s after a failed decompression", dir)
 	}
 
-	whole := readerLayer{open: func() io.ReadCloser { return io.NopCloser(&chunk{n: 3 << 16}) }}
+	whole := readerLayer{open: func() io.ReadCloser { return io.NopCloser(bytes.NewReader(make([]byte, 3<<16))) }}
 	require.NoError(t, decompressInto(path, scratch, whole))
 	st, err := os.Stat(path)
 	require.NoError(t, err)
@@ -60,19 +61,6 @@ type readerLayer struct {
 }
 
 func (l readerLayer) Uncompressed() (io.ReadCloser, error) { return l.open(), nil }
-
-// chunk reads n zero bytes.
-type chunk struct{ n int }
-
-func (c *chunk) Read(p []byte) (int, error) {
-	if c.n == 0 {
-		return 0, io.EOF
-	}
-	k := min(len(p), c.n)
-	clear(p[:k])
-	c.n -= k
-	return k, nil
-}
 
 type readFunc func([]byte) (int, error)
 
